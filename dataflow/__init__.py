@@ -1,0 +1,79 @@
+"""dataflow: an asyncio dataflow scheduler for numpy model code.
+
+``fork``/``wait`` bring ``torch.jit.fork``/``torch.jit.wait`` to ``async def`` Python; ops
+declared with :func:`op` return pending values at once and run as soon as their inputs are
+ready, on a bounded pool of inter-op threads, so independent work overlaps by itself.
+"""
+
+from __future__ import annotations
+
+from ._api import fork as fork
+from ._api import materialize as materialize
+from ._api import run as run
+from ._api import wait as wait
+from ._errors import CancelledTaskError as CancelledTaskError
+from ._errors import DataflowError as DataflowError
+from ._errors import NoRuntimeError as NoRuntimeError
+from ._errors import NotReadyError as NotReadyError
+from ._errors import OpInputError as OpInputError
+from ._errors import OpTimeoutError as OpTimeoutError
+from ._errors import OpTypeError as OpTypeError
+from ._errors import TaskError as TaskError
+from ._errors import UnobservedTaskError as UnobservedTaskError
+from ._instrument import Instrument as Instrument
+from ._instrument import add_instrument as add_instrument
+from ._instrument import remove_instrument as remove_instrument
+from ._op import Op as Op
+from ._op import op as op
+from ._runtime import Runtime as Runtime
+from ._runtime import current_runtime as current_runtime
+from ._runtime import get_inline_threshold as get_inline_threshold
+from ._runtime import set_inline_threshold as set_inline_threshold
+from ._task import Cost as Cost
+from ._task import Future as Future
+from ._task import Pending as Pending
+from ._task import Task as Task
+from ._threads import get_num_interop_threads as get_num_interop_threads
+from ._threads import get_num_threads as get_num_threads
+from ._threads import parallel_info as parallel_info
+from ._threads import set_num_interop_threads as set_num_interop_threads
+from ._threads import set_num_threads as set_num_threads
+
+__all__ = (
+    # tasks
+    "fork",
+    "wait",
+    "run",
+    "materialize",
+    "Runtime",
+    "current_runtime",
+    "Future",
+    "Pending",
+    "Task",
+    # ops
+    "op",
+    "Op",
+    "Cost",
+    "set_inline_threshold",
+    "get_inline_threshold",
+    # threads
+    "set_num_interop_threads",
+    "get_num_interop_threads",
+    "set_num_threads",
+    "get_num_threads",
+    "parallel_info",
+    # instruments
+    "Instrument",
+    "add_instrument",
+    "remove_instrument",
+    # errors
+    "DataflowError",
+    "NoRuntimeError",
+    "NotReadyError",
+    "OpInputError",
+    "OpTypeError",
+    "OpTimeoutError",
+    "TaskError",
+    "CancelledTaskError",
+    "UnobservedTaskError",
+)

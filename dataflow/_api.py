@@ -1,0 +1,308 @@
+"""The user-facing API: fork, wait and run.
+
+``fork`` mirrors ``torch.jit.fork``: it starts ``fn(*args, **kwargs)`` and returns a
+:class:`~dataflow.Future` at once. An ``async def`` function (or a callable object whose
+``__call__`` is one, such as an ``ops.nn.Module``) runs as a task on the event loop; a plain
+function runs on an inter-op pool thread, after any pending values among its arguments are
+ready, and receives their arrays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar, overload
+
+from ._errors import CancelledTaskError, DataflowError, NotReadyError, TaskError
+from ._instrument import ACTIVE, emit
+from ._runtime import Runtime, get_runtime, resolve_loop_factory
+from ._task import Future, Pending, _next_id
+
+__all__ = ["fork", "materialize", "run", "wait"]
+
+T = TypeVar("T")
+
+# The forked task running in the current context (None at the top level of a run).
+_parent: contextvars.ContextVar[TaskFuture[Any] | None] = contextvars.ContextVar(
+    "dataflow_parent_fork", default=None
+)
+
+
+class TaskFuture(Future[T]):
+    """The future of a forked ``async def`` function: a handle on its ``asyncio.Task``."""
+
+    __slots__ = ("_children", "_task", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._task: asyncio.Task[T] | None = None
+        self._children: list[Future[Any]] = []
+
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    def result(self) -> T:
+        task = self._task
+        if task is None or not task.done():
+            raise NotReadyError(f"forked task {self.name} is still running: await it first")
+        if task.cancelled():
+            raise CancelledTaskError(f"forked task {self.name} was cancelled")
+        exc = task.exception()
+        if exc is not None:
+            if isinstance(exc, TaskError):
+                exc.observed = True
+            raise exc
+        return task.result()
+
+    def exception(self) -> BaseException | None:
+        try:
+            self.result()
+        except NotReadyError:
+            raise
+        except BaseException as exc:
+            return exc
+        return None
+
+    def cancel(self) -> bool:
+        return self._task is not None and self._task.cancel()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        task = self._task
+        assert task is not None
+        if not task.done():
+            try:
+                # Awaiting the task itself: cancelling the waiter cancels the child too,
+                # as a parent's cancellation should.
+                yield from task.__await__()
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+                # The child was cancelled (not us): report it as an error, not as our cancel.
+            except Exception:
+                pass  # re-raised by result(), which also marks it observed
+        return self.result()
+
+    def __repr__(self) -> str:
+        task = self._task
+        if task is None or not task.done():
+            state = "running"
+        elif task.cancelled():
+            state = "cancelled"
+        elif task.exception() is not None:
+            state = f"failed {type(task.exception()).__name__}"
+        else:
+            state = "done"
+        return f"<Future {self.name} {state}>"
+
+
+def _is_async_callable(fn: Any) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - want the type's, not the instance's
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
+def _fn_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+async def _run_forked(
+    fut: TaskFuture[T], fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
+) -> T:
+    _parent.set(fut)
+    try:
+        return await fn(*args, **kwargs)
+    except Exception as exc:
+        err = TaskError(
+            f"forked task {fut.name} failed: {type(exc).__name__}: {exc}",
+            task=fut.name,
+            op=_fn_name(fn),
+        )
+        raise err from exc
+    finally:
+        if ACTIVE:
+            emit("fork_finished", fut.name)
+
+
+def _on_parent_done(task: asyncio.Task[Any], children: list[Future[Any]]) -> None:
+    if task.cancelled():
+        for child in children:
+            child.cancel()
+
+
+@overload
+def fork(fn: Callable[..., Coroutine[Any, Any, T]], /, *args: Any, **kwargs: Any) -> Future[T]: ...
+@overload
+def fork(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]: ...
+def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+    """Start ``fn(*args, **kwargs)`` in parallel with the caller and return its future at once.
+
+    Like ``torch.jit.fork``. ``fn`` may be an ``async def`` function or an object whose
+    ``__call__`` is one (it runs as a task on the event loop), or a plain function (it runs on
+    an inter-op pool thread once the pending values among its arguments are ready, and gets
+    their arrays). Context variables set by the caller are visible inside ``fn``.
+
+    Example:
+        >>> async def main(x):
+        ...     fut = dataflow.fork(model, x)   # runs while main goes on
+        ...     y = other(x)
+        ...     return y, await dataflow.wait(fut)
+
+    Raises:
+        TypeError: ``fn`` is not callable, or is a coroutine object (``fork(f(x))``).
+        NoRuntimeError: called outside a runtime.
+    """
+    if inspect.iscoroutine(fn) or inspect.isawaitable(fn):
+        name = getattr(getattr(fn, "cr_code", None), "co_name", None) or _fn_name(fn)
+        if inspect.iscoroutine(fn):
+            fn.close()  # silence "coroutine was never awaited"
+        raise TypeError(
+            f"fork() got a coroutine object ({name}(...)), not a function. Pass the function "
+            f"and its arguments separately: you did something like fork({name}(x)), "
+            f"you want fork({name}, x)."
+        )
+    if not callable(fn):
+        raise TypeError(
+            f"fork() needs a callable as its first argument, got {type(fn).__name__}: {fn!r}"
+        )
+    rt = get_runtime("dataflow.fork()")
+    parent = _parent.get()
+    if _is_async_callable(fn):
+        fut = _fork_async(rt, fn, args, kwargs, parent)
+    else:
+        ctx = contextvars.copy_context()
+        task = rt.submit(fn, args, kwargs or None, _fn_name(fn), inline=False, ctx=ctx)
+        fut = Pending(task)
+    if parent is not None:
+        parent._children.append(fut)
+    return fut
+
+
+def _fork_async(
+    rt: Runtime, fn: Callable[..., Any], args: Any, kwargs: Any, parent: TaskFuture[Any] | None
+) -> TaskFuture[Any]:
+    loop = rt.loop
+    assert loop is not None
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not loop:
+        raise DataflowError(
+            f"fork({_fn_name(fn)}): an async function can only be forked from a coroutine on "
+            "the runtime's event loop (not from a worker thread or another loop); fork a plain "
+            "function there instead"
+        )
+    fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}")
+    task = loop.create_task(_run_forked(fut, fn, args, kwargs), name=fut.name)
+    fut._task = task
+    rt.track_fork(task)
+    children = fut._children
+    task.add_done_callback(lambda t: _on_parent_done(t, children))
+    if ACTIVE:
+        emit("fork", fut.name, parent.name if parent is not None else None)
+    return fut
+
+
+async def wait(fut: Future[T]) -> T:
+    """Wait for a future (or pending value) without blocking a thread; return its value.
+
+    Like ``torch.jit.wait``. Equivalent to ``await fut``. A failed task's error is raised here,
+    with the task named and the original exception chained.
+
+    Raises:
+        TypeError: ``fut`` is not a dataflow future.
+    """
+    if not isinstance(fut, Future):
+        hint = (
+            " (an asyncio future or task: await it directly)"
+            if isinstance(fut, asyncio.Future)
+            else ""
+        )
+        raise TypeError(
+            f"wait() needs a dataflow Future (from fork() or an op), got "
+            f"{type(fut).__name__}: {fut!r}{hint}"
+        )
+    if fut.done() or not ACTIVE:
+        return await fut
+    name = getattr(fut, "name", None) or repr(fut)
+    emit("wait_started", name)
+    try:
+        return await fut
+    finally:
+        emit("wait_finished", name)
+
+
+async def materialize(value: Any) -> Any:
+    """Await every pending value inside ``value`` (nested tuples, lists and dicts)."""
+    if isinstance(value, Future):
+        return await materialize(await value)
+    t = type(value)
+    if t is list:
+        return [await materialize(v) for v in value]
+    if isinstance(value, tuple):
+        items = [await materialize(v) for v in value]
+        return t(*items) if hasattr(value, "_fields") else t(items)
+    if t is dict:
+        return {k: await materialize(v) for k, v in value.items()}
+    return value
+
+
+def run(
+    main: Callable[..., Awaitable[T]],
+    /,
+    *args: Any,
+    interop_threads: int | None = None,
+    intraop_threads: int | None = None,
+    loop: str = "auto",
+) -> T:
+    """Run ``main(*args)`` in a new runtime on a new event loop and return its value.
+
+    Like ``asyncio.run``; uses uvloop where installed (``loop="asyncio"`` to opt out). Pending
+    values in the result (also inside tuples, lists and dicts) are awaited, so the caller gets
+    arrays. Forked tasks nobody waited for still run to the end before ``run`` returns.
+
+    Args:
+        main: an ``async def`` function (not a coroutine object).
+        interop_threads: inter-op pool size (default :func:`get_num_interop_threads`).
+        intraop_threads: BLAS threads per op while running (default: unchanged).
+        loop: "auto", "asyncio" or "uvloop".
+
+    Raises:
+        TypeError: ``main`` is a coroutine object or not callable.
+        DataflowError: called from a running event loop (use :class:`Runtime` there).
+    """
+    if inspect.iscoroutine(main):
+        name = main.cr_code.co_name
+        main.close()
+        raise TypeError(
+            f"dataflow.run() got a coroutine object; you did something like "
+            f"dataflow.run({name}(...)), you want dataflow.run({name}, ...)"
+        )
+    if not callable(main):
+        raise TypeError(f"dataflow.run() needs an async function, got {type(main).__name__}")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise DataflowError(
+            "dataflow.run() cannot be called from a running event loop (it would block it). "
+            "Inside async code use `async with dataflow.Runtime(): ...` and await your function."
+        )
+    factory = resolve_loop_factory(loop)
+    runtime = Runtime(interop_threads=interop_threads, intraop_threads=intraop_threads)
+
+    async def _main() -> T:
+        async with runtime:
+            result = await main(*args)
+            return await materialize(result)  # type: ignore[no-any-return]
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(_main())

@@ -1,0 +1,86 @@
+"""The one exception hierarchy of ``dataflow``.
+
+Every error the library raises on purpose derives from :class:`DataflowError`. Errors about
+bad arguments also derive from the builtin a user would expect (``TypeError``, ``ValueError``),
+so ``except ValueError`` keeps working for code written against plain numpy.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CancelledTaskError",
+    "DataflowError",
+    "NoRuntimeError",
+    "NotReadyError",
+    "OpInputError",
+    "OpTypeError",
+    "OpTimeoutError",
+    "TaskError",
+    "UnobservedTaskError",
+]
+
+
+class DataflowError(Exception):
+    """Base class of every error raised by ``dataflow`` on purpose."""
+
+
+class NoRuntimeError(DataflowError, RuntimeError):
+    """An API that needs a running runtime was called outside of one."""
+
+
+class NotReadyError(DataflowError, RuntimeError):
+    """A pending value was read synchronously before it was computed."""
+
+
+class OpInputError(DataflowError, ValueError):
+    """An op was called with inputs of the wrong shape or value (raised at the call site)."""
+
+
+class OpTypeError(DataflowError, TypeError):
+    """An op was called with inputs of the wrong type or dtype (raised at the call site)."""
+
+
+class TaskError(DataflowError):
+    """A task (an op's kernel or a forked function) raised.
+
+    The original exception is chained as ``__cause__``, so its traceback is shown too.
+    Every value that depends on the failed task raises this same error when awaited.
+
+    Attributes:
+        task: the failed task's name, e.g. ``"matmul#12"``.
+        op: the op's name (``"matmul"``), or the forked function's qualified name.
+    """
+
+    def __init__(self, message: str, *, task: str, op: str) -> None:
+        super().__init__(message)
+        self.task = task
+        self.op = op
+        # Set once the error reached user code (raised by an await, result() or exception()).
+        # A runtime reports failures nobody observed when it closes, so none is lost.
+        self.observed = False
+
+
+class OpTimeoutError(TaskError, TimeoutError):
+    """An op's kernel ran longer than its timeout."""
+
+
+class CancelledTaskError(DataflowError):
+    """A value was awaited whose task was cancelled before it ran."""
+
+
+class UnobservedTaskError(DataflowError):
+    """Raised at runtime exit when tasks failed and nobody awaited their result.
+
+    Attributes:
+        errors: the failures, oldest first.
+    """
+
+    def __init__(self, errors: list[BaseException]) -> None:
+        names = ", ".join(getattr(e, "task", type(e).__name__) for e in errors[:5])
+        more = f" and {len(errors) - 5} more" if len(errors) > 5 else ""
+        super().__init__(
+            f"{len(errors)} task(s) failed and nobody awaited them: {names}{more}. "
+            "Await every fork() future (or keep the result) to handle its error; "
+            "the first failure is chained below."
+        )
+        self.errors = errors

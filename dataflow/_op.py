@@ -1,0 +1,131 @@
+"""The public op API: declare an op from a numpy kernel, a meta rule and a cost rule.
+
+An op is three plain functions:
+
+* the **kernel** computes the value from numpy arrays;
+* the **meta rule** takes the call's arguments as given (pending handles included: they carry
+  whatever the handle type knows, e.g. ``shape`` and ``dtype``) and returns the output's *spec*
+  (for ``ops``: shape and dtype) or a tuple of specs for an op with several outputs, without
+  running the kernel. It validates the inputs and raises (``OpInputError``, ``OpTypeError``) at
+  the call site, in the caller's frame, naming the op and what was expected;
+* the optional **cost rule** returns a :class:`~dataflow.Cost` (flops, bytes), used to decide
+  whether a ready op runs inline or on the pool, and by the profiler.
+
+Calling the op returns handles at once, built by the ``handle`` factory from the task, the
+output's index (None for a single output) and its spec. Outside a runtime an op runs eagerly on
+the calling thread, so the same code also works as plain synchronous numpy.
+
+Example:
+    >>> import numpy as np, dataflow
+    >>> def softplus_meta(x): return ops.TensorSpec(x.shape, x.dtype)
+    >>> softplus = dataflow.op("softplus", meta=softplus_meta, handle=ops.Tensor,
+    ...                        cost=lambda x: dataflow.Cost(flops=4 * x.size))(
+    ...     lambda x: np.log1p(np.exp(x)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from ._errors import NotReadyError, TaskError
+from ._runtime import _current, _resolve
+from ._task import DONE, Cost, Pending, Task
+
+__all__ = ["Op", "op"]
+
+H = TypeVar("H", bound=Pending[Any])
+
+HandleFactory = Callable[[Task, "int | None", Any], H]
+
+
+class Op(Generic[H]):
+    """A declared op. Call it like the kernel; it returns pending handle(s) at once."""
+
+    __slots__ = ("__dict__", "cost", "handle", "inline", "kernel", "meta", "name")
+
+    def __init__(
+        self,
+        name: str,
+        kernel: Callable[..., Any],
+        meta: Callable[..., Any],
+        handle: HandleFactory[H],
+        cost: Callable[..., Cost] | None = None,
+        inline: bool | None = None,
+    ) -> None:
+        self.name = name
+        self.kernel = kernel
+        self.meta = meta
+        self.cost = cost
+        self.handle = handle
+        self.inline = inline
+        self.__name__ = name
+        self.__qualname__ = name
+        self.__doc__ = kernel.__doc__
+
+    def __repr__(self) -> str:
+        return f"<dataflow.Op {self.name}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        spec = self.meta(*args, **kwargs)
+        cost = self.cost(*args, **kwargs) if self.cost is not None else None
+        rt = _current.get()
+        if rt is None:
+            task = _run_eagerly(self, args, kwargs, spec, cost)
+        else:
+            task = rt.submit(self.kernel, args, kwargs or None, self.name, spec, cost, self.inline)
+        if type(spec) is tuple:
+            make = self.handle
+            return tuple(make(task, i, s) for i, s in enumerate(spec))
+        return self.handle(task, None, spec)
+
+
+def _run_eagerly(
+    op: Op[Any], args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, cost: Cost | None
+) -> Task:
+    """Outside a runtime: run the kernel now, on this thread, raising its error here."""
+    task = Task(op.kernel, args, kwargs or None, op.name, None, spec, cost)
+    try:
+        value = op.kernel(*_resolve(args), **_resolve(kwargs))
+    except NotReadyError:
+        raise
+    except Exception as exc:
+        raise TaskError(
+            f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=op.name
+        ) from exc
+    task.value = value
+    task.state = DONE
+    task.fn = task.args = task.kwargs = None
+    return task
+
+
+def op(
+    name: str,
+    *,
+    meta: Callable[..., Any],
+    handle: HandleFactory[H],
+    cost: Callable[..., Cost] | None = None,
+    inline: bool | None = None,
+) -> Callable[[Callable[..., Any]], Op[H]]:
+    """Declare an op from a numpy kernel (decorator).
+
+    Args:
+        name: the op's name, used in errors, traces and the profiler's table.
+        meta: ``meta(*args, **kwargs) -> spec | tuple[spec, ...]``; validates and raises.
+        handle: ``handle(task, index, spec) -> Pending`` builds the returned handle(s).
+        cost: ``cost(*args, **kwargs) -> Cost``; without it the op always goes to the pool.
+        inline: force inline (True) or pool (False) execution instead of deciding by cost.
+
+    Example:
+        >>> @dataflow.op("scale", meta=lambda x, k: ops.TensorSpec(x.shape, x.dtype),
+        ...              handle=ops.Tensor, cost=lambda x, k: dataflow.Cost(x.size, 8 * x.size))
+        ... def scale(x, k):
+        ...     return x * k
+    """
+
+    def decorate(kernel: Callable[..., Any]) -> Op[H]:
+        return Op(name, kernel, meta, handle, cost, inline)
+
+    return decorate
+
+

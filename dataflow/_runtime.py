@@ -1,0 +1,506 @@
+"""The runtime: binds an event loop to an inter-op pool and owns every task it starts.
+
+Scheduling policy (the contract the rest of the library relies on):
+
+* **Dispatch returns at once.** Calling an op (or forking a plain function) creates a
+  :class:`~dataflow._task.Task` and returns a pending handle. If every input is done and the
+  op's estimated time is under the inline threshold, the kernel runs right there on the calling
+  thread (a hand-off to a worker would cost more than the work); otherwise the task is queued,
+  or parked until its inputs are done.
+* **Workers continue the graph themselves.** A worker that finishes a kernel marks dependents
+  whose inputs are now all done as ready and pops the next task, all under the pool's lock, so
+  a chain of ops never bounces through the event loop. The loop is only woken (in a batch) for
+  coroutines awaiting a value.
+* **Ready order.** Among ready tasks the one with the smallest ``priority`` runs first: issue
+  order by default (the oldest work, which is usually on the chain the program is furthest
+  along), or the longest-path-to-exit priorities a captured graph computes.
+* **Failures propagate, never hang.** A kernel that raises fails its task with a
+  :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
+  on it fails with that same error; independent tasks are not affected. A failure that nobody
+  observed is raised (or logged, if the body already raised) when the runtime closes.
+* **Everything is owned.** Forked coroutines are tracked; closing the runtime waits for them
+  and for the graph to drain. If the body raised or was cancelled, forked tasks are cancelled
+  and queued kernels are dropped without running (a running kernel cannot be interrupted and
+  is allowed to finish). The pool's threads are joined when the last runtime using it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._errors import CancelledTaskError, DataflowError, NoRuntimeError, TaskError
+from ._instrument import ACTIVE, emit
+from ._pool import InteropPool, acquire_shared_pool, release_shared_pool
+from ._task import CANCELLED, DONE, PENDING, READY, RUNNING, Cost, Pending, Task
+from ._threads import _check_count, default_interop_threads
+
+__all__ = [
+    "Runtime",
+    "current_runtime",
+    "get_runtime",
+    "resolve_loop_factory",
+    "set_inline_threshold",
+]
+
+_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
+    "dataflow_runtime", default=None
+)
+
+# Rates used to turn an op's Cost into seconds for the inline decision. Deliberately
+# conservative (small numpy ops run far below peak), so only really small ops run inline.
+FLOP_RATE = 2e10
+BYTE_RATE = 1e10
+_inline_threshold = 20e-6
+
+
+def set_inline_threshold(seconds: float) -> None:
+    """Ops estimated to take less than this run inline on the calling thread (default 20 us).
+
+    The estimate is ``flops / 2e10 + bytes / 1e10`` from the op's cost rule. 0 sends every op
+    to the pool; a large value runs everything inline (sequentially, on the loop thread).
+    """
+    global _inline_threshold
+    if not seconds >= 0:
+        raise ValueError(f"set_inline_threshold(seconds): must be >= 0, got {seconds!r}")
+    _inline_threshold = float(seconds)
+
+
+def get_inline_threshold() -> float:
+    """The inline threshold in seconds (see :func:`set_inline_threshold`)."""
+    return _inline_threshold
+
+
+def current_runtime() -> Runtime | None:
+    """The runtime of the calling context, or None outside of one."""
+    return _current.get()
+
+
+def get_runtime(what: str) -> Runtime:
+    """The current runtime, or a NoRuntimeError that says how to start one."""
+    rt = _current.get()
+    if rt is None:
+        raise NoRuntimeError(
+            f"{what} needs a running dataflow runtime. Start one with "
+            "`dataflow.run(main)` in a script, or `async with dataflow.Runtime(): ...` "
+            "inside an application whose event loop is already running."
+        )
+    return rt
+
+
+def resolve_loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event-loop factory for ``loop`` = "auto" | "asyncio" | "uvloop" (None: asyncio's)."""
+    if loop == "asyncio":
+        return None
+    if loop not in ("auto", "uvloop"):
+        raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
+    try:
+        import uvloop
+    except ImportError:
+        if loop == "uvloop":
+            raise DataflowError(
+                "loop='uvloop' was asked for but uvloop is not installed: "
+                "`pip install uvloop` (not available on Windows), or use loop='asyncio'"
+            ) from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def _collect(value: Any, out: list[Task]) -> None:
+    """Append the task of every pending handle in ``value`` (lists, tuples, dicts nest)."""
+    if isinstance(value, Pending):
+        out.append(value._task)
+    elif type(value) in (list, tuple):
+        for v in value:
+            _collect(v, out)
+    elif type(value) is dict:
+        for v in value.values():
+            _collect(v, out)
+
+
+def _resolve(value: Any) -> Any:
+    """``value`` with every pending handle replaced by its (ready) value."""
+    if isinstance(value, Pending):
+        return value.result()
+    t = type(value)
+    if t is list:
+        return [_resolve(v) for v in value]
+    if t is tuple:
+        return tuple(_resolve(v) for v in value)
+    if t is dict:
+        return {k: _resolve(v) for k, v in value.items()}
+    return value
+
+
+class Runtime:
+    """Binds the running event loop to an inter-op pool; owns every task started inside.
+
+    Use ``dataflow.run(main)`` in scripts; use this class directly to embed dataflow in an
+    application whose loop is already running (a web server)::
+
+        async with dataflow.Runtime(interop_threads=4):
+            fut = dataflow.fork(model, x)
+            y = await fut
+
+    Args:
+        interop_threads: size of the inter-op pool; default :func:`get_num_interop_threads`.
+        intraop_threads: BLAS threads inside each op, applied process-wide while the runtime
+            is open and restored when it closes; default: leave BLAS as it is.
+        private_pool: give this runtime a pool of its own instead of the process's shared one.
+    """
+
+    def __init__(
+        self,
+        *,
+        interop_threads: int | None = None,
+        intraop_threads: int | None = None,
+        private_pool: bool = False,
+    ) -> None:
+        self.interop_threads = (
+            default_interop_threads()
+            if interop_threads is None
+            else _check_count(interop_threads, "interop_threads")
+        )
+        self.intraop_threads = (
+            None if intraop_threads is None else _check_count(intraop_threads, "intraop_threads")
+        )
+        self.private_pool = private_pool
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._pool: InteropPool | None = None
+        self._lock: threading.Lock = threading.Lock()  # replaced by the pool's lock on entry
+        self._loop_tid = 0
+        self._token: contextvars.Token[Runtime | None] | None = None
+        self._limits: Any = None
+        self._closed = False
+        self._cancelling = False
+        # Graph tasks submitted and not finished; forked coroutines not finished.
+        self._inflight = 0
+        self._forks: set[asyncio.Task[Any]] = set()
+        self._failures: list[BaseException] = []
+        # Wake-ups posted from worker threads, flushed on the loop in batches.
+        self._wakeups: list[asyncio.Future[None]] = []
+        self._wake_posted = False
+        self._drained: asyncio.Future[None] | None = None
+        # Counters (read by tests and repr): kernels running in the pool now and at peak.
+        self.running = 0
+        self.peak_running = 0
+        self.tasks_run = 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self.loop else "new")
+        queued = self._pool.queued if self._pool else 0
+        return (
+            f"<Runtime {state} interop={self.interop_threads} "
+            f"intraop={self.intraop_threads or 'default'} running={self.running} "
+            f"inflight={self._inflight} queued={queued} forks={len(self._forks)}>"
+        )
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Runtime:
+        if self.loop is not None:
+            raise DataflowError("a Runtime can be entered only once; create a new one")
+        self.loop = asyncio.get_running_loop()
+        self._loop_tid = threading.get_ident()
+        if self.private_pool:
+            self._pool = InteropPool(self.interop_threads, name=f"interop-p{id(self) & 0xFFFF:x}")
+        else:
+            self._pool = acquire_shared_pool(self.interop_threads)
+        self._lock = self._pool.lock
+        if self.intraop_threads is not None:
+            from threadpoolctl import threadpool_limits
+
+            self._limits = threadpool_limits(limits=self.intraop_threads, user_api="blas")
+        self._token = _current.set(self)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        import anyio
+
+        try:
+            if exc_type is not None:
+                self._cancel_everything()
+            # The clean-up must finish even if the surrounding scope is being cancelled:
+            # running kernels cannot be interrupted, and their threads must be joined.
+            with anyio.CancelScope(shield=True):
+                await self._join()
+        finally:
+            self._close()
+        unobserved = [e for e in self._failures if not getattr(e, "observed", True)]
+        if not unobserved:
+            return
+        if exc_type is None:
+            err = _unobserved_error(unobserved)
+            raise err from unobserved[0]
+        from ._log import logger
+
+        for e in unobserved:
+            logger.error("task failed and was never awaited", error=repr(e), exc_info=e)
+
+    def _cancel_everything(self) -> None:
+        self._cancelling = True
+        for t in list(self._forks):
+            t.cancel()
+
+    async def _join(self) -> None:
+        while True:
+            if self._forks:
+                await asyncio.wait(set(self._forks))
+                continue
+            with self._lock:
+                if self._inflight == 0:
+                    break
+                self._drained = self.loop.create_future()  # type: ignore[union-attr]
+            await self._drained
+            self._drained = None
+
+    def _close(self) -> None:
+        self._closed = True
+        if self._token is not None:
+            try:
+                _current.reset(self._token)
+            except ValueError:  # exited in another context than entered; nothing to reset
+                _current.set(None)
+            self._token = None
+        if self._limits is not None:
+            self._limits.restore_original_limits()
+            self._limits = None
+        if self._pool is not None:
+            if self.private_pool:
+                self._pool.close()
+            else:
+                release_shared_pool()
+
+    # -- dispatch (the hot path) -------------------------------------------------------------
+
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        op: str,
+        spec: Any = None,
+        cost: Cost | None = None,
+        inline: bool | None = None,
+        ctx: contextvars.Context | None = None,
+    ) -> Task:
+        """Add a task to the graph; run it inline, queue it, or park it on its inputs."""
+        if self._closed:
+            raise DataflowError(f"{op}: this runtime is closed; start a new one")
+        task = Task(fn, args, kwargs, op, self, spec, cost, ctx)
+        inputs: list[Task] = []
+        for a in args:
+            _collect(a, inputs)
+        if kwargs:
+            for a in kwargs.values():
+                _collect(a, inputs)
+        if inputs:
+            task.inputs = tuple(inputs)
+        if ACTIVE:
+            emit("task_created", task)
+        if inline is None:
+            inline = cost is not None and (
+                cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE < _inline_threshold
+            )
+        waiting = [t for t in inputs if t.state != DONE]
+        if not waiting and inline and not self._cancelling:
+            task.state = RUNNING
+            self.execute(task, counted=False)
+            return task
+        with self._lock:
+            self._inflight += 1
+            n = 0
+            failed: Task | None = None
+            for t in waiting:
+                st = t.state
+                if st < DONE:
+                    if t.dependents is None:
+                        t.dependents = [task]
+                    else:
+                        t.dependents.append(task)
+                    n += 1
+                elif st != DONE and failed is None:
+                    failed = t
+            task.waiting = n
+            if failed is not None:
+                # An input already failed: this task fails with the same error, unrun.
+                self._fail_locked(task, failed.error)
+                return task
+            if n == 0:
+                task.state = READY
+                self._pool.push_locked(task)  # type: ignore[union-attr]
+        if ACTIVE and task.state == READY:
+            emit("task_ready", task)
+        return task
+
+    def execute(self, task: Task, counted: bool = True) -> None:
+        """Run a RUNNING task's kernel on this thread and publish the outcome."""
+        if self._cancelling and counted:
+            self._cancel_running(task)
+            return
+        if ACTIVE:
+            emit("task_started", task)
+        fn = task.fn
+        assert fn is not None
+        try:
+            if task.inputs:
+                args = _resolve(task.args)
+                kwargs = _resolve(task.kwargs)
+            else:
+                args = task.args
+                kwargs = task.kwargs
+            if task.ctx is not None:
+                value = task.ctx.run(fn, *args, **(kwargs or {}))
+            elif kwargs:
+                value = fn(*args, **kwargs)
+            else:
+                value = fn(*args)
+        except BaseException as exc:
+            err = TaskError(
+                f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=task.op
+            )
+            err.__cause__ = exc
+            with self._lock:
+                self._failures.append(err)
+                self._fail_locked(task, err, counted)
+            return
+        with self._lock:
+            task.value = value
+            task.state = DONE
+            task.fn = task.args = task.kwargs = None
+            task.inputs = ()
+            self.tasks_run += 1
+            if counted:
+                self._inflight -= 1
+                self.running -= 1
+            deps = task.dependents
+            if deps is not None:
+                task.dependents = None
+                push = self._pool.push_locked  # type: ignore[union-attr]
+                for d in deps:
+                    d.waiting -= 1
+                    if d.waiting == 0 and d.state == PENDING:
+                        d.state = READY
+                        push(d)
+                        if ACTIVE:
+                            emit("task_ready", d)
+            if task.waiters is not None:
+                self._wake_locked(task.waiters)
+                task.waiters = None
+            if self._inflight == 0 and self._drained is not None:
+                self._wake_locked([self._drained])
+        if ACTIVE:
+            emit("task_finished", task)
+
+    def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
+        """Fail ``task`` and, transitively, every task waiting on it. Holds the lock."""
+        stack = [task]
+        first = True
+        while stack:
+            t = stack.pop()
+            if t.state >= DONE:
+                continue
+            was_running = t.state == RUNNING
+            t.state = CANCELLED if isinstance(err, CancelledTaskError) else FAILED
+            t.error = err
+            t.fn = t.args = t.kwargs = None
+            t.inputs = ()
+            if counted or not first:
+                self._inflight -= 1
+                if was_running and counted:
+                    self.running -= 1
+            first = False
+            if t.waiters is not None:
+                self._wake_locked(t.waiters)
+                t.waiters = None
+            if t.dependents is not None:
+                stack.extend(t.dependents)
+                t.dependents = None
+            if ACTIVE:
+                emit("task_failed" if t.state == FAILED else "task_cancelled", t)
+        if self._inflight == 0 and self._drained is not None:
+            self._wake_locked([self._drained])
+
+    def _cancel_running(self, task: Task) -> None:
+        err = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
+        with self._lock:
+            self._fail_locked(task, err)
+
+    def cancel_task(self, task: Task) -> bool:
+        """Cancel a task that has not started; its dependents fail with CancelledTaskError."""
+        with self._lock:
+            if task.state not in (PENDING, READY):
+                return False
+            err = CancelledTaskError(f"{task.name} was cancelled before it ran")
+            self._fail_locked(task, err)
+        return True
+
+    # -- wake-ups on the loop ---------------------------------------------------------------
+
+    def _wake_locked(self, futs: list[asyncio.Future[None]]) -> None:
+        if threading.get_ident() == self._loop_tid:
+            for f in futs:
+                if not f.done():
+                    f.set_result(None)
+            return
+        self._wakeups.extend(futs)
+        if not self._wake_posted:
+            self._wake_posted = True
+            self.loop.call_soon_threadsafe(self._flush_wakeups)  # type: ignore[union-attr]
+
+    def _flush_wakeups(self) -> None:
+        with self._lock:
+            futs, self._wakeups = self._wakeups, []
+            self._wake_posted = False
+        for f in futs:
+            if not f.done():
+                f.set_result(None)
+
+    def completion(self, task: Task) -> asyncio.Future[None]:
+        """A loop future that completes when ``task`` is done (used by ``await handle``)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise DataflowError(
+                f"{task.name} can only be awaited inside a coroutine running on its runtime's "
+                "event loop"
+            ) from None
+        if loop is not self.loop:
+            raise DataflowError(
+                f"{task.name} belongs to a runtime on another event loop; await it there "
+                "(pending values cannot move between event loops)"
+            )
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if task.state >= DONE:
+                fut.set_result(None)
+            elif task.waiters is None:
+                task.waiters = [fut]
+            else:
+                task.waiters.append(fut)
+        return fut
+
+    # -- forked coroutines ----------------------------------------------------------------
+
+    def track_fork(self, task: asyncio.Task[Any]) -> None:
+        """Own a forked coroutine's task: it is awaited (or cancelled) before the runtime closes."""
+        self._forks.add(task)
+        task.add_done_callback(self._fork_done)
+
+    def _fork_done(self, task: asyncio.Task[Any]) -> None:
+        self._forks.discard(task)
+        if not task.cancelled():
+            exc = task.exception()  # also marks it retrieved, so asyncio logs nothing
+            if isinstance(exc, TaskError):
+                self._failures.append(exc)
+
+
+def _unobserved_error(errors: list[BaseException]) -> BaseException:
+    from ._errors import UnobservedTaskError
+
+    return UnobservedTaskError(errors)
+

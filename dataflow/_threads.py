@@ -1,0 +1,172 @@
+"""Thread settings at the two levels, mirroring torch.
+
+* inter-op: the threads of dataflow's pool, which run independent ops side by side;
+* intra-op: the threads *inside* one op, i.e. BLAS's own (OpenBLAS, MKL, BLIS), set through
+  threadpoolctl. For OpenBLAS the setting is process-wide: choose it once per process.
+
+The product of the two should not exceed the cores, or the threads fight for them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import Any
+
+from ._pool import shared_pool_size
+
+__all__ = [
+    "default_interop_threads",
+    "get_num_interop_threads",
+    "get_num_threads",
+    "parallel_info",
+    "set_num_interop_threads",
+    "set_num_threads",
+]
+
+_ENV_INTEROP = "DATAFLOW_NUM_INTEROP_THREADS"
+_interop_default: int | None = None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_count(n: object, what: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{what} must be a positive int, got {n!r}")
+    return n
+
+
+def default_interop_threads() -> int:
+    """The inter-op thread count a runtime uses when none is given.
+
+    In order: :func:`set_num_interop_threads`, ``$DATAFLOW_NUM_INTEROP_THREADS``, the cores
+    this process may run on.
+    """
+    if _interop_default is not None:
+        return _interop_default
+    env = os.environ.get(_ENV_INTEROP)
+    if env:
+        try:
+            return _check_count(int(env), _ENV_INTEROP)
+        except ValueError:
+            raise ValueError(f"${_ENV_INTEROP} must be a positive int, got {env!r}") from None
+    return _cores()
+
+
+def set_num_interop_threads(n: int) -> None:
+    """Set the process default for the inter-op pool's size (like torch's).
+
+    Call it at start-up: the shared pool cannot be resized while a runtime uses it.
+
+    Raises:
+        ValueError: ``n`` is not a positive int.
+        RuntimeError: the shared pool is running with another size.
+    """
+    global _interop_default
+    n = _check_count(n, "set_num_interop_threads(n)")
+    running = shared_pool_size()
+    if running is not None and running != n:
+        raise RuntimeError(
+            f"set_num_interop_threads({n}): the shared inter-op pool is running with {running} "
+            "thread(s); call it before any runtime starts (or pass interop_threads= to run/Runtime)"
+        )
+    _interop_default = n
+
+
+def get_num_interop_threads() -> int:
+    """The shared pool's size while it runs, else the size the next runtime will use."""
+    running = shared_pool_size()
+    return running if running is not None else default_interop_threads()
+
+
+def _blas_info() -> list[dict[str, Any]]:
+    from threadpoolctl import threadpool_info
+
+    return [i for i in threadpool_info() if i.get("user_api") == "blas"]
+
+
+def set_num_threads(n: int) -> None:
+    """Set the intra-op thread count: the threads BLAS uses inside one op.
+
+    For OpenBLAS this is process-wide (every inter-op thread shares it), so choose it once
+    per process, usually ``cores // interop_threads``.
+    """
+    from threadpoolctl import threadpool_limits
+
+    n = _check_count(n, "set_num_threads(n)")
+    threadpool_limits(limits=n, user_api="blas")
+
+
+def get_num_threads() -> int:
+    """The intra-op (BLAS) thread count; 1 when no threaded BLAS is loaded."""
+    infos = _blas_info()
+    return max((int(i.get("num_threads", 1)) for i in infos), default=1)
+
+
+def _loop_name() -> str:
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        from ._runtime import resolve_loop_factory
+
+        factory = resolve_loop_factory("auto")
+        return "uvloop (default for new runs)" if factory is not None else "asyncio"
+    mod = type(loop).__module__
+    return "uvloop" if mod.startswith("uvloop") else f"asyncio ({type(loop).__name__})"
+
+
+def parallel_info() -> str:
+    """A readable report of the thread settings, like ``torch.__config__.parallel_info()``.
+
+    Lists the inter-op and intra-op thread counts, the BLAS library and its version, the event
+    loop in use, and warns when inter-op x intra-op threads exceed the cores.
+    """
+    import numpy as np
+
+    cores = _cores()
+    interop = get_num_interop_threads()
+    running = shared_pool_size() is not None
+    intra = get_num_threads()
+    lines = [
+        f"dataflow {_version()} on Python {platform.python_version()} ({sys.platform})",
+        f"numpy {np.__version__}",
+        f"cores available: {cores}",
+        f"inter-op threads: {interop}" + (" (shared pool running)" if running else ""),
+        f"intra-op threads (BLAS): {intra}",
+    ]
+    for info in _blas_info():
+        lines.append(
+            f"BLAS: {info.get('internal_api')} {info.get('version')} "
+            f"threading={info.get('threading_layer')} architecture={info.get('architecture')} "
+            f"threads={info.get('num_threads')}"
+        )
+    if not _blas_info():
+        lines.append("BLAS: none found by threadpoolctl")
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", _ENV_INTEROP):
+        if var in os.environ:
+            lines.append(f"{var}={os.environ[var]}")
+    lines.append(f"event loop: {_loop_name()}")
+    if interop * intra > cores:
+        lines.append(
+            f"WARNING: inter-op x intra-op threads = {interop} x {intra} = {interop * intra} "
+            f"exceeds the {cores} cores: threads will compete. Lower one of them, e.g. "
+            f"set_num_threads({max(1, cores // interop)})."
+        )
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dataflow")
+    except PackageNotFoundError:  # pragma: no cover - running from a checkout
+        return "unknown"
