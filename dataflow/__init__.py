@@ -27,6 +27,7 @@ from ._op import Op as Op
 from ._op import op as op
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
+from ._runtime import estimate_seconds as estimate_seconds
 from ._runtime import get_inline_threshold as get_inline_threshold
 from ._runtime import set_inline_threshold as set_inline_threshold
 from ._task import Cost as Cost
@@ -56,6 +57,7 @@ __all__ = (
     "Cost",
     "set_inline_threshold",
     "get_inline_threshold",
+    "estimate_seconds",
     # threads
     "set_num_interop_threads",
     "get_num_interop_threads",

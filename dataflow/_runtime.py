@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ from ._threads import _check_count, default_interop_threads
 __all__ = [
     "Runtime",
     "current_runtime",
+    "estimate_seconds",
     "get_runtime",
     "resolve_loop_factory",
     "set_inline_threshold",
@@ -74,6 +76,13 @@ def get_inline_threshold() -> float:
     return _inline_threshold
 
 
+def estimate_seconds(cost: Cost | None) -> float:
+    """The time the scheduler assumes an op with this cost takes (0 without a cost rule)."""
+    if cost is None:
+        return 0.0
+    return cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE
+
+
 def current_runtime() -> Runtime | None:
     """The runtime of the calling context, or None outside of one."""
     return _current.get()
@@ -93,10 +102,15 @@ def get_runtime(what: str) -> Runtime:
 
 def resolve_loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event-loop factory for ``loop`` = "auto" | "asyncio" | "uvloop" (None: asyncio's)."""
+    if loop == "auto":
+        # The CLI's --loop (and users) can set the process default through the environment.
+        loop = os.environ.get("DATAFLOW_LOOP", "auto") or "auto"
     if loop == "asyncio":
         return None
     if loop not in ("auto", "uvloop"):
-        raise ValueError(f"loop must be 'auto', 'asyncio' or 'uvloop', got {loop!r}")
+        raise ValueError(
+            f"loop must be 'auto', 'asyncio' or 'uvloop' (also in $DATAFLOW_LOOP), got {loop!r}"
+        )
     try:
         import uvloop
     except ImportError:
@@ -151,6 +165,9 @@ class Runtime:
         intraop_threads: BLAS threads inside each op, applied process-wide while the runtime
             is open and restored when it closes; default: leave BLAS as it is.
         private_pool: give this runtime a pool of its own instead of the process's shared one.
+        simulate: for scheduling studies: ``simulate(task)`` replaces every graph task's kernel
+            (e.g. a GIL-free ``time.sleep`` of the op's estimated time, see
+            :func:`estimate_seconds`) and its return value stands for the result.
     """
 
     def __init__(
@@ -159,7 +176,9 @@ class Runtime:
         interop_threads: int | None = None,
         intraop_threads: int | None = None,
         private_pool: bool = False,
+        simulate: Callable[[Task], Any] | None = None,
     ) -> None:
+        self.simulate = simulate
         self.interop_threads = (
             default_interop_threads()
             if interop_threads is None
@@ -353,7 +372,9 @@ class Runtime:
             else:
                 args = task.args
                 kwargs = task.kwargs
-            if task.ctx is not None:
+            if self.simulate is not None:
+                value = self.simulate(task)
+            elif task.ctx is not None:
                 value = task.ctx.run(fn, *args, **(kwargs or {}))
             elif kwargs:
                 value = fn(*args, **kwargs)

@@ -1,0 +1,182 @@
+"""The ``dataflow`` command: run scripts under the runtime, report settings.
+
+Exit codes: the script's own ``SystemExit`` passes through; an uncaught exception prints its
+traceback and exits 1; bad usage (including a missing script) exits 2; Ctrl-C cancels the
+tasks, joins the threads and exits 130.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
+
+__all__ = ["configure_logging", "main"]
+
+# Hooks other CLI features (tracing, progress) wrap the script run with: each is a context
+# manager factory taking the `run` command's options.
+RunHook = Callable[[dict[str, Any]], Any]
+_run_hooks: list[RunHook] = []
+
+
+def configure_logging(fmt: str, level: str) -> None:
+    """Configure structlog for the CLI process (the library itself never does)."""
+    import structlog
+
+    lvl = logging.getLevelName(level.upper())
+    if not isinstance(lvl, int):
+        raise click.BadParameter(f"unknown log level {level!r}", param_hint="--log-level")
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info if fmt == "json" else _identity,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _identity(_: Any, __: str, event: Any) -> Any:
+    return event
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(_version(), "--version", prog_name="dataflow")
+def cli() -> None:
+    """dataflow: run numpy model code with inter-op parallelism."""
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("-m", "module", metavar="MODULE", help="Run a module as a script (like python -m).")
+@click.option("--interop-threads", type=click.IntRange(min=1), help="Inter-op pool size.")
+@click.option(
+    "--intraop-threads", type=click.IntRange(min=1), help="BLAS threads per op (process-wide)."
+)
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "asyncio", "uvloop"]),
+    default="auto",
+    show_default=True,
+    help="Event loop for dataflow.run().",
+)
+@click.option(
+    "--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True
+)
+@click.option("--log-level", default="warning", show_default=True, help="debug, info, warning...")
+@click.argument("script", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    module: str | None,
+    interop_threads: int | None,
+    intraop_threads: int | None,
+    loop: str,
+    log_format: str,
+    log_level: str,
+    script: str | None,
+    args: Sequence[str],
+) -> None:
+    """Run SCRIPT (or -m MODULE) as __main__ with ARGS, under dataflow's settings.
+
+    The options become the process defaults, so a script that calls
+    ``dataflow.run(main)`` under ``if __name__ == "__main__":`` picks them up.
+    """
+    if module is None and script is None:
+        raise click.UsageError("give a SCRIPT to run, or -m MODULE")
+    if module is not None and script is not None:
+        args = (script, *args)
+    configure_logging(log_format, log_level)
+    if interop_threads is not None:
+        set_num_interop_threads(interop_threads)
+    if intraop_threads is not None:
+        set_num_threads(intraop_threads)
+    os.environ["DATAFLOW_LOOP"] = loop
+    options = {"module": module, "script": script, "args": list(args)}
+    sys.exit(_run_main(module, script, list(args), options))
+
+
+def _run_main(module: str | None, script: str | None, args: list[str], options: Any) -> int:
+    from contextlib import ExitStack
+
+    if script is not None:
+        if not os.path.isfile(script):
+            click.echo(f"dataflow run: error: no such script: {script!r}", err=True)
+            return 2
+        try:
+            with open(script, "rb") as f:
+                compile(f.read(), script, "exec")
+        except SyntaxError as exc:
+            click.echo(
+                f"dataflow run: error: {script}:{exc.lineno}: SyntaxError: {exc.msg}", err=True
+            )
+            return 1
+    sys.argv = [script if script is not None else str(module), *args]
+    try:
+        with ExitStack() as stack:
+            for hook in _run_hooks:
+                stack.enter_context(hook(options))
+            if module is not None:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                assert script is not None
+                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+                runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        click.echo(str(code), err=True)
+        return 1
+    except KeyboardInterrupt:
+        click.echo("dataflow run: interrupted", err=True)
+        return 130
+    except ImportError as exc:
+        if module is not None and getattr(exc, "name", None) == module:
+            click.echo(f"dataflow run: error: no module named {module!r}", err=True)
+            return 2
+        _print_user_traceback(exc)
+        return 1
+    except BaseException as exc:
+        _print_user_traceback(exc)
+        return 1
+    return 0
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the traceback without the CLI's and runpy's own frames, as python would."""
+    tb = exc.__traceback__
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+@cli.command()
+def info() -> None:
+    """Print the thread settings, BLAS and event loop (parallel_info())."""
+    click.echo(parallel_info())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``dataflow`` console script and ``python -m dataflow``."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="dataflow")
