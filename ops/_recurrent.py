@@ -1,0 +1,626 @@
+"""Recurrent cells as fused ops, and the step ops ``ops.nn.LSTM`` / ``ops.nn.GRU`` run on.
+
+The public cells follow PyTorch's gate order and equations exactly, so weights load unchanged:
+
+* LSTM, gates ``i, f, g, o`` stacked along the first axis of ``w_ih`` (4H, I) and ``w_hh``
+  (4H, H)::
+
+      i, f, g, o = split(x @ w_ih.T + b_ih + h @ w_hh.T + b_hh, 4)
+      c' = sigmoid(f) * c + sigmoid(i) * tanh(g)
+      h' = sigmoid(o) * tanh(c')
+
+* GRU, gates ``r, z, n`` in ``w_ih`` (3H, I) and ``w_hh`` (3H, H)::
+
+      r = sigmoid(W_ir x + b_ir + W_hr h + b_hr)
+      z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)
+      n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+      h' = (1 - z) * n + z * h
+
+The modules split a sequence into ops that expose parallelism (see ``ops.nn._rnn``): one large
+input projection for all time steps (:func:`rnn_projection`), then one small op per time step
+that only adds the recurrent GEMM (:func:`lstm_step`, :func:`gru_step`), then one op that
+writes the per-step outputs into the output array (:func:`rnn_output`).
+
+Kernels are written to hold the GIL as little as possible, because several of them run at once
+on the inter-op pool: one BLAS GEMM per weight (numpy releases the GIL inside it), then a few
+whole-array ufuncs working in place on the gate buffer, never a Python loop over elements.
+Float32 stays float32 throughout.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from dataflow import Cost, OpInputError, OpTypeError
+
+from ._tensor import Tensor, TensorSpec, define, spec_of
+
+__all__ = [
+    "gru_cell",
+    "lstm_cell",
+    # the decomposition ops.nn's modules use
+    "gru_step",
+    "lstm_step",
+    "rnn_output",
+    "rnn_projection",
+    "select",
+    "stack_states",
+]
+
+Array: TypeAlias = "np.ndarray[Any, Any]"
+ArrayLike: TypeAlias = "Tensor | np.ndarray[Any, Any]"
+
+_LSTM_GATES = 4
+_GRU_GATES = 3
+
+
+# -- gate math (kernels' shared pieces) -------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _lstm_activation_consts(hidden: int, dtype: np.dtype[Any]) -> tuple[Array, Array]:
+    """Per-column (scale, add) that turn ``tanh`` into sigmoid on i, f, o and tanh on g.
+
+    sigmoid(x) = 0.5 * tanh(0.5 * x) + 0.5 exactly, so ``tanh(a * scale) * scale + add`` applies
+    all four activations with four whole-array ufuncs instead of twelve slice-wise ones. It
+    also cannot overflow (``1 / (1 + exp(-x))`` warns in float32 for x < -88).
+    """
+    half = np.full(hidden, 0.5, dtype=dtype)
+    one = np.ones(hidden, dtype=dtype)
+    zero = np.zeros(hidden, dtype=dtype)
+    scale = np.concatenate([half, half, one, half])
+    add = np.concatenate([half, half, zero, half])
+    for a in (scale, add):
+        a.setflags(write=False)
+    return scale, add
+
+
+def _sigmoid_(a: Array) -> None:
+    """sigmoid in place, as ``0.5 * tanh(0.5 * a) + 0.5`` (no overflow, no temporaries)."""
+    np.multiply(a, 0.5, out=a)
+    np.tanh(a, out=a)
+    np.multiply(a, 0.5, out=a)
+    np.add(a, 0.5, out=a)
+
+
+def _lstm_finish(gates: Array, c: Array | None) -> tuple[Array, Array]:
+    """(h', c') from the pre-activation ``gates`` (..., 4H), which this overwrites."""
+    hidden = gates.shape[-1] // _LSTM_GATES
+    scale, add = _lstm_activation_consts(hidden, gates.dtype)
+    np.multiply(gates, scale, out=gates)
+    np.tanh(gates, out=gates)
+    np.multiply(gates, scale, out=gates)
+    np.add(gates, add, out=gates)
+    i = gates[..., :hidden]
+    f = gates[..., hidden : 2 * hidden]
+    g = gates[..., 2 * hidden : 3 * hidden]
+    o = gates[..., 3 * hidden :]
+    np.multiply(i, g, out=i)
+    if c is None:  # zero initial state: c' = i * g
+        c_new = np.array(i)
+    else:
+        c_new = np.multiply(f, c)
+        c_new += i
+    h_new = np.tanh(c_new)
+    h_new *= o
+    return h_new, c_new
+
+
+def _gru_finish(gi: Array, gh: Array, h: Array | None) -> Array:
+    """h' from the input part ``gi`` (read only) and the recurrent part ``gh`` (overwritten)."""
+    hidden = gh.shape[-1] // _GRU_GATES
+    rz = gh[..., : 2 * hidden]
+    rz += gi[..., : 2 * hidden]
+    _sigmoid_(rz)
+    r = gh[..., :hidden]
+    z = gh[..., hidden : 2 * hidden]
+    n = gh[..., 2 * hidden :]
+    n *= r
+    n += gi[..., 2 * hidden :]
+    np.tanh(n, out=n)
+    # h' = (1 - z) * n + z * h = n + z * (h - n)
+    if h is None:
+        h_new = np.multiply(z, n)
+        np.subtract(n, h_new, out=h_new)
+    else:
+        h_new = np.subtract(h, n)
+        h_new *= z
+        h_new += n
+    return h_new
+
+
+def _gemm(a: Array, w: Array) -> Array:
+    """``a @ w.T`` in one BLAS call (w.T is a view: BLAS reads it transposed, no copy)."""
+    out: Array = np.matmul(a, w.T)
+    return out
+
+
+# -- kernels ----------------------------------------------------------------------------------
+
+
+def _lstm_cell_kernel(
+    x: Array,
+    h: Array | None,
+    c: Array | None,
+    w_ih: Array,
+    w_hh: Array,
+    b_ih: Array | None,
+    b_hh: Array | None,
+) -> tuple[Array, Array]:
+    gates = _gemm(x, w_ih)
+    if h is not None:
+        gates += _gemm(h, w_hh)
+    if b_ih is not None:
+        gates += b_ih
+    if b_hh is not None:
+        gates += b_hh
+    return _lstm_finish(gates, c)
+
+
+def _gru_cell_kernel(
+    x: Array,
+    h: Array | None,
+    w_ih: Array,
+    w_hh: Array,
+    b_ih: Array | None,
+    b_hh: Array | None,
+) -> Array:
+    gi = _gemm(x, w_ih)
+    if b_ih is not None:
+        gi += b_ih
+    gh = _recurrent_part(h, w_hh, b_hh, gi.shape)
+    return _gru_finish(gi, gh, h)
+
+
+def _recurrent_part(
+    h: Array | None, w_hh: Array, b_hh: Array | None, shape: tuple[int, ...]
+) -> Array:
+    """``h @ w_hh.T + b_hh`` as a fresh buffer (just the bias, or zeros, when h is None)."""
+    gh = np.zeros(shape, dtype=w_hh.dtype) if h is None else _gemm(h, w_hh)
+    if b_hh is not None:
+        gh += b_hh
+    return gh
+
+
+def _lstm_step_kernel(
+    xproj: Array, t: int, h: Array | None, c: Array | None, w_hh: Array
+) -> tuple[Array, Array]:
+    if h is None:
+        gates = np.array(xproj[t])
+    else:
+        gates = _gemm(h, w_hh)
+        gates += xproj[t]
+    return _lstm_finish(gates, c)
+
+
+def _gru_step_kernel(
+    xproj: Array, t: int, h: Array | None, w_hh: Array, b_hh: Array | None
+) -> Array:
+    gi = xproj[t]
+    gh = _recurrent_part(h, w_hh, b_hh, gi.shape)
+    return _gru_finish(gi, gh, h)
+
+
+def _projection_kernel(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
+    # One GEMM over every time step: (T*B, I) @ (I, G). A batch-first input is projected in its
+    # own order and returned as a (T, B, G) view, so no transposed copy of x is ever made.
+    x = np.ascontiguousarray(x)
+    out: Array = np.matmul(x.reshape(-1, x.shape[-1]), w_ih.T)
+    if bias is not None:
+        out += bias
+    out = out.reshape(*x.shape[:-1], w_ih.shape[0])
+    return out.swapaxes(0, 1) if batch_first else out
+
+
+def _output_kernel(hs_fwd: list[Array], hs_rev: list[Array] | None, batch_first: bool) -> Array:
+    steps = len(hs_fwd)
+    batch, hidden = hs_fwd[0].shape
+    width = hidden if hs_rev is None else 2 * hidden
+    shape = (batch, steps, width) if batch_first else (steps, batch, width)
+    out = np.empty(shape, dtype=hs_fwd[0].dtype)
+    view = out.swapaxes(0, 1) if batch_first else out  # (T, B, D*H) either way
+    for t in range(steps):
+        view[t, :, :hidden] = hs_fwd[t]
+        if hs_rev is not None:
+            view[t, :, hidden:] = hs_rev[t]
+    return out
+
+
+def _stack_kernel(arrays: list[Array]) -> Array:
+    return np.stack(arrays)
+
+
+def _select_kernel(a: Array, index: int) -> Array:
+    return np.array(a[index])
+
+
+# -- meta rules -------------------------------------------------------------------------------
+
+
+def _describe(named: dict[str, TensorSpec | None]) -> str:
+    return ", ".join(f"{k} {v!r}" for k, v in named.items() if v is not None)
+
+
+def _specs(**values: Any) -> dict[str, TensorSpec | None]:
+    return {k: None if v is None else spec_of(v) for k, v in values.items()}
+
+
+def _common_dtype(op: str, named: dict[str, TensorSpec | None]) -> np.dtype[Any]:
+    """The one floating dtype of every given input, or an OpTypeError naming them all."""
+    dtypes = {v.dtype for v in named.values() if v is not None}
+    dtype = next(iter(dtypes))
+    if len(dtypes) != 1 or dtype.kind != "f":
+        raise OpTypeError(
+            f"{op}: every input must have the same floating-point dtype, got "
+            f"{_describe(named)}; convert them with .astype(np.float32)"
+        )
+    return dtype
+
+
+def _cell_meta(
+    op: str,
+    gates: int,
+    named: dict[str, TensorSpec | None],
+) -> TensorSpec:
+    """Validate a cell's inputs (x, h, [c], w_ih, w_hh, b_ih, b_hh); the spec of h'."""
+    dtype = _common_dtype(op, named)
+    x, w_ih, w_hh = named["x"], named["w_ih"], named["w_hh"]
+    assert x is not None and w_ih is not None and w_hh is not None
+    names = "i, f, g, o" if gates == _LSTM_GATES else "r, z, n"
+
+    def bad(what: str) -> OpInputError:
+        return OpInputError(f"{op}: {what} (got {_describe(named)})")
+
+    if len(w_hh.shape) != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
+        raise bad(
+            f"w_hh must have shape ({gates}*hidden_size, hidden_size) with gates {names} "
+            f"stacked on axis 0"
+        )
+    hidden = w_hh.shape[1]
+    if len(w_ih.shape) != 2 or w_ih.shape[0] != gates * hidden:
+        raise bad(
+            f"w_ih must have shape ({gates}*hidden_size, input_size) = ({gates * hidden}, "
+            f"input_size) for hidden_size {hidden} (from w_hh)"
+        )
+    if len(x.shape) not in (1, 2) or x.shape[-1] != w_ih.shape[1]:
+        raise bad(
+            f"x must have shape (batch, input_size) or (input_size,) with input_size "
+            f"{w_ih.shape[1]} (from w_ih)"
+        )
+    state_shape = (*x.shape[:-1], hidden)
+    for name in ("h", "c"):
+        s = named.get(name)
+        if s is not None and s.shape != state_shape:
+            raise bad(f"{name} must have shape {state_shape} (x's batch, hidden_size {hidden})")
+    for name in ("b_ih", "b_hh"):
+        s = named.get(name)
+        if s is not None and s.shape != (gates * hidden,):
+            raise bad(f"{name} must have shape ({gates * hidden},) = ({gates}*hidden_size,)")
+    return TensorSpec(state_shape, dtype)
+
+
+def _lstm_cell_meta(
+    x: Any, h: Any, c: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None
+) -> tuple[TensorSpec, TensorSpec]:
+    if (h is None) != (c is None):
+        raise OpInputError(
+            "lstm_cell: give both h and c, or neither (None for both means zero initial state)"
+        )
+    named = _specs(x=x, h=h, c=c, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+    spec = _cell_meta("lstm_cell", _LSTM_GATES, named)
+    return spec, spec
+
+
+def _gru_cell_meta(
+    x: Any, h: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None
+) -> TensorSpec:
+    named = _specs(x=x, h=h, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+    return _cell_meta("gru_cell", _GRU_GATES, named)
+
+
+def _step_meta(
+    op: str, gates: int, xproj: Any, t: Any, named: dict[str, TensorSpec | None]
+) -> TensorSpec:
+    named = {"xproj": spec_of(xproj), **named}
+    dtype = _common_dtype(op, named)
+    xp, w_hh = named["xproj"], named["w_hh"]
+    assert xp is not None and w_hh is not None
+    if len(w_hh.shape) != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
+        raise OpInputError(
+            f"{op}: w_hh must have shape ({gates}*hidden_size, hidden_size) "
+            f"(got {_describe(named)})"
+        )
+    hidden = w_hh.shape[1]
+    if len(xp.shape) != 3 or xp.shape[2] != gates * hidden:
+        raise OpInputError(
+            f"{op}: xproj must have shape (steps, batch, {gates}*hidden_size) = "
+            f"(steps, batch, {gates * hidden}) (got {_describe(named)})"
+        )
+    if not isinstance(t, int) or not 0 <= t < xp.shape[0]:
+        raise OpInputError(f"{op}: t must be a step index in [0, {xp.shape[0]}), got {t!r}")
+    state_shape = (xp.shape[1], hidden)
+    for name in ("h", "c"):
+        s = named.get(name)
+        if s is not None and s.shape != state_shape:
+            raise OpInputError(
+                f"{op}: {name} must have shape {state_shape} (got {_describe(named)})"
+            )
+    b = named.get("b_hh")
+    if b is not None and b.shape != (gates * hidden,):
+        raise OpInputError(
+            f"{op}: b_hh must have shape ({gates * hidden},) (got {_describe(named)})"
+        )
+    return TensorSpec(state_shape, dtype)
+
+
+def _lstm_step_meta(xproj: Any, t: Any, h: Any, c: Any, w_hh: Any) -> tuple[TensorSpec, TensorSpec]:
+    spec = _step_meta("lstm_step", _LSTM_GATES, xproj, t, _specs(h=h, c=c, w_hh=w_hh))
+    return spec, spec
+
+
+def _gru_step_meta(xproj: Any, t: Any, h: Any, w_hh: Any, b_hh: Any) -> TensorSpec:
+    return _step_meta("gru_step", _GRU_GATES, xproj, t, _specs(h=h, w_hh=w_hh, b_hh=b_hh))
+
+
+def _projection_meta(x: Any, w_ih: Any, bias: Any, batch_first: bool) -> TensorSpec:
+    named = _specs(x=x, w_ih=w_ih, bias=bias)
+    dtype = _common_dtype("rnn_projection", named)
+    xs, ws, bs = named["x"], named["w_ih"], named["bias"]
+    assert xs is not None and ws is not None
+    if len(ws.shape) != 2 or len(xs.shape) != 3 or xs.shape[2] != ws.shape[1]:
+        raise OpInputError(
+            "rnn_projection: x must have shape (steps, batch, input_size) (or batch-first) and "
+            f"w_ih (gates*hidden_size, input_size) (got {_describe(named)})"
+        )
+    if bs is not None and bs.shape != (ws.shape[0],):
+        raise OpInputError(
+            f"rnn_projection: bias must have shape ({ws.shape[0]},) (got {_describe(named)})"
+        )
+    steps, batch = (xs.shape[1], xs.shape[0]) if batch_first else xs.shape[:2]
+    return TensorSpec((steps, batch, ws.shape[0]), dtype)
+
+
+def _output_meta(hs_fwd: list[Any], hs_rev: list[Any] | None, batch_first: bool) -> TensorSpec:
+    specs = [spec_of(h) for h in hs_fwd] + [spec_of(h) for h in hs_rev or ()]
+    if not hs_fwd or (hs_rev is not None and len(hs_rev) != len(hs_fwd)):
+        raise OpInputError(
+            "rnn_output: needs one state per step for each direction, got "
+            f"{len(hs_fwd)} forward and {len(hs_rev or ())} reverse"
+        )
+    first = specs[0]
+    if len(first.shape) != 2 or any(s != first for s in specs):
+        raise OpInputError(
+            f"rnn_output: every step's state must be 2-D with one shape and dtype, got "
+            f"{sorted({repr(s) for s in specs})}"
+        )
+    batch, hidden = first.shape
+    width = hidden if hs_rev is None else 2 * hidden
+    steps = len(hs_fwd)
+    shape = (batch, steps, width) if batch_first else (steps, batch, width)
+    return TensorSpec(shape, first.dtype)
+
+
+def _stack_meta(arrays: list[Any]) -> TensorSpec:
+    specs = [spec_of(a) for a in arrays]
+    if not specs or any(s != specs[0] for s in specs):
+        raise OpInputError(
+            f"stack_states: needs states of one shape and dtype, got {[repr(s) for s in specs]}"
+        )
+    return TensorSpec((len(specs), *specs[0].shape), specs[0].dtype)
+
+
+def _select_meta(a: Any, index: int) -> TensorSpec:
+    s = spec_of(a)
+    if not s.shape or not -s.shape[0] <= index < s.shape[0]:
+        raise OpInputError(f"select: index {index} is out of range for {s!r}")
+    return TensorSpec(s.shape[1:], s.dtype)
+
+
+# -- cost rules -------------------------------------------------------------------------------
+
+
+def _nbytes(*specs: TensorSpec | None) -> float:
+    total = 0
+    for s in specs:
+        if s is not None:
+            n = 1
+            for d in s.shape:
+                n *= d
+            total += n * s.dtype.itemsize
+    return float(total)
+
+
+def _cell_cost(gates: int, named: dict[str, TensorSpec | None], with_x: bool) -> Cost:
+    w_hh = named["w_hh"]
+    assert w_hh is not None
+    hidden = w_hh.shape[1]
+    state = named.get("h") or named.get("c")
+    x = named.get("x")
+    rows = 1
+    for d in (x or state or TensorSpec((1, 1), w_hh.dtype)).shape[:-1]:
+        rows *= d
+    w_ih = named.get("w_ih")
+    inner = (w_ih.shape[1] if with_x and w_ih is not None else 0) + (
+        hidden if named.get("h") is not None else 0
+    )
+    flops = 2.0 * rows * inner * gates * hidden + 8.0 * rows * gates * hidden
+    touched = _nbytes(*named.values()) + 3.0 * rows * gates * hidden * w_hh.dtype.itemsize
+    return Cost(flops, touched)
+
+
+def _lstm_cell_cost(
+    x: Any, h: Any, c: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None
+) -> Cost:
+    named = _specs(x=x, h=h, c=c, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+    return _cell_cost(_LSTM_GATES, named, with_x=True)
+
+
+def _gru_cell_cost(
+    x: Any, h: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None
+) -> Cost:
+    named = _specs(x=x, h=h, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+    return _cell_cost(_GRU_GATES, named, with_x=True)
+
+
+def _step_cost(gates: int, xproj: Any, named: dict[str, TensorSpec | None]) -> Cost:
+    xp = spec_of(xproj)
+    w_hh = named["w_hh"]
+    assert w_hh is not None
+    rows, width = xp.shape[1], xp.shape[2]
+    flops = (2.0 * rows * w_hh.shape[1] * width if named.get("h") is not None else 0.0) + (
+        8.0 * rows * width
+    )
+    step_bytes = rows * width * xp.dtype.itemsize
+    return Cost(flops, _nbytes(*named.values()) + 3.0 * step_bytes)
+
+
+def _lstm_step_cost(xproj: Any, t: Any, h: Any, c: Any, w_hh: Any) -> Cost:
+    return _step_cost(_LSTM_GATES, xproj, _specs(h=h, c=c, w_hh=w_hh))
+
+
+def _gru_step_cost(xproj: Any, t: Any, h: Any, w_hh: Any, b_hh: Any) -> Cost:
+    return _step_cost(_GRU_GATES, xproj, _specs(h=h, w_hh=w_hh, b_hh=b_hh))
+
+
+def _projection_cost(x: Any, w_ih: Any, bias: Any, batch_first: bool) -> Cost:
+    xs, ws = spec_of(x), spec_of(w_ih)
+    rows = xs.shape[0] * xs.shape[1]
+    out = rows * ws.shape[0] * ws.dtype.itemsize
+    return Cost(2.0 * rows * ws.shape[0] * ws.shape[1], _nbytes(xs, ws) + out)
+
+
+def _output_cost(hs_fwd: list[Any], hs_rev: list[Any] | None, batch_first: bool) -> Cost:
+    one = _nbytes(spec_of(hs_fwd[0])) if hs_fwd else 0.0
+    return Cost(0.0, 2.0 * one * (len(hs_fwd) + len(hs_rev or ())))
+
+
+def _stack_cost(arrays: list[Any]) -> Cost:
+    return Cost(0.0, 2.0 * sum(_nbytes(spec_of(a)) for a in arrays))
+
+
+def _select_cost(a: Any, index: int) -> Cost:
+    s = spec_of(a)
+    return Cost(0.0, 2.0 * _nbytes(s) / max(s.shape[0], 1) if s.shape else 0.0)
+
+
+# -- the ops ----------------------------------------------------------------------------------
+
+_lstm_cell = define("lstm_cell", _lstm_cell_kernel, _lstm_cell_meta, _lstm_cell_cost)
+_gru_cell = define("gru_cell", _gru_cell_kernel, _gru_cell_meta, _gru_cell_cost)
+_lstm_step = define("lstm_step", _lstm_step_kernel, _lstm_step_meta, _lstm_step_cost)
+_gru_step = define("gru_step", _gru_step_kernel, _gru_step_meta, _gru_step_cost)
+_rnn_projection = define("rnn_projection", _projection_kernel, _projection_meta, _projection_cost)
+_rnn_output = define("rnn_output", _output_kernel, _output_meta, _output_cost)
+_stack_states = define("stack_states", _stack_kernel, _stack_meta, _stack_cost)
+_select = define("select", _select_kernel, _select_meta, _select_cost)
+
+
+def lstm_cell(
+    x: ArrayLike,
+    h: ArrayLike | None,
+    c: ArrayLike | None,
+    w_ih: ArrayLike,
+    w_hh: ArrayLike,
+    b_ih: ArrayLike | None = None,
+    b_hh: ArrayLike | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One LSTM step, fused into one op: ``(h', c')`` (like ``torch.nn.LSTMCell``).
+
+    Args:
+        x: input, (batch, input_size) or (input_size,).
+        h: hidden state, (batch, hidden_size), or None with ``c`` None for zeros.
+        c: cell state, same shape as ``h``.
+        w_ih: (4*hidden_size, input_size), gates i, f, g, o stacked on axis 0.
+        w_hh: (4*hidden_size, hidden_size).
+        b_ih: (4*hidden_size,) or None.
+        b_hh: (4*hidden_size,) or None.
+
+    Raises:
+        OpInputError: a shape does not fit (raised here, naming every input's shape).
+        OpTypeError: the dtypes differ or are not floating point.
+
+    Example:
+        >>> h1, c1 = ops.lstm_cell(x, h0, c0, w_ih, w_hh, b_ih, b_hh)
+    """
+    result: tuple[Tensor, Tensor] = _lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
+    return result
+
+
+def gru_cell(
+    x: ArrayLike,
+    h: ArrayLike | None,
+    w_ih: ArrayLike,
+    w_hh: ArrayLike,
+    b_ih: ArrayLike | None = None,
+    b_hh: ArrayLike | None = None,
+) -> Tensor:
+    """One GRU step, fused into one op: ``h'`` (like ``torch.nn.GRUCell``).
+
+    Args:
+        x: input, (batch, input_size) or (input_size,).
+        h: hidden state, (batch, hidden_size), or None for zeros.
+        w_ih: (3*hidden_size, input_size), gates r, z, n stacked on axis 0.
+        w_hh: (3*hidden_size, hidden_size).
+        b_ih: (3*hidden_size,) or None.
+        b_hh: (3*hidden_size,) or None.
+
+    Raises:
+        OpInputError: a shape does not fit.
+        OpTypeError: the dtypes differ or are not floating point.
+    """
+    result: Tensor = _gru_cell(x, h, w_ih, w_hh, b_ih, b_hh)
+    return result
+
+
+def lstm_step(
+    xproj: ArrayLike, t: int, h: ArrayLike | None, c: ArrayLike | None, w_hh: ArrayLike
+) -> tuple[Tensor, Tensor]:
+    """LSTM step ``t`` given the input projection of all steps: ``(h', c')``.
+
+    ``gates = xproj[t] + h @ w_hh.T``: ``xproj`` (steps, batch, 4H) already holds
+    ``x @ w_ih.T + b_ih + b_hh``, so a step costs one (batch, H) x (H, 4H) GEMM.
+    """
+    result: tuple[Tensor, Tensor] = _lstm_step(xproj, t, h, c, w_hh)
+    return result
+
+
+def gru_step(
+    xproj: ArrayLike, t: int, h: ArrayLike | None, w_hh: ArrayLike, b_hh: ArrayLike | None
+) -> Tensor:
+    """GRU step ``t`` given the input projection ``x @ w_ih.T + b_ih`` of all steps: ``h'``."""
+    result: Tensor = _gru_step(xproj, t, h, w_hh, b_hh)
+    return result
+
+
+def rnn_projection(
+    x: ArrayLike, w_ih: ArrayLike, bias: ArrayLike | None, batch_first: bool = False
+) -> Tensor:
+    """``x @ w_ih.T + bias`` for every step at once, as (steps, batch, gates*hidden)."""
+    result: Tensor = _rnn_projection(x, w_ih, bias, batch_first)
+    return result
+
+
+def rnn_output(
+    hs_fwd: list[Tensor], hs_rev: list[Tensor] | None, batch_first: bool = False
+) -> Tensor:
+    """The per-step states in one array: (steps, batch, D*hidden), reverse states last.
+
+    Both lists are in time order (``hs_rev[t]`` is the reverse direction's state at time t).
+    """
+    result: Tensor = _rnn_output(hs_fwd, hs_rev, batch_first)
+    return result
+
+
+def stack_states(states: list[Tensor]) -> Tensor:
+    """Final states of every layer and direction stacked on a new axis 0."""
+    result: Tensor = _stack_states(states)
+    return result
+
+
+def select(a: ArrayLike, index: int) -> Tensor:
+    """``a[index]`` along axis 0, as an op (for pending initial states)."""
+    result: Tensor = _select(a, index)
+    return result
