@@ -1,0 +1,288 @@
+"""Validation shared by the meta rules: operands, dtypes, broadcasting, axes and output size.
+
+Meta rules run on every op call, in the caller's frame, so everything here is cheap on the
+common path (a Tensor or an ndarray, shapes equal) and raises a message that names the op,
+the argument, the shapes and dtypes involved and what was expected:
+
+* :class:`~dataflow.OpTypeError` (a ``TypeError``) for an argument of the wrong type or dtype;
+* :class:`~dataflow.OpInputError` (a ``ValueError``) for shapes, axes and values.
+
+A Python ``int``, ``float`` or ``complex`` is a *weak* scalar (NEP 50): its dtype key is the
+Python type itself, so ``float32 + 1.0`` stays float32. Every other operand has a strong
+``np.dtype``. :func:`quiet` is the one helper for kernels: it keeps numpy's floating-point
+warnings from failing a task.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias, TypeVar
+
+import numpy as np
+
+from dataflow import NotReadyError, OpInputError, OpTypeError
+
+from ._tensor import Tensor
+
+__all__ = [
+    "ACCEPTED",
+    "DtypeKey",
+    "Shape",
+    "broadcast_shapes",
+    "check_int_scalar",
+    "check_output_size",
+    "dtype_of",
+    "normalize_axes",
+    "normalize_axis",
+    "operand",
+    "quiet",
+    "shape_nbytes",
+    "shape_of",
+    "size_of",
+    "ufunc_dtypes",
+]
+
+Shape: TypeAlias = tuple[int, ...]
+#: An operand's dtype, or ``int``/``float``/``complex`` for a weak Python scalar.
+DtypeKey: TypeAlias = "np.dtype[Any] | type[int] | type[float] | type[complex]"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ACCEPTED = "an ops.Tensor, a numpy array, a Python or numpy scalar, or a (nested) list of numbers"
+_NUMERIC = "biufc"
+_KIND_NAMES = {
+    "O": "object",
+    "U": "unicode string",
+    "S": "byte string",
+    "V": "structured/void",
+    "M": "datetime",
+    "m": "timedelta",
+    "T": "string",
+}
+_BOOL = np.dtype(bool)
+_WEAK_DEFAULT: dict[type, np.dtype[Any]] = {
+    int: np.dtype(np.int64),
+    float: np.dtype(np.float64),
+    complex: np.dtype(np.complex128),
+}
+
+
+def _label(pos: int | str) -> str:
+    return f"argument {pos}" if isinstance(pos, int) else pos
+
+
+def _check_dtype(op: str, pos: int | str, dtype: np.dtype[Any]) -> None:
+    if dtype.kind not in _NUMERIC:
+        kind = _KIND_NAMES.get(dtype.kind, dtype.kind)
+        raise OpTypeError(
+            f"{op}: {_label(pos)} has dtype {dtype} ({kind}), which ops do not compute on: "
+            "expected a numeric dtype (bool, integer, floating or complex)"
+        )
+
+
+def _from_sequence(op: str, pos: int | str, x: Sequence[Any]) -> np.ndarray:
+    """Convert a list/tuple operand, turning numpy's errors into ones that name the op."""
+    try:
+        return np.asarray(x)
+    except NotReadyError:
+        raise OpTypeError(
+            f"{op}: {_label(pos)} is a {type(x).__name__} holding pending Tensors; "
+            "combine Tensors with ops.stack(...) or ops.concatenate(...) instead"
+        ) from None
+    except (ValueError, TypeError) as exc:
+        raise OpInputError(
+            f"{op}: {_label(pos)} is a {type(x).__name__} that does not form an array: {exc}"
+        ) from exc
+
+
+def operand(op: str, pos: int | str, x: Any) -> tuple[Shape, DtypeKey]:
+    """The shape and dtype key of one array operand, or an OpTypeError saying what is accepted.
+
+    ``pos`` is the 1-based argument position (or a label such as ``"item 2 of argument 1"``).
+    """
+    if isinstance(x, Tensor):
+        dtype: np.dtype[Any] = x.dtype
+        if dtype.kind not in _NUMERIC:
+            _check_dtype(op, pos, dtype)
+        return x.shape, dtype
+    if isinstance(x, np.ndarray):
+        dtype = x.dtype
+        if dtype.kind not in _NUMERIC:
+            _check_dtype(op, pos, dtype)
+        return x.shape, dtype
+    t = type(x)
+    if t is float or t is int or t is complex:
+        return (), t
+    if t is bool:
+        return (), _BOOL
+    if isinstance(x, np.generic):
+        _check_dtype(op, pos, x.dtype)
+        return (), x.dtype
+    if t is list or t is tuple:
+        a = _from_sequence(op, pos, x)
+        _check_dtype(op, pos, a.dtype)
+        return a.shape, a.dtype
+    # Subclasses of the Python number types (IntEnum, ...) act like their base.
+    for base in (bool, int, float, complex):
+        if isinstance(x, base):
+            return (), (_BOOL if base is bool else base)
+    raise OpTypeError(
+        f"{op}: {_label(pos)} has type {t.__name__}, which is not an array: expected {ACCEPTED}"
+    )
+
+
+def shape_of(x: Any) -> Shape:
+    """An operand's shape without validation (for cost rules, after the meta rule passed)."""
+    shape = getattr(x, "shape", None)
+    if isinstance(shape, tuple):
+        return shape
+    return np.shape(x)
+
+
+def dtype_of(key: DtypeKey) -> np.dtype[Any]:
+    """The concrete dtype of a dtype key (a weak scalar gets numpy's default for its kind)."""
+    if isinstance(key, np.dtype):
+        return key
+    return _WEAK_DEFAULT[key]
+
+
+def _describe(keys: Sequence[DtypeKey]) -> str:
+    names = [f"Python {k.__name__}" if isinstance(k, type) else str(k) for k in keys]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+@functools.cache
+def _resolve(ufunc: np.ufunc, keys: tuple[DtypeKey, ...]) -> tuple[np.dtype[Any], ...] | str:
+    try:
+        return ufunc.resolve_dtypes((*keys, *([None] * ufunc.nout)))
+    except TypeError as exc:  # numpy's no-loop errors are TypeErrors; keep the text
+        return str(exc)
+
+
+def ufunc_dtypes(op: str, ufunc: np.ufunc, keys: tuple[DtypeKey, ...]) -> tuple[np.dtype[Any], ...]:
+    """The loop dtypes (inputs then output) numpy picks for ``ufunc`` on these operands."""
+    out = _resolve(ufunc, keys)
+    if isinstance(out, str):
+        s = "" if len(keys) == 1 else "s"
+        raise OpTypeError(f"{op}: not supported for dtype{s} {_describe(keys)}: {out}")
+    return out
+
+
+@functools.cache
+def _int_bounds(dtype: np.dtype[Any]) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def check_int_scalar(op: str, pos: int, value: int, dtype: np.dtype[Any]) -> None:
+    """A Python int mixed with an integer array must fit its dtype (numpy raises otherwise)."""
+    if dtype.kind not in "iu":
+        return
+    lo, hi = _int_bounds(dtype)
+    if not lo <= value <= hi:
+        raise OpInputError(
+            f"{op}: Python integer {value} (argument {pos}) is out of bounds for {dtype} "
+            f"[{lo}, {hi}]: cast the array to a wider dtype first "
+            f"(ops.asarray(x, dtype=np.int64))"
+        )
+
+
+def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
+    """numpy's broadcasting of ``shapes``, or an OpInputError naming all of them."""
+    ndim = max(len(s) for s in shapes)
+    out = [1] * ndim
+    for s in shapes:
+        offset = ndim - len(s)
+        for i, d in enumerate(s):
+            j = offset + i
+            o = out[j]
+            if d != o:
+                if o == 1:
+                    out[j] = d
+                elif d != 1:
+                    listed = ", ".join(str(x) for x in shapes[:-1]) + f" and {shapes[-1]}"
+                    raise OpInputError(f"{op}: shapes {listed} cannot be broadcast together")
+    return tuple(out)
+
+
+def size_of(shape: Shape) -> int:
+    """Number of elements of an array of this shape."""
+    return math.prod(shape)
+
+
+def shape_nbytes(shape: Shape, dtype: np.dtype[Any]) -> int:
+    """Bytes of an array of this shape and dtype."""
+    return math.prod(shape) * dtype.itemsize
+
+
+@functools.cache
+def _physical_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: no limit to check
+        return math.inf
+
+
+def check_output_size(op: str, shape: Shape, dtype: np.dtype[Any]) -> None:
+    """Refuse an output larger than the machine's physical memory, before allocating it."""
+    nbytes = shape_nbytes(shape, dtype)
+    limit = _physical_memory()
+    if nbytes > limit:
+        gib = 2.0**30
+        raise OpInputError(
+            f"{op}: the output of shape {shape} and dtype {dtype} would take "
+            f"{nbytes / gib:.1f} GiB, more than this machine's {limit / gib:.1f} GiB of "
+            "physical memory; check the shapes (an unintended broadcast?)"
+        )
+
+
+def _axis_int(op: str, axis: Any) -> int:
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)):
+        return int(axis)
+    raise OpTypeError(
+        f"{op}: axis must be None, an int or a tuple of ints, got {type(axis).__name__}: {axis!r}"
+    )
+
+
+def normalize_axis(op: str, axis: Any, ndim: int) -> int:
+    """One axis in ``[-ndim, ndim)`` as a non-negative int."""
+    a = _axis_int(op, axis)
+    if not -ndim <= a < ndim:
+        raise OpInputError(f"{op}: axis {a} is out of bounds for an array of dimension {ndim}")
+    return a + ndim if a < 0 else a
+
+
+def normalize_axes(op: str, axis: Any, ndim: int) -> tuple[int, ...]:
+    """``None`` (all axes), an int or a tuple of distinct ints, as sorted non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if type(axis) is tuple:
+        axes = tuple(normalize_axis(op, a, ndim) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise OpInputError(f"{op}: axis {axis} names the same axis more than once")
+        return tuple(sorted(axes))
+    return (normalize_axis(op, axis, ndim),)
+
+
+def quiet(kernel: F) -> F:
+    """Keep numpy's floating-point warnings (overflow, 0/0, inf - inf) from failing the task.
+
+    The kernel runs as is: its values are numpy's, and with the default warning filters numpy
+    warns as usual. Only when the filters turn the ``RuntimeWarning`` into an exception (as
+    ``-W error`` or pytest's ``filterwarnings = error`` do, process-wide, so also in the pool's
+    threads) it runs again under ``np.errstate(all="ignore")``, so inf and NaN propagate like
+    numpy instead of failing the task. The common path costs one ``try``.
+    """
+
+    @functools.wraps(kernel)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return kernel(*args, **kwargs)
+        except RuntimeWarning:
+            with np.errstate(all="ignore"):
+                return kernel(*args, **kwargs)
+
+    return run  # type: ignore[return-value]

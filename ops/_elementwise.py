@@ -1,0 +1,261 @@
+"""Elementwise ops: arithmetic, activations, comparisons and ``where``, with numpy broadcasting.
+
+Every op here is a numpy ufunc (or a short chain of them) applied to broadcast operands. The
+output dtype is the one numpy's ufunc picks (``ufunc.resolve_dtypes``, cached per dtype
+combination), so ``int / int`` is float64, ``exp(int8)`` is float16 and ``float32 * 2.0`` stays
+float32 (NEP 50: Python scalars are weak). The output shape is the operands' shape when they
+agree (the common case, with no broadcasting work) and their broadcast shape otherwise.
+
+Cost: ``flops = output size x a per-element factor`` (1 for arithmetic, more for
+transcendental functions), ``bytes = input bytes + output bytes``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from dataflow import Cost, Op, OpTypeError
+
+from ._checks import (
+    DtypeKey,
+    broadcast_shapes,
+    check_int_scalar,
+    check_output_size,
+    dtype_of,
+    operand,
+    quiet,
+    shape_of,
+    size_of,
+    ufunc_dtypes,
+)
+from ._tensor import Tensor, TensorSpec, define
+
+__all__ = [
+    "add",
+    "divide",
+    "equal",
+    "exp",
+    "greater",
+    "greater_equal",
+    "less",
+    "less_equal",
+    "log",
+    "maximum",
+    "minimum",
+    "multiply",
+    "negative",
+    "not_equal",
+    "relu",
+    "sigmoid",
+    "subtract",
+    "tanh",
+    "where",
+]
+
+
+def _nbytes(x: Any) -> int:
+    """Bytes of an array operand (Python scalars and small lists count as nothing)."""
+    if isinstance(x, (Tensor, np.ndarray)):
+        return size_of(x.shape) * x.dtype.itemsize
+    return 0
+
+
+def _out_shape(*xs: Any) -> tuple[int, ...]:
+    """The broadcast shape of operands a meta rule already accepted."""
+    shapes = [shape_of(x) for x in xs]
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    return broadcast_shapes("", *shapes)
+
+
+# -- binary ------------------------------------------------------------------------------
+
+
+def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> Op[Tensor]:
+    """Declare ``name(x, y)``: the ufunc with broadcasting and numpy's dtype rules."""
+
+    def meta(x: Any, y: Any) -> TensorSpec:
+        sx, kx = operand(name, 1, x)
+        sy, ky = operand(name, 2, y)
+        dtypes = ufunc_dtypes(name, ufunc, (kx, ky))
+        if not compare:
+            # numpy raises OverflowError for int8_array + 1000; say so here, at the call.
+            if kx is int:
+                check_int_scalar(name, 1, x, dtypes[0])
+            if ky is int:
+                check_int_scalar(name, 2, y, dtypes[1])
+        out = dtypes[-1]
+        if sx == sy:
+            return TensorSpec(sx, out)
+        shape = broadcast_shapes(name, sx, sy)
+        check_output_size(name, shape, out)
+        return TensorSpec(shape, out)
+
+    def cost(x: Any, y: Any) -> Cost:
+        n = size_of(_out_shape(x, y))
+        itemsize = 1 if compare else max(_itemsize(x), _itemsize(y))
+        return Cost(float(n), float(_nbytes(x) + _nbytes(y) + n * itemsize))
+
+    kernel = ufunc if compare else quiet(ufunc)
+    op = define(name, kernel, meta, cost)
+    op.__doc__ = doc
+    return op
+
+
+def _itemsize(x: Any) -> int:
+    dtype = getattr(x, "dtype", None)
+    return dtype.itemsize if isinstance(dtype, np.dtype) else 8
+
+
+add: Op[Tensor] = _binary("add", np.add, "``x + y`` elementwise, with broadcasting (``np.add``).")
+subtract: Op[Tensor] = _binary("subtract", np.subtract, "``x - y`` elementwise (``np.subtract``).")
+multiply: Op[Tensor] = _binary("multiply", np.multiply, "``x * y`` elementwise (``np.multiply``).")
+divide: Op[Tensor] = _binary(
+    "divide", np.true_divide, "``x / y`` elementwise; integers divide to float64 (``np.divide``)."
+)
+maximum: Op[Tensor] = _binary(
+    "maximum", np.maximum, "Elementwise maximum; NaN wins (``np.maximum``)."
+)
+minimum: Op[Tensor] = _binary(
+    "minimum", np.minimum, "Elementwise minimum; NaN wins (``np.minimum``)."
+)
+greater: Op[Tensor] = _binary("greater", np.greater, "``x > y`` as a bool Tensor.", compare=True)
+less: Op[Tensor] = _binary("less", np.less, "``x < y`` as a bool Tensor.", compare=True)
+equal: Op[Tensor] = _binary("equal", np.equal, "``x == y`` as a bool Tensor.", compare=True)
+not_equal: Op[Tensor] = _binary(
+    "not_equal", np.not_equal, "``x != y`` as a bool Tensor.", compare=True
+)
+greater_equal: Op[Tensor] = _binary(
+    "greater_equal", np.greater_equal, "``x >= y`` as a bool Tensor.", compare=True
+)
+less_equal: Op[Tensor] = _binary(
+    "less_equal", np.less_equal, "``x <= y`` as a bool Tensor.", compare=True
+)
+
+
+# -- unary -------------------------------------------------------------------------------
+
+
+def _unary_meta(name: str, ufunc: np.ufunc) -> Any:
+    def meta(x: Any) -> TensorSpec:
+        shape, key = operand(name, 1, x)
+        return TensorSpec(shape, ufunc_dtypes(name, ufunc, (key,))[-1])
+
+    return meta
+
+
+def _unary_cost(factor: float) -> Any:
+    def cost(x: Any) -> Cost:
+        nbytes = _nbytes(x)
+        return Cost(float(factor * size_of(shape_of(x))), float(2 * nbytes))
+
+    return cost
+
+
+def _unary(name: str, ufunc: np.ufunc, factor: float, doc: str) -> Op[Tensor]:
+    op = define(name, quiet(ufunc), _unary_meta(name, ufunc), _unary_cost(factor))
+    op.__doc__ = doc
+    return op
+
+
+negative: Op[Tensor] = _unary(
+    "negative", np.negative, 1, "``-x`` elementwise (not for bool: numpy refuses)."
+)
+exp: Op[Tensor] = _unary("exp", np.exp, 4, "``e**x`` elementwise; overflow gives inf like numpy.")
+log: Op[Tensor] = _unary(
+    "log", np.log, 4, "Natural log; ``log(0) = -inf``, negative -> NaN, like numpy."
+)
+tanh: Op[Tensor] = _unary("tanh", np.tanh, 6, "Hyperbolic tangent elementwise.")
+
+
+@functools.cache
+def _float_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    return np.exp.resolve_dtypes((dtype, None))[-1]
+
+
+def _sigmoid_kernel(x: Any) -> np.ndarray:
+    a = np.asarray(x)
+    dtype = _float_dtype(a.dtype)
+    # One buffer, updated in place: -x, exp, +1, 1/ (four passes, no temporaries).
+    out: np.ndarray = a.astype(dtype) if a.dtype != dtype else np.empty(a.shape, dtype)
+    np.negative(out if a.dtype != dtype else a, out=out)
+    # exp(-x) overflows to inf for very negative x, and 1 / inf = 0 is the right answer.
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    out += 1
+    np.reciprocal(out, out=out)
+    return out
+
+
+def _sigmoid_meta(x: Any) -> TensorSpec:
+    shape, key = operand("sigmoid", 1, x)
+    return TensorSpec(shape, ufunc_dtypes("sigmoid", np.exp, (key,))[-1])
+
+
+sigmoid: Op[Tensor] = define("sigmoid", quiet(_sigmoid_kernel), _sigmoid_meta, _unary_cost(6))
+sigmoid.__doc__ = "``1 / (1 + exp(-x))`` elementwise, in the dtype ``exp`` would give."
+
+
+def _relu_kernel(x: Any) -> Any:
+    return np.maximum(x, 0)
+
+
+def _relu_meta(x: Any) -> TensorSpec:
+    shape, key = operand("relu", 1, x)
+    dtype = dtype_of(key)
+    if dtype.kind not in "iuf":
+        raise OpTypeError(
+            f"relu: argument 1 has dtype {dtype}: expected an integer or floating dtype"
+        )
+    return TensorSpec(shape, dtype)
+
+
+relu: Op[Tensor] = define("relu", _relu_kernel, _relu_meta, _unary_cost(1))
+relu.__doc__ = "``max(x, 0)`` elementwise; NaN stays NaN (like ``torch.relu``)."
+
+
+# -- where -------------------------------------------------------------------------------
+
+# Python scalars enter np.result_type as values (weak, NEP 50); any value of the type will do.
+_WEAK_VALUE: dict[type, Any] = {int: 0, float: 0.0, complex: 0j}
+
+
+@functools.cache
+def _where_dtype(keys: tuple[DtypeKey, DtypeKey]) -> np.dtype[Any]:
+    kx, ky = keys
+    vx = _WEAK_VALUE[kx] if isinstance(kx, type) else kx
+    vy = _WEAK_VALUE[ky] if isinstance(ky, type) else ky
+    return np.result_type(vx, vy)
+
+
+def _where_meta(condition: Any, x: Any, y: Any) -> TensorSpec:
+    sc, _ = operand("where", 1, condition)
+    sx, kx = operand("where", 2, x)
+    sy, ky = operand("where", 3, y)
+    dtype = _where_dtype((kx, ky))
+    if sc == sx == sy:
+        return TensorSpec(sc, dtype)
+    shape = broadcast_shapes("where", sc, sx, sy)
+    check_output_size("where", shape, dtype)
+    return TensorSpec(shape, dtype)
+
+
+def _where_cost(condition: Any, x: Any, y: Any) -> Cost:
+    n = size_of(_out_shape(condition, x, y))
+    inputs = _nbytes(condition) + _nbytes(x) + _nbytes(y)
+    return Cost(float(n), float(inputs + n * max(_itemsize(x), _itemsize(y))))
+
+
+def _where_kernel(condition: Any, x: Any, y: Any) -> Any:
+    return np.where(condition, x, y)
+
+
+where: Op[Tensor] = define("where", _where_kernel, _where_meta, _where_cost)
+where.__doc__ = (
+    "Elementwise ``x if condition else y`` with broadcasting (the three-argument "
+    "``np.where``; the one-argument form has a data-dependent shape and is not an op)."
+)

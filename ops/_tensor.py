@@ -1,0 +1,273 @@
+"""``ops.Tensor``: the pending numpy array, and ``TensorSpec``, its shape and dtype.
+
+A Tensor is a :class:`dataflow.Pending` handle whose shape and dtype are known at once (from
+the op's meta rule), before the kernel has run. ``await t`` gives the ``np.ndarray``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+import dataflow
+from dataflow import Cost, Pending, Task
+
+__all__ = ["Tensor", "TensorSpec", "define", "spec_of"]
+
+
+class TensorSpec(NamedTuple):
+    """An array's shape and dtype, as a meta rule returns them."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    def __repr__(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+class Tensor(Pending[np.ndarray]):
+    """A pending numpy array: ``shape``, ``dtype`` and ``ndim`` now, the value when awaited.
+
+    Arithmetic operators, comparisons, ``@``, indexing and ``.T`` build more ops; numpy arrays
+    and Python scalars mix in on either side.
+    """
+
+    __slots__ = ("dtype", "shape")
+
+    # Make numpy defer to our reflected operators and __array_ufunc__ (ndarray @ t -> Tensor).
+    __array_priority__ = 1000
+
+    def __init__(self, task: Task, index: int | None, spec: TensorSpec) -> None:
+        super().__init__(task, index)
+        self.shape: tuple[int, ...] = spec.shape
+        self.dtype: np.dtype[Any] = spec.dtype
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def spec(self) -> TensorSpec:
+        """Shape and dtype together."""
+        return TensorSpec(self.shape, self.dtype)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        task = self._task
+        state = ("pending", "ready", "running", "done", "failed", "cancelled")[task.state]
+        return f"<Tensor {task.name} {self.dtype}{list(self.shape)} {state}>"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if not self.done():
+            raise dataflow.NotReadyError(
+                f"np.asarray() on pending {self!r} would block: write `await t` (or "
+                "`await dataflow.wait(t)`) to get its array"
+            )
+        value = self.result()
+        return value if dtype is None else value.astype(dtype, copy=False)
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            f"the truth value of {self!r} is not known yet: `await` it first "
+            "(Python control flow cannot depend on a pending value)"
+        )
+
+    def __iter__(self) -> Iterator[Tensor]:
+        # Without this, Python would iterate through __getitem__ until an IndexError.
+        for i in range(len(self)):
+            yield self[i]
+
+    # -- operators: each builds one op; unknown operand types give NotImplemented -------------
+
+    def __add__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.add, self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.add, other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.subtract, self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.subtract, other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.multiply, self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.multiply, other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.divide, self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.divide, other, self)
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return _binary(_linalg.matmul, self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return _binary(_linalg.matmul, other, self)
+
+    def __neg__(self) -> Tensor:
+        out: Tensor = _elementwise.negative(self)
+        return out
+
+    def __pos__(self) -> Tensor:
+        return self
+
+    def __lt__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.less, self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.less_equal, self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.greater, self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.greater_equal, self, other)
+
+    def __eq__(self, other: object) -> Tensor:  # type: ignore[override]
+        return _binary(_elementwise.equal, self, other)
+
+    def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
+        return _binary(_elementwise.not_equal, self, other)
+
+    # __eq__ builds an op, so identity is what hashing (dict keys, sets) goes by.
+    __hash__ = object.__hash__
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return _indexing.getitem(self, key)
+
+    # -- convenience methods (numpy's names; each is the op of the same name) ---------------
+
+    @property
+    def T(self) -> Tensor:
+        """The transpose (axes reversed)."""
+        out: Tensor = _shape.transpose(self)
+        return out
+
+    def reshape(self, *shape: Any) -> Tensor:
+        """``t.reshape(2, -1)`` or ``t.reshape((2, -1))``, like ``ndarray.reshape``."""
+        new = shape[0] if len(shape) == 1 else shape
+        out: Tensor = _shape.reshape(self, new)
+        return out
+
+    def transpose(self, *axes: Any) -> Tensor:
+        """``t.transpose(1, 0)`` or ``t.transpose((1, 0))``; no axes reverses them."""
+        perm = None if not axes else axes[0] if len(axes) == 1 else axes
+        out: Tensor = _shape.transpose(self, perm)
+        return out
+
+    def astype(self, dtype: Any) -> Tensor:
+        """This tensor converted to ``dtype`` (itself when the dtype is already that)."""
+        return _shape.asarray(self, dtype)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """See :func:`ops.sum`."""
+        out: Tensor = _reduce.sum(self, axis, keepdims)
+        return out
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """See :func:`ops.mean`."""
+        out: Tensor = _reduce.mean(self, axis, keepdims)
+        return out
+
+    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+        """See :func:`ops.var`."""
+        out: Tensor = _reduce.var(self, axis, keepdims, ddof)
+        return out
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """See :func:`ops.max`."""
+        out: Tensor = _reduce.max(self, axis, keepdims)
+        return out
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """See :func:`ops.min`."""
+        out: Tensor = _reduce.min(self, axis, keepdims)
+        return out
+
+    # -- numpy interop: np.add(a, t), ndarray @ t, np.exp(t), np.concatenate([t, a]) ... -----
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """Route numpy ufunc calls that involve a Tensor to the ops (a pending Tensor back).
+
+        Only plain calls without keywords (``out=``, ``where=``, ``dtype=``) of the ufuncs that
+        have an op are handled; others get NotImplemented, so numpy raises a TypeError rather
+        than blocking on the pending value.
+        """
+        if method != "__call__" or kwargs:
+            return NotImplemented
+        op = _interop.UFUNCS.get(ufunc)
+        if op is None:
+            return NotImplemented
+        return op(*inputs)
+
+    def __array_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Route ``np.concatenate``, ``np.stack``, ``np.sum`` and friends to the ops."""
+        impl = _interop.FUNCTIONS.get(func)
+        if impl is None or not all(issubclass(t, (Tensor, np.ndarray)) for t in types):
+            return NotImplemented
+        return impl(*args, **kwargs)
+
+
+def _make(task: Task, index: int | None, spec: TensorSpec) -> Tensor:
+    return Tensor(task, index, spec)
+
+
+def spec_of(x: Any) -> TensorSpec:
+    """The spec of a Tensor or an array-like (scalars and lists are converted)."""
+    if isinstance(x, Tensor):
+        return TensorSpec(x.shape, x.dtype)
+    if isinstance(x, np.ndarray):
+        return TensorSpec(x.shape, x.dtype)
+    a = np.asarray(x)
+    return TensorSpec(a.shape, a.dtype)
+
+
+def define(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[..., Any],
+    cost: Callable[..., Cost] | None = None,
+    inline: bool | None = None,
+) -> dataflow.Op[Tensor]:
+    """Declare an op returning Tensors (``dataflow.op`` with ``handle=Tensor``)."""
+    return dataflow.Op(name, kernel, meta, _make, cost, inline)
+
+
+_OPERAND_TYPES = (Tensor, np.ndarray, np.generic, int, float, complex, list, tuple)
+
+
+def _binary(op: dataflow.Op[Tensor], x: Any, y: Any) -> Tensor:
+    """``op(x, y)`` for an operator; NotImplemented lets Python try the other operand."""
+    if isinstance(x, _OPERAND_TYPES) and isinstance(y, _OPERAND_TYPES):
+        out: Tensor = op(x, y)
+        return out
+    # NotImplemented is what binary dunders return to hand over to the other operand.
+    unsupported: Tensor = NotImplemented
+    return unsupported
+
+
+# The op modules import this one (for Tensor and define); importing them at the end, once
+# Tensor exists, breaks the cycle. The operators above look them up at call time.
+from . import _elementwise, _indexing, _interop, _linalg, _reduce, _shape  # noqa: E402
