@@ -1,0 +1,441 @@
+"""ops elementwise: arithmetic, activations, comparisons and where, against numpy (and torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import dataflow
+import ops
+from dataflow import OpInputError, OpTypeError
+
+# -- helpers (each ops test module has the same few) ------------------------------------------
+
+
+def rand(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
+    """Random data of a dtype: normal floats, small signed ints, coin-flip bools."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.random(shape) < 0.5
+    if dt.kind == "u":
+        return rng.integers(0, 10, shape).astype(dt)
+    return rng.integers(-9, 10, shape).astype(dt)
+
+
+def _checked(t: Any, value: Any) -> Any:
+    """The value of Tensor t, after checking that the meta rule predicted its shape and dtype."""
+    a = np.asarray(value)
+    assert (a.shape, a.dtype) == (t.shape, t.dtype), f"meta {t.spec}, kernel {a.dtype}{a.shape}"
+    return value
+
+
+def both(build: Callable[[], Any]) -> list[Any]:
+    """build()'s values eagerly (no runtime), then in a runtime with every op on the pool."""
+    first = build()
+    eager = tuple(_checked(t, t.result()) for t in first) if isinstance(first, tuple) else None
+    if eager is None:
+        eager = _checked(first, first.result())
+
+    async def main() -> Any:
+        out = build()
+        if isinstance(out, tuple):
+            return tuple([_checked(t, await t) for t in out])
+        return _checked(out, await out)
+
+    old = dataflow.get_inline_threshold()
+    dataflow.set_inline_threshold(0.0)  # every op with a cost goes to the 2 pool threads
+    try:
+        pooled = dataflow.run(main, interop_threads=2)
+    finally:
+        dataflow.set_inline_threshold(old)
+    return [eager, pooled]
+
+
+def assert_like(got: Any, expected: Any) -> None:
+    """Same dtype and shape as numpy's result, and the same values (NaN equal to NaN)."""
+    g, e = np.asarray(got), np.asarray(expected)
+    assert g.dtype == e.dtype, (g.dtype, e.dtype)
+    assert g.shape == e.shape, (g.shape, e.shape)
+    if e.dtype.kind in "fc":
+        rtol = {2: 1e-3, 4: 1e-6, 8: 1e-12}.get(e.dtype.itemsize, 1e-6)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * 1e-3, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(g, e)
+
+
+def check(build: Callable[[], Any], expected: Any) -> None:
+    """build() matches ``expected`` both eagerly and in a runtime."""
+    for got in both(build):
+        assert_like(got, expected)
+
+
+# -- the ops -----------------------------------------------------------------------------------
+
+BINARY: list[tuple[Any, Any]] = [
+    (ops.add, np.add),
+    (ops.subtract, np.subtract),
+    (ops.multiply, np.multiply),
+    (ops.divide, np.divide),
+    (ops.maximum, np.maximum),
+    (ops.minimum, np.minimum),
+]
+COMPARE: list[tuple[Any, Any]] = [
+    (ops.greater, np.greater),
+    (ops.less, np.less),
+    (ops.equal, np.equal),
+    (ops.not_equal, np.not_equal),
+    (ops.greater_equal, np.greater_equal),
+    (ops.less_equal, np.less_equal),
+]
+SHAPES = [
+    ((3, 4), (3, 4)),
+    ((3, 4), (4,)),
+    ((2, 1, 4), (3, 1)),
+    ((5,), ()),
+    ((), (2, 3)),
+    ((0, 4), (4,)),
+    ((3, 0), (1, 0)),
+]
+DTYPES = [np.float32, np.float64, np.int32]
+
+
+def _ids(pairs: list[tuple[Any, Any]]) -> list[str]:
+    return [op.name for op, _ in pairs]
+
+
+class TestBinary:
+    @pytest.mark.parametrize("shapes", SHAPES, ids=str)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+    @pytest.mark.parametrize(("op", "ref"), BINARY, ids=_ids(BINARY))
+    def test_matches_numpy(self, op: Any, ref: Any, dtype: Any, shapes: Any) -> None:
+        """Each arithmetic op equals numpy's ufunc, broadcasting and zero-size included."""
+        x, y = rand(shapes[0], dtype, 1), rand(shapes[1], dtype, 2)
+        if op is ops.divide:
+            y = np.where(y == 0, 3, y).astype(dtype)
+        check(lambda: op(x, y), ref(x, y))
+
+    @pytest.mark.parametrize("shapes", SHAPES[:4], ids=str)
+    @pytest.mark.parametrize(("op", "ref"), COMPARE, ids=_ids(COMPARE))
+    def test_comparisons_match_numpy(self, op: Any, ref: Any, shapes: Any) -> None:
+        """Comparisons give numpy's bool arrays."""
+        x = rand(shapes[0], np.int64, 3)
+        y = rand(shapes[1], np.int64, 4)
+        check(lambda: op(x, y), ref(x, y))
+
+    @pytest.mark.parametrize(("op", "ref"), BINARY + COMPARE, ids=_ids(BINARY + COMPARE))
+    def test_mixed_dtypes_promote_like_numpy(self, op: Any, ref: Any) -> None:
+        """float32 with int16, float64 and uint8 gives numpy's result dtype."""
+        x = rand((4,), np.float32, 5)
+        for other in (np.int16, np.float64, np.uint8):
+            y = np.abs(rand((4,), other, 6)) + other(1)
+
+            def build(y: np.ndarray = y) -> Any:
+                return op(x, y)
+
+            check(build, ref(x, y))
+
+    @pytest.mark.parametrize(("op", "ref"), BINARY, ids=_ids(BINARY))
+    def test_python_scalars_on_either_side(self, op: Any, ref: Any) -> None:
+        """Python scalars are weak (NEP 50): float32 stays float32, int8 stays int8."""
+        x = rand((3, 2), np.float32, 7)
+        check(lambda: op(x, 2.5), ref(x, 2.5))
+        check(lambda: op(-1.5, x), ref(-1.5, x))
+        i = rand((5,), np.int8, 8)
+        if op is not ops.divide:
+            check(lambda: op(i, 3), ref(i, 3))
+        check(lambda: op(np.float64(2.0), x), ref(np.float64(2.0), x))
+
+    def test_integer_division_is_float64(self) -> None:
+        """int / int is float64, like numpy's true division."""
+        a, b = rand((6,), np.int32, 1), rand((6,), np.int32, 2) + 20
+        check(lambda: ops.divide(a, b), np.divide(a, b))
+
+    def test_lists_are_operands(self) -> None:
+        """A nested list is converted like np.asarray would."""
+        x = rand((2, 3), np.float64, 9)
+        check(lambda: ops.multiply([[1.0, 2.0, 3.0]], x), np.multiply([[1.0, 2.0, 3.0]], x))
+
+    def test_complex_operands(self) -> None:
+        """Complex arrays work where numpy allows them."""
+        z = rand((4,), np.float64, 1) + 1j * rand((4,), np.float64, 2)
+        check(lambda: ops.multiply(z, 2j), np.multiply(z, 2j))
+
+
+class TestUnary:
+    @pytest.mark.parametrize("shape", [(3, 4), (), (0, 5), (2, 3, 4)], ids=str)
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+    @pytest.mark.parametrize(
+        ("op", "ref"),
+        [(ops.negative, np.negative), (ops.exp, np.exp), (ops.tanh, np.tanh)],
+        ids=["negative", "exp", "tanh"],
+    )
+    def test_matches_numpy(self, op: Any, ref: Any, dtype: Any, shape: Any) -> None:
+        """negative, exp and tanh equal numpy's ufuncs."""
+        x = rand(shape, dtype, 11)
+        check(lambda: op(x), ref(x))
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+    def test_log_matches_numpy(self, dtype: Any) -> None:
+        """log of positive random data equals np.log."""
+        x = np.abs(rand((4, 5), dtype, 12)) + np.asarray(0.1, dtype)
+        check(lambda: ops.log(x), np.log(x))
+
+    @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int64, np.bool_])
+    def test_integer_inputs_give_numpys_float(self, dtype: Any) -> None:
+        """exp of int8 is float16, of int16 float32, of int64 float64, as numpy picks."""
+        x = rand((6,), dtype, 13)
+        check(lambda: ops.exp(x), np.exp(x))
+        check(lambda: ops.sigmoid(x), (1 / (1 + np.exp(-x.astype(np.exp(x).dtype)))))
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+    def test_sigmoid_matches_formula(self, dtype: Any) -> None:
+        """sigmoid(x) = 1 / (1 + exp(-x)) in the input's float dtype."""
+        x = rand((5, 7), dtype, 14) * np.asarray(4, dtype)
+        check(lambda: ops.sigmoid(x), (1 / (1 + np.exp(-x))).astype(dtype))
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+    def test_relu_matches_maximum(self, dtype: Any) -> None:
+        """relu(x) = max(x, 0), dtype kept."""
+        x = rand((4, 6), dtype, 15)
+        check(lambda: ops.relu(x), np.maximum(x, 0).astype(dtype))
+
+    def test_unary_on_python_scalar(self) -> None:
+        """A Python scalar input gives numpy's 0-d float64 result."""
+        check(lambda: ops.exp(1.5), np.exp(np.float64(1.5)))
+        check(lambda: ops.negative(3), np.negative(np.int64(3)))
+
+
+class TestWhere:
+    @pytest.mark.parametrize(
+        "shapes", [((3, 4), (3, 4), (3, 4)), ((3, 1), (4,), ()), ((0, 2), (2,), (0, 1))], ids=str
+    )
+    def test_matches_numpy(self, shapes: Any) -> None:
+        """where broadcasts condition, x and y together."""
+        c = rand(shapes[0], np.bool_, 1)
+        x, y = rand(shapes[1], np.float32, 2), rand(shapes[2], np.float32, 3)
+        check(lambda: ops.where(c, x, y), np.where(c, x, y))
+
+    def test_scalar_branch_keeps_float32(self) -> None:
+        """A Python float branch does not widen float32 (NEP 50)."""
+        c = rand((5,), np.bool_, 4)
+        x = rand((5,), np.float32, 5)
+        check(lambda: ops.where(c, x, 0.0), np.where(c, x, 0.0))
+
+    def test_numeric_condition_uses_truthiness(self) -> None:
+        """A non-bool condition selects where it is non-zero, like numpy."""
+        c = rand((6,), np.int32, 6)
+        x, y = rand((6,), np.float64, 7), rand((6,), np.float64, 8)
+        check(lambda: ops.where(c, x, y), np.where(c, x, y))
+
+    def test_condition_from_a_comparison(self) -> None:
+        """A comparison Tensor feeds where (a pending condition in a runtime)."""
+        x = rand((3, 3), np.float64, 9)
+        check(lambda: ops.where(ops.greater(x, 0), x, 0.0), np.where(x > 0, x, 0.0))
+
+
+class TestSpecialValues:
+    def test_inf_minus_inf_is_nan_without_failing(self) -> None:
+        """inf - inf gives NaN (numpy's value) and no task failure, even with warnings as errors."""
+        x = np.array([np.inf, 1.0, np.nan], np.float32)
+        expected = np.array([np.nan, -np.inf, np.nan], np.float32)
+        check(lambda: ops.subtract(x, np.float32(np.inf)), expected)
+
+    def test_exp_overflow_is_inf(self) -> None:
+        """exp of a large value is inf, as in numpy."""
+        x = np.array([1000.0, -1000.0, 0.0])
+        check(lambda: ops.exp(x), np.array([np.inf, 0.0, 1.0]))
+
+    def test_log_of_zero_and_negative(self) -> None:
+        """log(0) is -inf, log(-1) is NaN."""
+        x = np.array([0.0, -1.0, 1.0], np.float32)
+        check(lambda: ops.log(x), np.array([-np.inf, np.nan, 0.0], np.float32))
+
+    def test_divide_by_zero(self) -> None:
+        """1/0 = inf, 0/0 = NaN."""
+        x = np.array([1.0, 0.0, -2.0])
+        check(lambda: ops.divide(x, 0.0), np.array([np.inf, np.nan, -np.inf]))
+
+    def test_sigmoid_saturates(self) -> None:
+        """sigmoid of +-1000 is 1 and 0 without overflow trouble; NaN stays NaN."""
+        x = np.array([-1000.0, 1000.0, np.nan], np.float32)
+        check(lambda: ops.sigmoid(x), np.array([0.0, 1.0, np.nan], np.float32))
+
+    def test_nan_propagates_through_maximum_and_relu(self) -> None:
+        """maximum and relu keep NaN, like np.maximum."""
+        x = np.array([np.nan, -1.0, 2.0])
+        check(lambda: ops.maximum(x, 0.5), np.maximum(x, 0.5))
+        check(lambda: ops.relu(x), np.array([np.nan, 0.0, 2.0]))
+
+    def test_float_overflow_in_multiply(self) -> None:
+        """float32 overflow in multiply gives inf, not an error."""
+        x = np.array([3e38], np.float32)
+        check(lambda: ops.multiply(x, x), np.array([np.inf], np.float32))
+
+
+class TestErrors:
+    def test_broadcast_error_names_op_and_shapes(self) -> None:
+        """Incompatible shapes raise OpInputError naming the op and both shapes."""
+        expected = r"^add: shapes \(3, 4\) and \(5,\) cannot be broadcast together$"
+        with pytest.raises(OpInputError, match=expected):
+            ops.add(np.ones((3, 4)), np.ones(5))
+
+    def test_broadcast_error_is_a_value_error(self) -> None:
+        """OpInputError is a ValueError, so numpy-style handlers still work."""
+        with pytest.raises(ValueError, match="multiply: shapes"):
+            ops.multiply(np.ones((2, 3)), np.ones((4, 3)))
+
+    def test_where_error_lists_three_shapes(self) -> None:
+        """where's broadcast error lists the three shapes."""
+        with pytest.raises(OpInputError, match=r"where: shapes \(2,\), \(3,\) and \(\) cannot"):
+            ops.where(np.ones(2, bool), np.ones(3), 0.0)
+
+    @pytest.mark.parametrize("bad", [{}, None, "abc", object()], ids=["dict", "None", "str", "obj"])
+    def test_non_array_argument(self, bad: Any) -> None:
+        """A non-array raises OpTypeError naming op, position, type and what is accepted."""
+        name = type(bad).__name__
+        with pytest.raises(OpTypeError, match=rf"^add: argument 2 has type {name}, .*numpy array"):
+            ops.add(np.ones(3), bad)
+
+    def test_object_array(self) -> None:
+        """An object array is refused with its dtype named."""
+        with pytest.raises(OpTypeError, match=r"exp: argument 1 has dtype object"):
+            ops.exp(np.array([1, None]))
+
+    def test_string_array(self) -> None:
+        """A string array is refused with its dtype named."""
+        with pytest.raises(OpTypeError, match=r"subtract: argument 1 has dtype <U1 .*numeric"):
+            ops.subtract(np.array(["a"]), 1)
+
+    def test_bool_subtract_refused(self) -> None:
+        """bool - bool is refused at the call, with numpy's advice."""
+        with pytest.raises(OpTypeError, match=r"subtract: not supported for dtypes bool and bool"):
+            ops.subtract(np.ones(2, bool), np.zeros(2, bool))
+
+    def test_bool_negative_refused(self) -> None:
+        """-bool is refused at the call."""
+        with pytest.raises(OpTypeError, match=r"negative: not supported for dtype bool"):
+            ops.negative(np.ones(2, bool))
+
+    def test_relu_of_complex_refused(self) -> None:
+        """relu needs a real dtype."""
+        with pytest.raises(OpTypeError, match=r"relu: argument 1 has dtype complex128"):
+            ops.relu(np.ones(2, complex))
+
+    def test_python_int_out_of_range(self) -> None:
+        """int8 + 1000 is refused (numpy raises OverflowError in the kernel)."""
+        with pytest.raises(
+            OpInputError, match=r"add: Python integer 1000 .* out of bounds for int8"
+        ):
+            ops.add(np.ones(2, np.int8), 1000)
+
+    def test_ragged_list(self) -> None:
+        """A ragged nested list is an OpInputError."""
+        with pytest.raises(OpInputError, match=r"add: argument 1 is a list that does not form"):
+            ops.add([[1.0], [1.0, 2.0]], 1.0)
+
+    def test_output_larger_than_memory(self) -> None:
+        """A broadcast whose output exceeds physical memory is refused with its size in GiB."""
+        with pytest.raises(
+            OpInputError, match=r"add: the output of shape \(1000000, 1000000\) and dtype float64 "
+            r"would take 7450\.6 GiB"
+        ):  # fmt: skip
+            ops.add(np.ones((1_000_000, 1)), np.ones((1, 1_000_000)))
+
+    def test_errors_raise_at_the_call_in_a_runtime(self) -> None:
+        """Inside a runtime the meta rule raises at the call, before any task exists."""
+
+        async def main() -> str:
+            with pytest.raises(OpInputError, match="add: shapes"):
+                ops.add(np.ones(2), np.ones(3))
+            return "ok"
+
+        assert dataflow.run(main, interop_threads=2) == "ok"
+
+
+class TestCost:
+    def test_elementwise_cost(self) -> None:
+        """flops = output size, bytes = inputs + output."""
+        x, y = np.ones((10, 20), np.float32), np.ones((20,), np.float32)
+        assert ops.add.cost is not None
+        cost = ops.add.cost(x, y)
+        assert cost == dataflow.Cost(200.0, 800.0 + 80.0 + 800.0)
+
+    def test_transcendental_cost_is_higher(self) -> None:
+        """exp, tanh and sigmoid cost a few flops per element."""
+        x = np.ones(100)
+        for op in (ops.exp, ops.tanh, ops.sigmoid):
+            assert op.cost is not None and op.cost(x).flops > 100
+
+    def test_comparison_output_is_one_byte(self) -> None:
+        """A comparison writes one byte per element."""
+        x = np.ones(8)
+        assert ops.less.cost is not None
+        assert ops.less.cost(x, x).bytes == 64 + 64 + 8
+
+
+class TestHypothesis:
+    @settings(max_examples=60, deadline=None)
+    @given(
+        shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4),
+        dtype=st.sampled_from([np.float32, np.float64, np.int16]),
+    )
+    def test_add_and_maximum_broadcast_like_numpy(self, shapes: Any, dtype: Any) -> None:
+        """For any broadcastable pair of shapes, add and maximum equal numpy (eagerly)."""
+        x, y = rand(shapes.input_shapes[0], dtype, 1), rand(shapes.input_shapes[1], dtype, 2)
+        for op, ref in ((ops.add, np.add), (ops.maximum, np.maximum)):
+            t = op(x, y)
+            assert t.shape == shapes.result_shape
+            assert_like(t.result(), ref(x, y))
+
+    @settings(max_examples=40, deadline=None)
+    @given(a=hnp.array_shapes(min_dims=1, max_dims=3), b=hnp.array_shapes(min_dims=1, max_dims=3))
+    def test_meta_agrees_with_numpy_on_success_or_failure(
+        self, a: tuple[int, ...], b: tuple[int, ...]
+    ) -> None:
+        """The meta rule accepts exactly the shape pairs numpy can broadcast."""
+        try:
+            expected: tuple[int, ...] | None = np.broadcast_shapes(a, b)
+        except ValueError:
+            expected = None
+        if expected is None:
+            with pytest.raises(OpInputError, match="cannot be broadcast together"):
+                ops.multiply(np.ones(a), np.ones(b))
+        else:
+            assert ops.multiply(np.ones(a), np.ones(b)).shape == expected
+
+    @settings(max_examples=10, deadline=None)
+    @given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=3))
+    def test_where_in_a_runtime(self, shapes: Any) -> None:
+        """where over three broadcast shapes matches numpy in a runtime too."""
+        c = rand(shapes.input_shapes[0], np.bool_, 1)
+        x = rand(shapes.input_shapes[1], np.float64, 2)
+        y = rand(shapes.input_shapes[2], np.float64, 3)
+        check(lambda: ops.where(c, x, y), np.where(c, x, y))
+
+
+class TestTorch:
+    @pytest.mark.parametrize("name", ["sigmoid", "tanh", "relu", "exp"])
+    def test_activations_match_torch(self, name: str) -> None:
+        """sigmoid, tanh, relu and exp agree with torch on float32."""
+        torch = pytest.importorskip("torch")
+        x = rand((8, 16), np.float32, 21) * np.float32(3)
+        expected = getattr(torch, name)(torch.from_numpy(x)).numpy()
+        for got in both(lambda: getattr(ops, name)(x)):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+    def test_broadcast_add_matches_torch(self) -> None:
+        """Broadcast arithmetic agrees with torch."""
+        torch = pytest.importorskip("torch")
+        x, y = rand((4, 1, 3), np.float32, 22), rand((5, 1), np.float32, 23)
+        expected = (torch.from_numpy(x) * torch.from_numpy(y) - 1.5).numpy()
+        for got in both(lambda: ops.subtract(ops.multiply(x, y), 1.5)):
+            assert_like(got, expected)
