@@ -1,0 +1,233 @@
+"""``Module``: the base of models, with an async forward, parameters and state dicts.
+
+Parameters and submodules are found the way torch finds them, by attribute, but without any
+registration: a module's *parameters* are its public attributes holding numpy arrays, and its
+*children* are its public attributes holding a :class:`Module`, or a list, tuple or dict of
+them (named ``models.0``, ``heads.key``). Everything is read lazily from ``vars(self)``, in
+assignment order, so a subclass need not call ``super().__init__()``, and a parameter replaced
+by assignment (or by :meth:`Module.load_state_dict`) is what the next forward reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dataflow import DataflowError
+
+__all__ = ["IncompatibleKeys", "Module", "StateDictError", "make_rng", "uniform"]
+
+
+class StateDictError(DataflowError, ValueError):
+    """A state dict does not fit the module: keys missing or unexpected, or shapes/dtypes."""
+
+
+class IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` did not match (only non-empty with strict=False)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def make_rng(seed: int | None, rng: np.random.Generator | None, where: str) -> np.random.Generator:
+    """The generator a module initialises its parameters from (``seed`` xor ``rng``)."""
+    if seed is not None and rng is not None:
+        raise ValueError(f"{where}: give seed or rng, not both")
+    return rng if rng is not None else np.random.default_rng(seed)
+
+
+def uniform(
+    rng: np.random.Generator, bound: float, shape: tuple[int, ...], dtype: np.dtype[Any]
+) -> np.ndarray[Any, Any]:
+    """U(-bound, bound) samples of ``dtype``, torch's default init for Linear and RNN weights."""
+    out: np.ndarray[Any, Any] = rng.uniform(-bound, bound, size=shape).astype(dtype)
+    return out
+
+
+def _fmt(a: Any) -> str:
+    return f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+
+
+class Module:
+    """Base class of models: ``async def forward``, parameters by attribute, state dicts.
+
+    Subclasses assign numpy arrays (parameters) and modules (children) as attributes and define
+    ``async def forward(self, ...)``; ``await module(x)`` calls it. Forward only dispatches ops,
+    so it returns pending tensors quickly, and the runtime overlaps whatever is independent.
+
+    Example:
+        >>> class TwoLayer(ops.nn.Module):
+        ...     def __init__(self):
+        ...         self.fc1 = ops.nn.Linear(8, 16)
+        ...         self.fc2 = ops.nn.Linear(16, 4)
+        ...     async def forward(self, x):
+        ...         return await self.fc2(ops.tanh(await self.fc1(x)))
+        >>> sorted(TwoLayer().state_dict())
+        ['fc1.bias', 'fc1.weight', 'fc2.bias', 'fc2.weight']
+    """
+
+    async def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Compute the module's output; subclasses define it (``async def``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no forward(): define `async def forward(self, ...)`"
+        )
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.forward(*args, **kwargs)
+        # A plain `def forward` works too: only await what is awaitable.
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    # -- structure ------------------------------------------------------------------------
+
+    def _own_parameters(self) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
+        for name, value in vars(self).items():
+            if not name.startswith("_") and isinstance(value, np.ndarray):
+                yield name, value
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        """The direct submodules with their attribute names (``models.0`` for list items)."""
+        for name, value in vars(self).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, Module):
+                yield name, value
+            elif isinstance(value, list | tuple):
+                for i, item in enumerate(value):
+                    if isinstance(item, Module):
+                        yield f"{name}.{i}", item
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    if isinstance(item, Module):
+                        yield f"{name}.{key}", item
+
+    def children(self) -> Iterator[Module]:
+        """The direct submodules."""
+        for _, m in self.named_children():
+            yield m
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """This module and every submodule, depth first, each once (``""`` names this one)."""
+        seen: set[int] = set()
+        stack: list[tuple[str, Module]] = [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield name, module
+            kids = [(f"{name}.{k}" if name else k, m) for k, m in module.named_children()]
+            stack.extend(reversed(kids))
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
+        """Every parameter with its dotted name (own ones first), each array once."""
+        seen: set[int] = set()
+        for mod_name, module in self.named_modules(prefix):
+            for name, p in module._own_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self) -> Iterator[np.ndarray[Any, Any]]:
+        """Every parameter array (each once)."""
+        for _, p in self.named_parameters():
+            yield p
+
+    # -- state dicts ----------------------------------------------------------------------
+
+    def _slots(self) -> dict[str, tuple[Module, str]]:
+        """Dotted parameter name -> (owning module, attribute), for every name it has."""
+        slots: dict[str, tuple[Module, str]] = {}
+        for mod_name, module in self.named_modules():
+            for name, _ in module._own_parameters():
+                slots[f"{mod_name}.{name}" if mod_name else name] = (module, name)
+        return slots
+
+    def state_dict(self) -> dict[str, np.ndarray[Any, Any]]:
+        """A copy of every parameter, by dotted name (torch's names for torch-like modules).
+
+        The arrays are copies, so the dict is a snapshot: changing it does not change the model.
+        """
+        return {k: getattr(m, a).copy() for k, (m, a) in self._slots().items()}
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True
+    ) -> IncompatibleKeys:
+        """Replace parameters with copies of the arrays in ``state_dict``.
+
+        A torch model's weights load directly once converted to numpy:
+        ``model.load_state_dict({k: v.detach().numpy() for k, v in torch_model.state_dict()
+        .items()})``. Nothing is changed unless everything fits. Forward calls already
+        dispatched keep the arrays they were given.
+
+        Args:
+            state_dict: dotted name -> numpy array (anything ``np.asarray`` accepts).
+            strict: missing and unexpected keys are errors (with False they are returned).
+
+        Returns:
+            The missing and unexpected keys.
+
+        Raises:
+            StateDictError: with every problem listed: missing or unexpected keys (strict),
+                a shape or dtype that differs from the parameter's.
+        """
+        slots = self._slots()
+        missing = [k for k in slots if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in slots]
+        problems: list[str] = []
+        if strict and missing:
+            problems.append(f"missing keys: {', '.join(missing)}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys: {', '.join(map(str, unexpected))}")
+        updates: list[tuple[Module, str, np.ndarray[Any, Any]]] = []
+        for key, (module, attr) in slots.items():
+            if key not in state_dict:
+                continue
+            current = getattr(module, attr)
+            value = state_dict[key]
+            if not isinstance(value, np.ndarray):
+                try:
+                    value = np.asarray(value)
+                except Exception as exc:
+                    problems.append(
+                        f"{key}: cannot convert {type(value).__name__} to a numpy array "
+                        f"({type(exc).__name__}: {exc}); for torch tensors use "
+                        ".detach().numpy()"
+                    )
+                    continue
+            if value.shape != current.shape or value.dtype != current.dtype:
+                problems.append(
+                    f"{key}: the model has {_fmt(current)}, the state dict has {_fmt(value)}"
+                )
+                continue
+            updates.append((module, attr, np.array(value, order="C", copy=True)))
+        if problems:
+            hint = " (pass strict=False to ignore missing and unexpected keys)" if strict else ""
+            raise StateDictError(
+                f"error(s) loading the state dict into {type(self).__name__}{hint}:\n  "
+                + "\n  ".join(problems)
+            )
+        for module, attr, value in updates:
+            setattr(module, attr, value)
+        return IncompatibleKeys(missing, [str(k) for k in unexpected])
+
+    # -- repr -----------------------------------------------------------------------------
+
+    def extra_repr(self) -> str:
+        """The text between the parentheses of this module's repr (subclasses override)."""
+        return ""
+
+    def __repr__(self) -> str:
+        lines = []
+        for name, child in self.named_children():
+            text = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {text}")
+        extra = self.extra_repr()
+        if not lines:
+            return f"{type(self).__name__}({extra})"
+        head = f"{type(self).__name__}({extra}" if extra else f"{type(self).__name__}("
+        return head + "\n" + "\n".join(lines) + "\n)"

@@ -1,0 +1,373 @@
+"""``LSTM`` and ``GRU``: torch's modules, decomposed into ops that expose parallelism.
+
+A recurrent layer is a chain: step t needs step t-1's state. What is *not* a chain is
+dispatched so the scheduler can see it:
+
+* **The input projection is one GEMM.** For layer 0 (and every layer of a bidirectional
+  stack), ``x @ W_ih.T + biases`` for all T steps is a single (T*B, I) x (I, G*H) product
+  (:func:`ops._recurrent.rnn_projection`), large enough to use the cores well. Each step then
+  only adds the recurrent part, one small (B, H) x (H, G*H) GEMM plus the gate math
+  (:func:`ops._recurrent.lstm_step`): T small ops on the critical path, nothing else.
+* **Directions are independent.** The reverse direction has its own projection and its own
+  chain over reversed time; the two chains run side by side.
+* **Stacked layers form a wavefront.** In a unidirectional stack, layer l >= 1 does not wait for
+  all of layer l-1: its step t is a fused cell (``x_t @ W_ih.T + h @ W_hh.T + b``,
+  :func:`ops.lstm_cell`) that reads layer l-1's h_t directly, so it can start as soon as step t
+  of layer l-1 and step t-1 of layer l are done::
+
+      layer 1:        s0 -> s1 -> s2 -> s3
+                      ^     ^     ^     ^
+      layer 0:  s0 -> s1 -> s2 -> s3 -> ...      (two steps in flight at every moment)
+
+  In a bidirectional stack layer l's every step reads both directions of layer l-1 at time t,
+  and the reverse direction reaches t = 0 last, so no step of layer l can start before layer
+  l-1 is complete; there the one-GEMM projection of the concatenated outputs is the faster
+  choice.
+* **Outputs are gathered once.** The per-step states are written into the (T, B, D*H) output
+  by one op at the end (:func:`ops._recurrent.rnn_output`), not concatenated step by step.
+
+``forward`` only dispatches these ops and returns pending tensors at once; the runtime runs
+each as soon as its inputs are ready.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from dataflow import OpInputError, OpTypeError
+
+from .._recurrent import (
+    gru_cell,
+    gru_step,
+    lstm_cell,
+    lstm_step,
+    rnn_output,
+    rnn_projection,
+    select,
+    stack_states,
+)
+from .._tensor import Tensor, TensorSpec, spec_of
+from ._module import Module, make_rng, uniform
+
+__all__ = ["GRU", "LSTM"]
+
+Array = np.ndarray[Any, Any]
+Value = Tensor | Array
+State = Value | None
+
+
+def _check_positive(where: str, name: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{where}: {name} must be a positive int, got {v!r}")
+    return v
+
+
+class _RNNBase(Module):
+    """What LSTM and GRU share: parameters, validation, and the layer/direction loop."""
+
+    _gates: ClassVar[int]
+
+    if TYPE_CHECKING:
+        # Parameters are set by name (weight_ih_l0, ...): let type checkers read them.
+        def __getattr__(self, name: str) -> Any: ...
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        *,
+        dtype: Any = np.float32,
+        seed: int | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        where = f"nn.{type(self).__name__}"
+        self.input_size = _check_positive(where, "input_size", input_size)
+        self.hidden_size = _check_positive(where, "hidden_size", hidden_size)
+        self.num_layers = _check_positive(where, "num_layers", num_layers)
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"{where}: dropout must be in [0, 1], got {dropout!r}")
+        self.bias = bool(bias)
+        self.batch_first = bool(batch_first)
+        # Inference only: dropout is kept for torch compatibility (torch ignores it in eval).
+        self.dropout = float(dropout)
+        self.bidirectional = bool(bidirectional)
+        dt = np.dtype(dtype)
+        if dt.kind != "f":
+            raise TypeError(f"{where}: dtype must be floating point, got {dt}")
+        gen = make_rng(seed, rng, where)
+        bound = 1.0 / math.sqrt(hidden_size)
+        gh = self._gates * hidden_size
+        # Same names, shapes and order as torch: per layer, per direction w_ih, w_hh, b_ih, b_hh.
+        for layer in range(num_layers):
+            in_size = input_size if layer == 0 else hidden_size * self.num_directions
+            for d in range(self.num_directions):
+                sfx = self._suffix(layer, d)
+                setattr(self, f"weight_ih{sfx}", uniform(gen, bound, (gh, in_size), dt))
+                setattr(self, f"weight_hh{sfx}", uniform(gen, bound, (gh, hidden_size), dt))
+                if self.bias:
+                    setattr(self, f"bias_ih{sfx}", uniform(gen, bound, (gh,), dt))
+                    setattr(self, f"bias_hh{sfx}", uniform(gen, bound, (gh,), dt))
+
+    @property
+    def num_directions(self) -> int:
+        """2 if bidirectional, else 1."""
+        return 2 if self.bidirectional else 1
+
+    @staticmethod
+    def _suffix(layer: int, direction: int) -> str:
+        return f"_l{layer}" + ("_reverse" if direction else "")
+
+    def _weights(
+        self, layer: int, direction: int
+    ) -> tuple[Array, Array, Array | None, Array | None]:
+        sfx = self._suffix(layer, direction)
+        w_ih: Array = getattr(self, f"weight_ih{sfx}")
+        w_hh: Array = getattr(self, f"weight_hh{sfx}")
+        if not self.bias:
+            return w_ih, w_hh, None, None
+        b_ih: Array = getattr(self, f"bias_ih{sfx}")
+        b_hh: Array = getattr(self, f"bias_hh{sfx}")
+        return w_ih, w_hh, b_ih, b_hh
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The parameters' dtype."""
+        w: Array = getattr(self, "weight_ih_l0")  # noqa: B009 - set by name in __init__
+        return np.dtype(w.dtype)
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if not self.bias:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return s
+
+    # -- validation -------------------------------------------------------------------------
+
+    def _check_input(self, x: Any) -> tuple[Value, int, int]:
+        """x as a Tensor or array, and its (steps, batch)."""
+        name = type(self).__name__
+        if not isinstance(x, Tensor | np.ndarray):
+            x = np.asarray(x)
+        s = spec_of(x)
+        layout = "(batch, steps, input_size)" if self.batch_first else "(steps, batch, input_size)"
+        if len(s.shape) != 3 or s.shape[2] != self.input_size or 0 in s.shape:
+            raise OpInputError(
+                f"nn.{name}: x must have shape {layout} with input_size {self.input_size} "
+                f"and at least one step, got {s!r} (batch_first={self.batch_first}; unbatched "
+                "input: add a batch axis of 1)"
+            )
+        if s.dtype != self.dtype:
+            raise OpTypeError(
+                f"nn.{name}: x has dtype {s.dtype} but the parameters are {self.dtype}; "
+                f"convert x with .astype(np.{self.dtype})"
+            )
+        steps, batch = (s.shape[1], s.shape[0]) if self.batch_first else s.shape[:2]
+        return x, steps, batch
+
+    def _split_state(self, state: Any, what: str, batch: int) -> list[State]:
+        """One initial state per layer and direction, from (layers*directions, B, H)."""
+        n = self.num_layers * self.num_directions
+        if state is None:
+            return [None] * n
+        if not isinstance(state, Tensor | np.ndarray):
+            state = np.asarray(state)
+        s = spec_of(state)
+        expected = TensorSpec((n, batch, self.hidden_size), self.dtype)
+        if s.shape != expected.shape:
+            raise OpInputError(
+                f"nn.{type(self).__name__}: {what} must have shape "
+                f"(num_layers*num_directions, batch, hidden_size) = {expected.shape}, got {s!r}"
+            )
+        if s.dtype != expected.dtype:
+            raise OpTypeError(
+                f"nn.{type(self).__name__}: {what} has dtype {s.dtype}, the parameters "
+                f"{expected.dtype}"
+            )
+        if isinstance(state, Tensor):
+            return [select(state, k) for k in range(n)]
+        return [state[k] for k in range(n)]
+
+    # -- the layer / direction loop ---------------------------------------------------------
+
+    def _run(
+        self, x: Value, steps: int, h0: list[State], c0: list[State] | None
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Dispatch every op of the forward pass: (output, final hs, final cs)."""
+        final_h: list[Tensor] = []
+        final_c: list[Tensor] = []
+        layer_in: Value = x
+        # The previous layer's per-step states, when the next layer reads them step by step.
+        prev: list[Tensor] | None = None
+        outs: list[list[Tensor]] = []
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(self.num_directions):
+                k = layer * self.num_directions + d
+                hs, h, c = self._direction(
+                    layer,
+                    d,
+                    steps,
+                    layer_in,
+                    prev,
+                    h0[k],
+                    None if c0 is None else c0[k],
+                )
+                outs.append(hs)
+                final_h.append(h)
+                if c is not None:
+                    final_c.append(c)
+            if self.num_directions == 1:
+                prev = outs[0]
+            elif layer + 1 < self.num_layers:
+                layer_in = rnn_output(outs[0], outs[1], batch_first=False)
+        output = rnn_output(outs[0], outs[1] if len(outs) > 1 else None, self.batch_first)
+        return output, final_h, final_c
+
+    def _direction(
+        self,
+        layer: int,
+        direction: int,
+        steps: int,
+        layer_in: Value,
+        prev: list[Tensor] | None,
+        h: State,
+        c: State,
+    ) -> tuple[list[Tensor], Tensor, Tensor | None]:
+        """One layer in one direction: (states in time order, final h, final c)."""
+        raise NotImplementedError
+
+
+class LSTM(_RNNBase):
+    """A multi-layer LSTM (like ``torch.nn.LSTM``), decomposed into schedulable ops.
+
+    Parameters have torch's names, shapes and default init (U(-1/sqrt(hidden_size),
+    1/sqrt(hidden_size))): ``weight_ih_l{k}`` (4*hidden_size, in), ``weight_hh_l{k}``
+    (4*hidden_size, hidden_size), ``bias_ih_l{k}``, ``bias_hh_l{k}`` (4*hidden_size,), and
+    ``..._reverse`` for the reverse direction. A torch LSTM's state dict loads unchanged.
+
+    Args:
+        input_size: features of x.
+        hidden_size: features of h.
+        num_layers: stacked layers.
+        bias: whether the layers have biases.
+        batch_first: x and output are (batch, steps, features) instead of (steps, batch, ...).
+        dropout: accepted for torch compatibility; inference only, so not applied.
+        bidirectional: add a reverse direction; the output has 2*hidden_size features.
+        dtype: parameter dtype (float32 by default).
+        seed: seed for the initial weights (or pass ``rng``, a numpy Generator).
+
+    Example:
+        >>> lstm = ops.nn.LSTM(1024, 1024, bidirectional=True, seed=0)
+        >>> out, (h_n, c_n) = await lstm(x)    # pending Tensors, returned at once
+        >>> y = await out                      # (T, B, 2048) ndarray
+    """
+
+    _gates = 4
+
+    async def forward(
+        self, x: Value, hx: tuple[Value, Value] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``(output, (h_n, c_n))`` for x (steps, batch, input_size) and optional (h0, c0).
+
+        output is (steps, batch, D*hidden_size) (batch first if ``batch_first``), and h_n, c_n
+        are (num_layers*D, batch, hidden_size), as torch returns them. All are pending.
+        """
+        x, steps, batch = self._check_input(x)
+        if hx is None:
+            h0 = c0 = self._split_state(None, "h0", batch)
+        else:
+            if not isinstance(hx, tuple | list) or len(hx) != 2:
+                raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
+            h0 = self._split_state(hx[0], "h0", batch)
+            c0 = self._split_state(hx[1], "c0", batch)
+        output, hs, cs = self._run(x, steps, h0, c0)
+        return output, (stack_states(hs), stack_states(cs))
+
+    def _direction(
+        self,
+        layer: int,
+        direction: int,
+        steps: int,
+        layer_in: Value,
+        prev: list[Tensor] | None,
+        h: State,
+        c: State,
+    ) -> tuple[list[Tensor], Tensor, Tensor | None]:
+        w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
+        # Both biases fold into one vector, added once (to the projection, or per fused step).
+        bias = None if b_ih is None or b_hh is None else b_ih + b_hh
+        times = range(steps) if direction == 0 else range(steps - 1, -1, -1)
+        hs: list[Tensor] = [None] * steps  # type: ignore[list-item] # every slot is filled below
+        if prev is None:
+            xproj = rnn_projection(layer_in, w_ih, bias, self.batch_first and layer == 0)
+            for t in times:
+                h, c = lstm_step(xproj, t, h, c, w_hh)
+                hs[t] = h
+        else:
+            for t in times:
+                h, c = lstm_cell(prev[t], h, c, w_ih, w_hh, bias)
+                hs[t] = h
+        assert isinstance(h, Tensor) and isinstance(c, Tensor)
+        return hs, h, c
+
+
+class GRU(_RNNBase):
+    """A multi-layer GRU (like ``torch.nn.GRU``), decomposed into schedulable ops.
+
+    Parameters as torch names them, with gates r, z, n: ``weight_ih_l{k}`` (3*hidden_size, in),
+    ``weight_hh_l{k}`` (3*hidden_size, hidden_size), ``bias_ih_l{k}``, ``bias_hh_l{k}``, and
+    ``..._reverse``. Arguments as for :class:`LSTM`.
+
+    Example:
+        >>> gru = ops.nn.GRU(64, 128, num_layers=2, seed=0)
+        >>> out, h_n = await gru(x)
+    """
+
+    _gates = 3
+
+    async def forward(self, x: Value, hx: Value | None = None) -> tuple[Tensor, Tensor]:
+        """``(output, h_n)`` for x (steps, batch, input_size) and optional h0."""
+        x, steps, batch = self._check_input(x)
+        h0 = self._split_state(hx, "h0", batch)
+        output, hs, _ = self._run(x, steps, h0, None)
+        return output, stack_states(hs)
+
+    def _direction(
+        self,
+        layer: int,
+        direction: int,
+        steps: int,
+        layer_in: Value,
+        prev: list[Tensor] | None,
+        h: State,
+        c: State,
+    ) -> tuple[list[Tensor], Tensor, Tensor | None]:
+        w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
+        times = range(steps) if direction == 0 else range(steps - 1, -1, -1)
+        hs: list[Tensor] = [None] * steps  # type: ignore[list-item] # every slot is filled below
+        if prev is None:
+            # b_hh stays in the step: r multiplies (W_hn h + b_hn), so it cannot be folded.
+            xproj = rnn_projection(layer_in, w_ih, b_ih, self.batch_first and layer == 0)
+            for t in times:
+                h = gru_step(xproj, t, h, w_hh, b_hh)
+                hs[t] = h
+        else:
+            for t in times:
+                h = gru_cell(prev[t], h, w_ih, w_hh, b_ih, b_hh)
+                hs[t] = h
+        assert isinstance(h, Tensor)
+        return hs, h, None
