@@ -1,0 +1,271 @@
+"""ops reductions: sum, mean, var, max and min over every axis form, against numpy and torch."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import dataflow
+import ops
+from dataflow import OpInputError, OpTypeError
+
+# -- helpers (each ops test module has the same few) ------------------------------------------
+
+
+def rand(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
+    """Random data of a dtype: normal floats, small signed ints, coin-flip bools."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.random(shape) < 0.5
+    if dt.kind == "u":
+        return rng.integers(0, 10, shape).astype(dt)
+    return rng.integers(-9, 10, shape).astype(dt)
+
+
+def _checked(t: Any, value: Any) -> Any:
+    """The value of Tensor t, after checking that the meta rule predicted its shape and dtype."""
+    a = np.asarray(value)
+    assert (a.shape, a.dtype) == (t.shape, t.dtype), f"meta {t.spec}, kernel {a.dtype}{a.shape}"
+    return value
+
+
+def both(build: Callable[[], Any]) -> list[Any]:
+    """build()'s values eagerly (no runtime), then in a runtime with every op on the pool."""
+    first = build()
+    eager = tuple(_checked(t, t.result()) for t in first) if isinstance(first, tuple) else None
+    if eager is None:
+        eager = _checked(first, first.result())
+
+    async def main() -> Any:
+        out = build()
+        if isinstance(out, tuple):
+            return tuple([_checked(t, await t) for t in out])
+        return _checked(out, await out)
+
+    old = dataflow.get_inline_threshold()
+    dataflow.set_inline_threshold(0.0)  # every op with a cost goes to the 2 pool threads
+    try:
+        pooled = dataflow.run(main, interop_threads=2)
+    finally:
+        dataflow.set_inline_threshold(old)
+    return [eager, pooled]
+
+
+def assert_like(got: Any, expected: Any) -> None:
+    """Same dtype and shape as numpy's result, and the same values (NaN equal to NaN)."""
+    g, e = np.asarray(got), np.asarray(expected)
+    assert g.dtype == e.dtype, (g.dtype, e.dtype)
+    assert g.shape == e.shape, (g.shape, e.shape)
+    if e.dtype.kind in "fc":
+        rtol = {2: 1e-3, 4: 1e-6, 8: 1e-12}.get(e.dtype.itemsize, 1e-6)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * 1e-3, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(g, e)
+
+
+def check(build: Callable[[], Any], expected: Any) -> None:
+    """build() matches ``expected`` both eagerly and in a runtime."""
+    for got in both(build):
+        assert_like(got, expected)
+
+
+# -- reductions --------------------------------------------------------------------------------
+
+REDUCTIONS: list[tuple[Any, Any]] = [
+    (ops.sum, np.sum),
+    (ops.mean, np.mean),
+    (ops.var, np.var),
+    (ops.max, np.max),
+    (ops.min, np.min),
+]
+AXES: list[Any] = [None, 0, 1, -1, (0, 2), (2, 0), (), (0, 1, 2)]
+
+
+def _ids(pairs: list[tuple[Any, Any]]) -> list[str]:
+    return [op.name for op, _ in pairs]
+
+
+class TestAgainstNumpy:
+    @pytest.mark.parametrize("keepdims", [False, True])
+    @pytest.mark.parametrize("axis", AXES, ids=str)
+    @pytest.mark.parametrize(("op", "ref"), REDUCTIONS, ids=_ids(REDUCTIONS))
+    def test_float64_axes(self, op: Any, ref: Any, axis: Any, keepdims: bool) -> None:
+        """Every axis form and keepdims give numpy's shape and values."""
+        x = rand((3, 4, 5), np.float64, 1)
+        check(lambda: op(x, axis, keepdims), ref(x, axis=axis, keepdims=keepdims))
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.int32, np.int8, np.bool_, np.uint16])
+    @pytest.mark.parametrize(("op", "ref"), REDUCTIONS, ids=_ids(REDUCTIONS))
+    def test_dtypes_follow_numpy(self, op: Any, ref: Any, dtype: Any) -> None:
+        """sum of int8/bool widens, mean/var of ints are float64, max keeps the dtype."""
+        x = rand((6, 7), dtype, 2)
+        check(lambda: op(x, axis=1), ref(x, axis=1))
+        check(lambda: op(x), ref(x))
+
+    @pytest.mark.parametrize(("op", "ref"), REDUCTIONS, ids=_ids(REDUCTIONS))
+    def test_keyword_arguments(self, op: Any, ref: Any) -> None:
+        """axis= and keepdims= work as keywords."""
+        x = rand((2, 3), np.float32, 3)
+        check(lambda: op(x, axis=0, keepdims=True), ref(x, axis=0, keepdims=True))
+
+    @pytest.mark.parametrize("ddof", [0, 1, 2])
+    def test_var_ddof(self, ddof: int) -> None:
+        """var's ddof divides by n - ddof like numpy."""
+        x = rand((5, 6), np.float64, 4)
+        check(lambda: ops.var(x, 0, False, ddof), np.var(x, axis=0, ddof=ddof))
+        check(lambda: ops.var(x, axis=1, ddof=ddof), np.var(x, axis=1, ddof=ddof))
+
+    def test_complex_var_is_real(self) -> None:
+        """var of complex data is real, as numpy's."""
+        z = rand((4, 3), np.float32, 5) + 1j * rand((4, 3), np.float32, 6)
+        check(lambda: ops.var(z, axis=0), np.var(z, axis=0))
+
+    def test_python_list_and_scalar(self) -> None:
+        """Lists and scalars reduce like np.asarray of them."""
+        check(lambda: ops.sum([[1, 2], [3, 4]], axis=0), np.sum([[1, 2], [3, 4]], axis=0))
+        check(lambda: ops.mean(2.5), np.asarray(np.mean(2.5)))
+
+    def test_reduce_a_pending_tensor(self) -> None:
+        """A reduction of another op's output (pending in a runtime) matches numpy."""
+        x = rand((8, 3), np.float64, 7)
+        check(lambda: ops.mean(ops.exp(x), axis=0), np.mean(np.exp(x), axis=0))
+
+    def test_nan_propagates(self) -> None:
+        """NaN propagates through sum, mean, max and min."""
+        x = np.array([[1.0, np.nan], [2.0, 3.0]])
+        for op, ref in REDUCTIONS:
+            check(functools.partial(op, x, axis=0), ref(x, axis=0))
+
+
+class TestZeroSize:
+    @pytest.mark.parametrize("axis", [None, 0, 1])
+    def test_sum_of_empty_is_zero(self, axis: Any) -> None:
+        """sum over an empty axis is 0, with numpy's shape."""
+        x = np.empty((0, 3), np.float32)
+        check(lambda: ops.sum(x, axis), np.sum(x, axis=axis))
+
+    def test_mean_of_empty_is_nan_without_warning(self) -> None:
+        """mean over an empty axis is NaN (numpy's value), without failing on numpy's warning."""
+        x = np.empty((0, 3), np.float32)
+        check(lambda: ops.mean(x, axis=0), np.full(3, np.nan, np.float32))
+        check(lambda: ops.mean(x), np.asarray(np.nan, np.float32))
+
+    def test_var_without_degrees_of_freedom_is_nan(self) -> None:
+        """var with n <= ddof is NaN, as numpy returns."""
+        x = rand((1, 3), np.float64, 8)
+        check(lambda: ops.var(x, axis=0, ddof=1), np.full(3, np.nan))
+        check(lambda: ops.var(np.empty((0, 2)), axis=0), np.full(2, np.nan))
+
+    def test_reduce_non_empty_axis_of_empty_array(self) -> None:
+        """Reducing a non-empty axis of a zero-size array is fine (an empty result)."""
+        x = np.empty((0, 3))
+        for op, ref in REDUCTIONS:
+            check(functools.partial(op, x, axis=1), ref(x, axis=1))
+
+    @pytest.mark.parametrize("op", [ops.max, ops.min], ids=["max", "min"])
+    def test_extremum_over_empty_axis_refused(self, op: Any) -> None:
+        """max/min over a length-0 axis raise at the call: there is no identity."""
+        expected = rf"{op.name}: cannot take the .* over axis 0 of length 0"
+        with pytest.raises(OpInputError, match=expected):
+            op(np.empty((0, 3)), axis=0)
+
+
+class TestErrors:
+    def test_axis_out_of_bounds(self) -> None:
+        """An axis past ndim names the axis and the dimension."""
+        expected = r"sum: axis 2 is out of bounds for an array of dimension 2"
+        with pytest.raises(OpInputError, match=expected):
+            ops.sum(np.ones((2, 3)), axis=2)
+
+    def test_negative_axis_out_of_bounds(self) -> None:
+        """A negative axis below -ndim is refused."""
+        with pytest.raises(OpInputError, match=r"mean: axis -3 is out of bounds"):
+            ops.mean(np.ones((2, 3)), axis=-3)
+
+    def test_duplicate_axis(self) -> None:
+        """The same axis twice is refused."""
+        with pytest.raises(OpInputError, match=r"var: axis \(0, -2\) names the same axis"):
+            ops.var(np.ones((2, 3)), axis=(0, -2))
+
+    @pytest.mark.parametrize("axis", [1.0, "0", [0, 1]], ids=["float", "str", "list"])
+    def test_axis_type(self, axis: Any) -> None:
+        """An axis that is not an int/tuple is an OpTypeError."""
+        expected = r"max: axis must be None, an int or a tuple of ints"
+        with pytest.raises(OpTypeError, match=expected):
+            ops.max(np.ones((2, 3)), axis=axis)
+
+    def test_keepdims_type(self) -> None:
+        """keepdims must be a bool."""
+        with pytest.raises(OpTypeError, match=r"sum: keepdims must be a bool, got str"):
+            ops.sum(np.ones(3), keepdims="yes")
+
+    def test_ddof_type(self) -> None:
+        """ddof must be an int."""
+        with pytest.raises(OpTypeError, match=r"var: ddof must be an int, got float"):
+            ops.var(np.ones(3), ddof=1.0)
+
+    def test_non_array(self) -> None:
+        """A dict is not reducible."""
+        with pytest.raises(OpTypeError, match=r"sum: argument 1 has type dict"):
+            ops.sum({"a": 1})
+
+
+class TestCost:
+    def test_sum_cost(self) -> None:
+        """A reduction reads its input once and writes the output."""
+        x = np.ones((10, 20), np.float32)
+        assert ops.sum.cost is not None
+        assert ops.sum.cost(x, 1) == dataflow.Cost(200.0, (200 + 10) * 4.0)
+        assert ops.sum.cost(x) == dataflow.Cost(200.0, (200 + 1) * 4.0)
+
+    def test_var_costs_more(self) -> None:
+        """var makes more passes than sum."""
+        x = np.ones(100)
+        assert ops.var.cost is not None and ops.sum.cost is not None
+        assert ops.var.cost(x).flops > ops.sum.cost(x).flops
+
+
+class TestHypothesis:
+    @settings(max_examples=60, deadline=None)
+    @given(
+        x=hnp.arrays(
+            np.float64,
+            hnp.array_shapes(min_dims=1, max_dims=4, min_side=1),
+            elements=st.floats(-100, 100),
+        ),
+        data=st.data(),
+    )
+    def test_sum_and_max_over_any_axes(self, x: np.ndarray, data: st.DataObject) -> None:
+        """Any valid axis tuple gives numpy's result for sum and max (eagerly)."""
+        axis = data.draw(hnp.valid_tuple_axes(x.ndim))
+        keepdims = data.draw(st.booleans())
+        for op, ref in ((ops.sum, np.sum), (ops.max, np.max)):
+            t = op(x, axis, keepdims)
+            assert_like(t.result(), ref(x, axis=axis, keepdims=keepdims))
+
+
+class TestTorch:
+    def test_mean_var_max_match_torch(self) -> None:
+        """mean, var (biased) and max over an axis agree with torch."""
+        torch = pytest.importorskip("torch")
+        x = rand((6, 5, 4), np.float32, 9)
+        tx = torch.from_numpy(x)
+        pairs = [
+            (lambda: ops.mean(x, axis=1), tx.mean(dim=1)),
+            (lambda: ops.var(x, axis=(0, 2)), tx.var(dim=(0, 2), unbiased=False)),
+            (lambda: ops.max(x, axis=-1), tx.amax(dim=-1)),
+            (lambda: ops.sum(x, axis=0, keepdims=True), tx.sum(dim=0, keepdim=True)),
+        ]
+        for build, expected in pairs:
+            for got in both(build):
+                np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
