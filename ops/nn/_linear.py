@@ -1,4 +1,4 @@
-"""``Linear``: ``y = x @ weight.T + bias``, torch's parameter names, shapes and init."""
+"""``Linear``: ``y = x @ weight.T + bias`` (the ``ops.linear`` op), torch's names and init."""
 
 from __future__ import annotations
 
@@ -7,53 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from dataflow import Cost, OpInputError, OpTypeError
+from dataflow import OpInputError, OpTypeError
 
-from .._tensor import Tensor, TensorSpec, define, spec_of
+from .._linalg import linear
+from .._tensor import Tensor, spec_of
 from ._module import Module, make_rng, uniform
 
 __all__ = ["Linear"]
 
 Array = np.ndarray[Any, Any]
-
-
-def _linear_kernel(x: Array, weight: Array, bias: Array | None) -> Array:
-    # One GEMM over all leading axes (numpy's matmul broadcasts x's batch axes), bias in place.
-    out: Array = np.matmul(x, weight.T)
-    if bias is not None:
-        out += bias
-    return out
-
-
-def _linear_meta(x: Any, weight: Any, bias: Any) -> TensorSpec:
-    xs, ws = spec_of(x), spec_of(weight)
-    bs = None if bias is None else spec_of(bias)
-    got = f"x {xs!r}, weight {ws!r}" + ("" if bs is None else f", bias {bs!r}")
-    if xs.dtype != ws.dtype or (bs is not None and bs.dtype != ws.dtype) or ws.dtype.kind != "f":
-        raise OpTypeError(
-            f"nn.Linear: x, weight and bias must share one floating-point dtype (got {got}); "
-            "convert x with .astype(np.float32)"
-        )
-    if len(ws.shape) != 2 or not xs.shape or xs.shape[-1] != ws.shape[1]:
-        raise OpInputError(
-            f"nn.Linear: x's last axis must be in_features = {ws.shape[-1]} (got {got})"
-        )
-    if bs is not None and bs.shape != (ws.shape[0],):
-        raise OpInputError(f"nn.Linear: bias must have shape ({ws.shape[0]},) (got {got})")
-    return TensorSpec((*xs.shape[:-1], ws.shape[0]), xs.dtype)
-
-
-def _linear_cost(x: Any, weight: Any, bias: Any) -> Cost:
-    xs, ws = spec_of(x), spec_of(weight)
-    rows = math.prod(xs.shape[:-1])
-    item = ws.dtype.itemsize
-    return Cost(
-        2.0 * rows * ws.shape[0] * ws.shape[1],
-        float(item * (rows * ws.shape[1] + ws.shape[0] * ws.shape[1] + rows * ws.shape[0])),
-    )
-
-
-_linear = define("linear", _linear_kernel, _linear_meta, _linear_cost)
 
 
 class Linear(Module):
@@ -97,7 +59,20 @@ class Linear(Module):
 
     async def forward(self, x: Tensor | Array) -> Tensor:
         """``x @ weight.T + bias`` for x of shape (..., in_features)."""
-        y: Tensor = _linear(x, self.weight, self.bias)
+        if not isinstance(x, Tensor | np.ndarray):
+            x = np.asarray(x)
+        s = spec_of(x)
+        if not s.shape or s.shape[-1] != self.in_features:
+            raise OpInputError(
+                f"nn.Linear: x must have shape (..., in_features={self.in_features}), got {s!r}"
+            )
+        if s.dtype != self.weight.dtype:
+            # Not promoted: a float64 input would silently make the whole model float64.
+            raise OpTypeError(
+                f"nn.Linear: x has dtype {s.dtype} but the weight is {self.weight.dtype}; "
+                f"convert x with .astype(np.{self.weight.dtype})"
+            )
+        y: Tensor = linear(x, self.weight, self.bias)
         return y
 
     def extra_repr(self) -> str:
