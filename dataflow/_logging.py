@@ -1,0 +1,173 @@
+"""Structured logging of a run, and a progress line: two more consumers of the event stream.
+
+dataflow logs through ``structlog.get_logger("dataflow")`` and never calls
+``structlog.configure()``: the application decides where log lines go and how they look (our
+CLI configures it for ``dataflow run``; see ``docs/timelines.md``).
+
+* **Task names in user log lines.** A forked task binds its name under :data:`TASK_KEY`
+  (``dataflow_task``) with ``structlog.contextvars``, so every line logged inside it carries
+  the name when the application's processors include ``merge_contextvars``. Each forked task
+  runs in its own copy of the caller's context, so the binding never leaks to the caller. Op
+  kernels are not wrapped: the per-op path stays lean.
+* :class:`TaskLogger` logs every kernel's start and end at debug level (``--log-tasks``).
+* :class:`Progress` keeps a ``tasks done / created`` line up to date on a terminal
+  (``--progress``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+from structlog.contextvars import bind_contextvars
+
+from ._trace import describe_spec, thread_label
+
+if TYPE_CHECKING:
+    from ._task import Task
+
+__all__ = ["TASK_KEY", "Progress", "TaskLogger", "name_plain_fork"]
+
+TASK_KEY = "dataflow_task"
+"""The structlog context key under which a forked task's name is bound."""
+
+
+def name_plain_fork(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[[str], None]]:
+    """Wrap a forked plain function so the log lines it emits carry its task's name.
+
+    Returns ``(wrapper, set_name)``: submit the wrapper, then call ``set_name(task.name)``. The
+    name only exists once the task does, and a worker may start the task before ``submit``
+    returns to the forking thread; in that case the wrapper waits for ``set_name`` (a few
+    microseconds at most: the forking thread is inside ``submit``, which never runs pool tasks).
+    """
+    named: list[str] = []
+    gate = threading.Lock()
+    gate.acquire()
+
+    def forked_plain_function(*args: Any, **kwargs: Any) -> Any:
+        if not named:
+            with gate:
+                pass
+        bind_contextvars(**{TASK_KEY: named[0]})
+        return fn(*args, **kwargs)
+
+    def set_name(name: str) -> None:
+        named.append(name)
+        gate.release()
+
+    return forked_plain_function, set_name
+
+
+class TaskLogger:
+    """An instrument that logs each kernel's start and end through the ``dataflow`` logger.
+
+    Lines are at debug level, with ``task``, ``op``, ``thread``, the output ``shape`` and
+    ``dtype`` (``shapes``/``dtypes`` for ops with several outputs) and, at the end,
+    ``duration_ms``. ``dataflow run --log-tasks`` attaches one; in code::
+
+        dataflow.add_instrument(dataflow.TaskLogger())
+
+    Args:
+        logger: a structlog logger to use instead of ``structlog.get_logger("dataflow")``.
+    """
+
+    def __init__(self, logger: Any = None) -> None:
+        if logger is None:
+            from ._log import logger as default
+
+            logger = default
+        self._log = logger
+        self._starts: dict[int, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<TaskLogger running={len(self._starts)}>"
+
+    def task_started(self, ts: int, task: Task) -> None:
+        self._starts[task.id] = ts
+        self._log.debug(
+            "task started",
+            task=task.name,
+            op=task.op,
+            thread=thread_label(),
+            **describe_spec(task.spec),
+        )
+
+    def task_finished(self, ts: int, task: Task) -> None:
+        start = self._starts.pop(task.id, None)
+        self._log.debug(
+            "task finished",
+            task=task.name,
+            op=task.op,
+            thread=thread_label(),
+            duration_ms=None if start is None else round((ts - start) / 1e6, 3),
+            **describe_spec(task.spec),
+        )
+
+    def task_failed(self, ts: int, task: Task) -> None:
+        start = self._starts.pop(task.id, None)
+        self._log.debug(
+            "task failed",
+            task=task.name,
+            op=task.op,
+            thread=thread_label(),
+            ran=start is not None,
+            duration_ms=None if start is None else round((ts - start) / 1e6, 3),
+            error=str(task.error),
+        )
+
+
+class Progress:
+    """An instrument that shows ``dataflow: <done>/<created> tasks done`` on a terminal.
+
+    The line is redrawn at most every ``interval`` seconds (by whichever thread reports a
+    finished task) and once more, with a newline, by :meth:`close`.
+
+    Args:
+        stream: where to draw (normally ``sys.stderr``; should be a terminal).
+        interval: the least time between two redraws, in seconds.
+    """
+
+    def __init__(self, stream: TextIO, interval: float = 0.1) -> None:
+        self._stream = stream
+        self._interval = int(interval * 1e9)
+        self._lock = threading.Lock()
+        self._next = 0
+        self.created = 0
+        self.done = 0
+        self.failed = 0
+
+    def __repr__(self) -> str:
+        return f"<Progress done={self.done} created={self.created} failed={self.failed}>"
+
+    def task_created(self, ts: int, task: Task) -> None:
+        with self._lock:
+            self.created += 1
+
+    def task_finished(self, ts: int, task: Task) -> None:
+        self._finished(ts, 0)
+
+    def task_failed(self, ts: int, task: Task) -> None:
+        self._finished(ts, 1)
+
+    def task_cancelled(self, ts: int, task: Task) -> None:
+        self._finished(ts, 1)
+
+    def _finished(self, ts: int, failed: int) -> None:
+        with self._lock:
+            self.done += 1
+            self.failed += failed
+            if ts >= self._next:
+                self._next = ts + self._interval
+                self._draw("")
+
+    def _draw(self, end: str) -> None:
+        failed = f", {self.failed} failed or cancelled" if self.failed else ""
+        # \r returns to the line's start; ESC [K clears what a longer previous line left.
+        self._stream.write(f"\r\x1b[Kdataflow: {self.done}/{self.created} tasks done{failed}{end}")
+        self._stream.flush()
+
+    def close(self) -> None:
+        """Draw the final counts and end the line."""
+        with self._lock:
+            self._draw("\n")

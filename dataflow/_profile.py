@@ -1,0 +1,513 @@
+"""The profiler: records the event stream of a run and explains where the time went.
+
+``with dataflow.profile() as prof:`` (or ``async with``) attaches a :class:`Profiler` to the
+event stream (see ``_instrument``) for the duration of the block. Recording is kept cheap: each
+hook appends one tuple to a list (a kernel start also takes the thread's native id, the op's
+spec and cost, and its inputs' names; never the task itself, so values are not kept alive);
+everything else happens when a result is asked for:
+
+* :meth:`Profiler.export_chrome_trace` writes the timeline for ui.perfetto.dev or
+  chrome://tracing (format in ``_trace``);
+* :meth:`Profiler.table` is a per-op table of kernel time;
+* :meth:`Profiler.summary` is a :class:`Summary`: wall time, busy time per thread, achieved
+  parallelism, the critical path, and the time lost to scheduling.
+
+``summarize`` and ``op_table`` work on a :class:`~dataflow._trace.Trace`, so ``dataflow trace
+summary out.json`` gives the same figures from a saved file.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._errors import DataflowError
+from ._instrument import add_instrument, remove_instrument
+from ._trace import Span, TaskSpan, Trace, describe_spec, save, thread_label
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._task import Task
+
+__all__ = ["Event", "Profiler", "Summary", "format_seconds", "op_table", "profile", "summarize"]
+
+# Record kinds (the first item of each recorded tuple), named after the hooks.
+_READY, _STARTED, _FINISHED, _FAILED, _CANCELLED, _FORK, _FORK_END, _WAIT, _WAIT_END = range(9)
+_KINDS = (
+    "task_ready",
+    "task_started",
+    "task_finished",
+    "task_failed",
+    "task_cancelled",
+    "fork",
+    "fork_finished",
+    "wait_started",
+    "wait_finished",
+)
+
+_native_id = threading.get_native_id
+
+
+class Event(NamedTuple):
+    """One recorded event, as :attr:`Profiler.events` lists them."""
+
+    kind: str  # the hook's name: "task_started", "fork", ...
+    ts: int  # time.perf_counter_ns() when it happened
+    name: str  # the task's (or forked coroutine's, or awaited future's) name
+    thread: int | None  # native id of the thread it happened on, where recorded
+    op: str | None  # the task's op, for task_started
+
+
+class Profiler:
+    """Records the runtime's events between :meth:`start` and :meth:`stop`.
+
+    Use :func:`dataflow.profile`::
+
+        with dataflow.profile() as prof:
+            dataflow.run(main)
+        prof.export_chrome_trace("parallel.json")
+        print(prof.summary())
+
+    It records every runtime of the process while active (instruments are process-wide).
+    """
+
+    # Deliberately not a subclass of Instrument: the runtime only calls hooks an instrument
+    # defines, and this one does not need task_created (a kernel start carries everything).
+
+    def __init__(self) -> None:
+        self._raw: list[tuple[Any, ...]] = []
+        self._append = self._raw.append
+        self._threads: dict[int, str] = {}
+        self._t0 = 0
+        self._t1 = 0
+        self._trace: Trace | None = None
+
+    def __repr__(self) -> str:
+        state = "new" if not self._t0 else "stopped" if self._t1 else "recording"
+        return f"<Profiler {state} events={len(self._raw)}>"
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Attach to the event stream."""
+        if self._t0:
+            raise DataflowError(
+                "a Profiler records once; use a new one (dataflow.profile()) for another run"
+            )
+        self._t0 = time.perf_counter_ns()
+        add_instrument(self)
+
+    def stop(self) -> None:
+        """Detach from the event stream (idempotent)."""
+        if self._t0 and not self._t1:
+            remove_instrument(self)
+            self._t1 = time.perf_counter_ns()
+
+    def __enter__(self) -> Profiler:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Profiler:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType
+    ) -> None:
+        self.stop()
+
+    # -- hooks (called on the thread where the event happens; keep them short) -------------------
+
+    def task_ready(self, ts: int, task: Task) -> None:
+        self._append((_READY, ts, task.name))
+
+    def task_started(self, ts: int, task: Task) -> None:
+        tid = _native_id()
+        if tid not in self._threads:
+            self._register_thread(tid)
+        inputs = task.inputs
+        self._append(
+            (
+                _STARTED,
+                ts,
+                task.name,
+                tid,
+                task.op,
+                task.spec,
+                task.cost,
+                [t.name for t in inputs] if inputs else None,
+            )
+        )
+
+    def task_finished(self, ts: int, task: Task) -> None:
+        self._append((_FINISHED, ts, task.name))
+
+    def task_failed(self, ts: int, task: Task) -> None:
+        self._append((_FAILED, ts, task.name))
+
+    def task_cancelled(self, ts: int, task: Task) -> None:
+        self._append((_CANCELLED, ts, task.name))
+
+    def fork(self, ts: int, name: str, parent: str | None) -> None:
+        tid = _native_id()
+        if tid not in self._threads:
+            self._register_thread(tid)
+        self._append((_FORK, ts, name, tid, parent))
+
+    def fork_finished(self, ts: int, name: str) -> None:
+        self._append((_FORK_END, ts, name))
+
+    def wait_started(self, ts: int, name: str) -> None:
+        tid = _native_id()
+        if tid not in self._threads:
+            self._register_thread(tid)
+        self._append((_WAIT, ts, name, tid))
+
+    def wait_finished(self, ts: int, name: str) -> None:
+        self._append((_WAIT_END, ts, name))
+
+    def _register_thread(self, tid: int) -> None:
+        label = thread_label()
+        if label in self._threads.values():  # a second loop thread, or a reused name
+            label = f"{label} ({threading.current_thread().name}, {tid})"
+        self._threads[tid] = label
+
+    # -- results ------------------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[Event]:
+        """The recorded events in the order they were recorded."""
+        out = []
+        for rec in list(self._raw):
+            kind = rec[0]
+            thread = rec[3] if kind in (_STARTED, _FORK, _WAIT) else None
+            op = rec[4] if kind == _STARTED else None
+            out.append(Event(_KINDS[kind], rec[1], rec[2], thread, op))
+        return out
+
+    def trace(self) -> Trace:
+        """The recorded run as a :class:`~dataflow._trace.Trace` (built once stopped)."""
+        if self._trace is not None:
+            return self._trace
+        if not self._t0:
+            raise DataflowError("this Profiler has not recorded anything: start it first")
+        trace = _build(list(self._raw), dict(self._threads), self._t0, self._t1)
+        if self._t1:
+            self._trace = trace
+        return trace
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
+        """Write the timeline as Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing)."""
+        save(self.trace(), path)
+
+    def table(self) -> str:
+        """Per-op kernel time: count, total, mean, max and share, largest total first."""
+        return op_table(self.trace())
+
+    def summary(self) -> Summary:
+        """Wall and busy time, parallelism, critical path and scheduling overhead."""
+        return summarize(self.trace())
+
+
+def profile() -> Profiler:
+    """A profiler to use as a (sync or async) context manager around the code to record.
+
+    Example:
+        >>> with dataflow.profile() as prof:
+        ...     dataflow.run(main, x)
+        >>> prof.export_chrome_trace("parallel.json")
+        >>> print(prof.table())
+    """
+    return Profiler()
+
+
+def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int) -> Trace:
+    """Turn recorded tuples into task spans; corrects for events reported slightly late."""
+    stop = (t1 or time.perf_counter_ns()) - t0
+    ready: dict[str, int] = {}
+    for rec in raw:
+        if rec[0] == _READY:
+            ready.setdefault(rec[2], rec[1] - t0)
+    tasks: dict[str, TaskSpan] = {}
+    forks: dict[str, tuple[int, int, str | None]] = {}
+    waits: dict[str, list[tuple[int, int]]] = {}
+    spans: list[Span] = []
+    unrun_failed = unrun_cancelled = 0
+    for rec in raw:
+        kind, ts = rec[0], rec[1] - t0
+        if kind == _STARTED:
+            _, _, name, tid, op, spec, cost, inputs = rec
+            args = describe_spec(spec)
+            if cost is not None:
+                args["flops"] = cost.flops
+                args["bytes"] = cost.bytes
+            tasks[name] = TaskSpan(
+                name, op, tid, ts, -1, ready.get(name, ts), tuple(inputs or ()), args
+            )
+        elif kind in (_FINISHED, _FAILED):
+            span = tasks.get(rec[2])
+            if span is not None and span.end < 0:
+                span.end = ts
+                span.failed = kind == _FAILED
+            elif span is None and kind == _FAILED:
+                unrun_failed += 1  # an input failed: it never ran
+        elif kind == _CANCELLED:
+            unrun_cancelled += 1
+        elif kind == _FORK:
+            forks[rec[2]] = (ts, rec[3], rec[4])
+        elif kind == _FORK_END:
+            began = forks.pop(rec[2], None)
+            if began is not None:
+                spans.append(Span("fork", rec[2], began[1], began[0], ts, began[2]))
+        elif kind == _WAIT:
+            waits.setdefault(rec[2], []).append((ts, rec[3]))
+        elif kind == _WAIT_END:
+            pending = waits.get(rec[2])
+            if pending:
+                began_at, tid = pending.pop(0)
+                spans.append(Span("wait", rec[2], tid, began_at, ts))
+    for name, (ts, tid, parent) in forks.items():  # still running when profiling stopped
+        spans.append(Span("fork", name, tid, ts, stop, parent))
+    for name, pending in waits.items():
+        spans.extend(Span("wait", name, tid, ts, stop) for ts, tid in pending)
+    for span in tasks.values():
+        if span.end < 0:  # still running when profiling stopped
+            span.end = stop
+            span.args["unfinished"] = True
+    # A kernel's end and a task's readiness are reported just after the runtime publishes
+    # them, so a dependent can be seen starting a few ns before its input's end, or before it
+    # was reported ready. Clamp those, so every dependency edge points forward in time.
+    for span in tasks.values():
+        span.ready = min(span.ready, span.start)
+        for src_name in span.inputs:
+            src = tasks.get(src_name)
+            if src is not None and src.end > span.start:
+                src.end = max(src.start, span.start)
+    ordered = sorted(tasks.values(), key=lambda t: (t.start, t.id))
+    return Trace(
+        tasks=ordered,
+        threads=threads,
+        spans=sorted(spans, key=lambda s: s.start),
+        wall=max([stop] + [t.end for t in ordered]),
+        pid=os.getpid(),
+        unrun_failed=unrun_failed,
+        unrun_cancelled=unrun_cancelled,
+    )
+
+
+# -- analysis -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Where the time of a profiled run went. ``str(summary)`` is a readable report.
+
+    Attributes:
+        wall_s: the profiled interval.
+        busy_s: kernel time per thread (nested kernels counted once), by thread name.
+        threads: how many threads ran kernels.
+        parallelism: total busy time / wall time: how many threads were busy on average.
+        tasks: kernels that ran; ``failed`` of them raised.
+        unrun: tasks that never ran (an input failed, or they were cancelled).
+        critical_path_s: the longest chain of dependent kernels, by kernel time: no schedule
+            can finish the run faster, with any number of threads.
+        critical_path: the names of the tasks on it, first to last.
+        lower_bound_s: ``max(critical_path_s, total busy / threads)``.
+        ready_wait_s: total time tasks spent ready but not yet started (queued for a thread).
+        dispatch_s: of that, the time after the thread that ran it was free: the cost of the
+            hand-off itself (waking a worker, popping the queue).
+        overhead_share: ``dispatch_s / (total busy + dispatch_s)``.
+    """
+
+    wall_s: float
+    busy_s: dict[str, float]
+    threads: int
+    parallelism: float
+    tasks: int
+    failed: int
+    unrun: int
+    critical_path_s: float
+    critical_path: tuple[str, ...]
+    lower_bound_s: float
+    ready_wait_s: float
+    dispatch_s: float
+    overhead_share: float
+
+    @property
+    def total_busy_s(self) -> float:
+        """Kernel time summed over threads."""
+        return sum(self.busy_s.values())
+
+    def __str__(self) -> str:
+        fs = format_seconds
+        wall = self.wall_s or 1e-12
+        failed = f", {self.failed} failed" if self.failed else ""
+        unrun = f", {self.unrun} never ran" if self.unrun else ""
+        lines = [
+            f"wall time       {fs(self.wall_s)}  ({self.tasks} tasks{failed}{unrun})",
+            f"busy            {fs(self.total_busy_s)}  on {self.threads} thread(s): "
+            f"parallelism {self.parallelism:.2f}",
+        ]
+        width = max([len(n) for n in self.busy_s] + [8])
+        for name, busy in sorted(self.busy_s.items(), key=lambda kv: _thread_key(kv[0])):
+            lines.append(f"  {name:<{width}}  {fs(busy):>9}  {100 * busy / wall:5.1f}% of wall")
+        path = self.critical_path
+        shown = " -> ".join(path if len(path) <= 8 else (*path[:4], "...", *path[-3:]))
+        lines.append(
+            f"critical path   {fs(self.critical_path_s)}  "
+            f"({100 * self.critical_path_s / wall:.0f}% of wall, {len(path)} tasks)"
+        )
+        if path:
+            lines.append(f"  {shown}")
+        ratio = self.wall_s / self.lower_bound_s if self.lower_bound_s else 0.0
+        lines.append(
+            f"lower bound     {fs(self.lower_bound_s)}  = max(critical path, busy / threads); "
+            f"wall is {ratio:.2f}x that"
+        )
+        mean_wait = self.ready_wait_s / self.tasks if self.tasks else 0.0
+        lines.append(
+            f"scheduling      ready but not started {fs(self.ready_wait_s)} in all "
+            f"(mean {fs(mean_wait)}); dispatch {fs(self.dispatch_s)} "
+            f"({100 * self.overhead_share:.1f}% of thread time)"
+        )
+        return "\n".join(lines)
+
+
+def _thread_key(name: str) -> tuple[int, str]:
+    return (0 if name.startswith("loop") else 1, name)
+
+
+def format_seconds(s: float) -> str:
+    """``1.23 s``, ``45.6 ms``, ``789 us``: three significant digits or so."""
+    a = abs(s)
+    if a >= 1:
+        return f"{s:.2f} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    if a >= 1e-6:
+        return f"{s * 1e6:.1f} us"
+    return f"{s * 1e9:.0f} ns" if a else "0 s"
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    """Total length covered by the intervals."""
+    total = 0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def critical_path(tasks: list[TaskSpan]) -> tuple[int, list[str]]:
+    """The longest chain of dependent tasks by kernel time: (length in ns, names in order).
+
+    ``tasks`` must be sorted by start: a task starts after its inputs ended, so that order is
+    a topological order of the dependency graph.
+    """
+    best: dict[str, tuple[int, str | None]] = {}
+    for t in tasks:
+        base, prev = 0, None
+        for name in t.inputs:
+            found = best.get(name)
+            if found is not None and found[0] > base:
+                base, prev = found[0], name
+        best[t.name] = (base + t.duration, prev)
+    if not best:
+        return 0, []
+    last = max(best, key=lambda n: best[n][0])
+    length = best[last][0]
+    path: list[str] = []
+    cursor: str | None = last
+    while cursor is not None:
+        path.append(cursor)
+        cursor = best[cursor][1]
+    path.reverse()
+    return length, path
+
+
+def summarize(trace: Trace) -> Summary:
+    """Compute the :class:`Summary` of a trace."""
+    by_label: dict[str, list[tuple[int, int]]] = {}
+    by_thread: dict[int, list[TaskSpan]] = {}
+    for t in trace.tasks:
+        label = trace.threads.get(t.thread, str(t.thread))
+        by_label.setdefault(label, []).append((t.start, t.end))
+        by_thread.setdefault(t.thread, []).append(t)
+    busy = {label: _union(iv) / 1e9 for label, iv in by_label.items()}
+    total_busy = sum(busy.values())
+    wall = trace.wall / 1e9
+    ready_wait = dispatch = 0
+    for spans in by_thread.values():
+        free_at: int | None = None  # when this thread finished its previous top-level kernel
+        for t in spans:  # sorted by start
+            ready_wait += max(0, t.start - t.ready)
+            since = t.ready if free_at is None else max(t.ready, free_at)
+            dispatch += max(0, t.start - since)
+            free_at = t.end if free_at is None else max(free_at, t.end)
+    cp_ns, cp_names = critical_path(trace.tasks)
+    threads = len(busy)
+    cp = cp_ns / 1e9
+    dispatch_s = dispatch / 1e9
+    return Summary(
+        wall_s=wall,
+        busy_s=busy,
+        threads=threads,
+        parallelism=total_busy / wall if wall else 0.0,
+        tasks=len(trace.tasks),
+        failed=sum(1 for t in trace.tasks if t.failed),
+        unrun=trace.unrun_failed + trace.unrun_cancelled,
+        critical_path_s=cp,
+        critical_path=tuple(cp_names),
+        lower_bound_s=max(cp, total_busy / threads if threads else 0.0),
+        ready_wait_s=ready_wait / 1e9,
+        dispatch_s=dispatch_s,
+        overhead_share=dispatch_s / (total_busy + dispatch_s) if dispatch_s else 0.0,
+    )
+
+
+def op_stats(trace: Trace) -> list[tuple[str, int, int, int]]:
+    """Per op: (op, count, total ns, max ns), largest total first."""
+    stats: dict[str, list[int]] = {}
+    for t in trace.tasks:
+        s = stats.setdefault(t.op, [0, 0, 0])
+        d = t.duration
+        s[0] += 1
+        s[1] += d
+        s[2] = max(s[2], d)
+    rows = [(op, s[0], s[1], s[2]) for op, s in stats.items()]
+    rows.sort(key=lambda r: (-r[2], r[0]))
+    return rows
+
+
+def op_table(trace: Trace) -> str:
+    """The per-op table of :meth:`Profiler.table`."""
+    rows = op_stats(trace)
+    total = sum(r[2] for r in rows) or 1
+    width = max([len(r[0]) for r in rows] + [5])
+    fs = format_seconds
+    head = f"{'op':<{width}}  {'count':>7}  {'total':>9}  {'mean':>9}  {'max':>9}  {'share':>6}"
+    lines = [head, "-" * len(head)]
+    for op, count, tot, mx in rows:
+        lines.append(
+            f"{op:<{width}}  {count:>7}  {fs(tot / 1e9):>9}  {fs(tot / count / 1e9):>9}  "
+            f"{fs(mx / 1e9):>9}  {100 * tot / total:5.1f}%"
+        )
+    n = sum(r[1] for r in rows)
+    lines.append("-" * len(head))
+    lines.append(f"{'total':<{width}}  {n:>7}  {fs(sum(r[2] for r in rows) / 1e9):>9}")
+    return "\n".join(lines)

@@ -1,0 +1,358 @@
+"""A recorded run as plain data, and its saved form: the Chrome Trace Event format.
+
+:class:`Trace` is what the profiler builds from the event stream and what ``dataflow trace``
+loads back from a file, so the summary, the op table and the rendered timeline are computed
+the same way from a live profile and from a saved trace. Times are integer nanoseconds from
+the trace's origin (the moment profiling started).
+
+The file is the JSON object form of the Chrome Trace Event format (loads in ui.perfetto.dev
+and chrome://tracing):
+
+* an ``X`` slice per task run, on its thread's track (``pid`` = process id, ``tid`` = the
+  thread's native id; ``ts``/``dur`` in microseconds), with ``args``: op, task, id, output
+  shape and dtype, flops, bytes, inputs, and ``queued_us`` (ready-but-not-started time);
+* ``M`` metadata: ``process_name``, ``thread_name`` (``loop`` for a thread that runs an event
+  loop, ``interop-N`` for pool workers) and ``thread_sort_index``;
+* a flow (``s`` then ``f`` with ``bp: "e"``, same ``id``) from each task to each dependent;
+* forked coroutines and waits as async slices (``b``/``e`` with an ``id``) on the loop track;
+* counters (``C``): tasks running and tasks ready;
+* ``otherData.dataflow``: the wall time and the tasks that never ran, so a loaded trace gives
+  the same summary as the live profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Span", "TaskSpan", "Trace", "describe_spec", "load", "thread_label", "to_chrome"]
+
+FORMAT_VERSION = 1
+
+
+@dataclass(slots=True)
+class TaskSpan:
+    """One task's kernel run (times in ns from the trace's origin)."""
+
+    name: str
+    op: str
+    thread: int
+    start: int
+    end: int
+    ready: int
+    inputs: tuple[str, ...] = ()
+    args: dict[str, Any] = field(default_factory=dict)
+    failed: bool = False
+
+    @property
+    def id(self) -> int:
+        """The task id (the number after ``#`` in its name)."""
+        tail = self.name.rpartition("#")[2]
+        return int(tail) if tail.isdigit() else -1
+
+    @property
+    def duration(self) -> int:
+        """Kernel time in ns."""
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class Span:
+    """A forked coroutine's lifetime or a coroutine's wait on a future (on the loop thread)."""
+
+    kind: str  # "fork" or "wait"
+    name: str
+    thread: int
+    start: int
+    end: int
+    parent: str | None = None
+
+
+@dataclass(slots=True)
+class Trace:
+    """A recorded run: task spans (sorted by start), thread names, fork/wait spans."""
+
+    tasks: list[TaskSpan]
+    threads: dict[int, str]
+    spans: list[Span] = field(default_factory=list)
+    wall: int = 0
+    pid: int = 0
+    unrun_failed: int = 0
+    unrun_cancelled: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<Trace tasks={len(self.tasks)} threads={len(self.threads)} "
+            f"wall={self.wall / 1e9:.6f}s>"
+        )
+
+
+def thread_label() -> str:
+    """The track name of the calling thread: ``loop`` when it runs an event loop, else its name."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return threading.current_thread().name
+    return "loop"
+
+
+def describe_spec(spec: Any) -> dict[str, Any]:
+    """JSON-ready output description of an op's spec: shape and dtype when it has them."""
+    if spec is None:
+        return {}
+    if type(spec) is tuple:  # an op with several outputs (a TensorSpec is a NamedTuple)
+        parts = [describe_spec(s) for s in spec]
+        return {
+            "shapes": [p.get("shape") for p in parts],
+            "dtypes": [p.get("dtype") for p in parts],
+        }
+    shape = getattr(spec, "shape", None)
+    dtype = getattr(spec, "dtype", None)
+    if shape is None and dtype is None:
+        return {"spec": repr(spec)}
+    out: dict[str, Any] = {}
+    if shape is not None:
+        out["shape"] = [int(d) for d in shape]
+    if dtype is not None:
+        out["dtype"] = str(dtype)
+    return out
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def _us(ns: int) -> float:
+    return round(ns / 1000.0, 3)
+
+
+def _inside(span: TaskSpan, at_end: bool) -> int:
+    """A time strictly inside the slice (when it is 2 ns or longer) to bind a flow to it."""
+    if span.duration < 2:
+        return span.start
+    return span.end - 1 if at_end else span.start + 1
+
+
+def to_chrome(trace: Trace, process_name: str = "dataflow") -> dict[str, Any]:
+    """The trace as a Chrome Trace Event JSON object (``{"traceEvents": [...], ...}``)."""
+    pid = trace.pid or os.getpid()
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process_name}}
+    ]
+    for index, (tid, label) in enumerate(sorted(trace.threads.items(), key=_thread_order)):
+        events.append(
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}}
+        )
+        events.append(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": index},
+            }
+        )
+    by_name = {t.name: t for t in trace.tasks}
+    flow_id = 0
+    loop_tid = next((tid for tid, n in trace.threads.items() if n == "loop"), 0)
+    for t in trace.tasks:
+        args: dict[str, Any] = {"task": t.name, "id": t.id, "op": t.op, **t.args}
+        args["inputs"] = list(t.inputs)
+        args["queued_us"] = _us(t.start - t.ready)
+        if t.failed:
+            args["status"] = "failed"
+        events.append(
+            {
+                "name": t.op,
+                "cat": "task",
+                "ph": "X",
+                "pid": pid,
+                "tid": t.thread,
+                "ts": _us(t.start),
+                "dur": _us(t.duration),
+                "args": args,
+            }
+        )
+        for src_name in t.inputs:
+            src = by_name.get(src_name)
+            if src is None:  # ran before profiling started
+                continue
+            flow_id += 1
+            common = {"name": "dependency", "cat": "dependency", "id": flow_id, "pid": pid}
+            events.append(
+                {**common, "ph": "s", "tid": src.thread, "ts": _us(_inside(src, at_end=True))}
+            )
+            events.append(
+                {**common, "ph": "f", "bp": "e", "tid": t.thread, "ts": _us(_inside(t, False))}
+            )
+    for async_id, s in enumerate(trace.spans, start=1):
+        name = s.name if s.kind == "fork" else f"wait {s.name}"
+        common = {"name": name, "cat": s.kind, "id": async_id, "pid": pid, "tid": s.thread}
+        begin: dict[str, Any] = {**common, "ph": "b", "ts": _us(s.start)}
+        if s.parent is not None:
+            begin["args"] = {"parent": s.parent}
+        events.append(begin)
+        events.append({**common, "ph": "e", "ts": _us(s.end)})
+    events.extend(_counters(trace, pid, loop_tid))
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "dataflow": {
+                "version": FORMAT_VERSION,
+                "wall_us": _us(trace.wall),
+                "unrun_failed": trace.unrun_failed,
+                "unrun_cancelled": trace.unrun_cancelled,
+            }
+        },
+    }
+
+
+def _thread_order(item: tuple[int, str]) -> tuple[int, str]:
+    name = item[1]
+    return (0 if name == "loop" else 1 if name.startswith("loop") else 2, name)
+
+
+def _counters(trace: Trace, pid: int, tid: int) -> list[dict[str, Any]]:
+    """``C`` events for the running and ready counts, one per time either changes."""
+    changes: dict[int, list[int]] = {}
+    for t in trace.tasks:
+        for ts, d_run, d_ready in ((t.ready, 0, 1), (t.start, 1, -1), (t.end, -1, 0)):
+            c = changes.setdefault(ts, [0, 0])
+            c[0] += d_run
+            c[1] += d_ready
+    out: list[dict[str, Any]] = []
+    running = ready = 0
+    for ts in sorted(changes):
+        d_run, d_ready = changes[ts]
+        if not (d_run or d_ready) and out:
+            continue
+        running += d_run
+        ready += d_ready
+        for name, value in (("tasks running", running), ("tasks ready", ready)):
+            out.append(
+                {
+                    "name": name,
+                    "ph": "C",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": _us(ts),
+                    "args": {"tasks": value},
+                }
+            )
+    return out
+
+
+def save(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write the trace to ``path`` as Chrome Trace Event JSON."""
+    data = to_chrome(trace)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, separators=(",", ":"))
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+class TraceFormatError(ValueError):
+    """A file is not a Chrome trace this module can read."""
+
+
+def load(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace written by :func:`save` (or any Chrome trace with ``X`` slices)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{os.fspath(path)} is not JSON: {exc}") from exc
+    return from_chrome(data, source=os.fspath(path))
+
+
+def from_chrome(data: Any, source: str = "trace") -> Trace:
+    """Rebuild a :class:`Trace` from a Chrome Trace Event JSON object or array."""
+    if isinstance(data, dict):
+        events = data.get("traceEvents")
+        other = data.get("otherData") or {}
+    else:
+        events, other = data, {}
+    if not isinstance(events, list):
+        raise TraceFormatError(
+            f"{source} has no traceEvents list: expected a Chrome trace such as "
+            "`dataflow run --trace out.json script.py` writes"
+        )
+    meta = other.get("dataflow") if isinstance(other, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    threads: dict[int, str] = {}
+    tasks: list[TaskSpan] = []
+    opened: dict[tuple[str, Any], dict[str, Any]] = {}
+    spans: list[Span] = []
+    pid = 0
+    to_ns = _ns
+    for ev in events:
+        if not isinstance(ev, dict):
+            continue
+        ph = ev.get("ph")
+        if ph == "M" and ev.get("name") == "thread_name":
+            threads[int(ev.get("tid", 0))] = str((ev.get("args") or {}).get("name", ""))
+        elif ph == "X":
+            pid = pid or int(ev.get("pid", 0))
+            args = dict(ev.get("args") or {})
+            start = to_ns(ev.get("ts", 0))
+            end = start + to_ns(ev.get("dur", 0))
+            name = str(args.pop("task", f"{ev.get('name', 'task')}#{len(tasks) + 1}"))
+            queued = to_ns(args.pop("queued_us", 0))
+            failed = args.pop("status", None) == "failed"
+            inputs = tuple(str(i) for i in args.pop("inputs", ()) or ())
+            op = str(args.pop("op", ev.get("name", "task")))
+            args.pop("id", None)
+            tid = int(ev.get("tid", 0))
+            threads.setdefault(tid, str(tid))
+            tasks.append(TaskSpan(name, op, tid, start, end, start - queued, inputs, args, failed))
+        elif ph in ("b", "e") and ev.get("cat") in ("fork", "wait"):
+            key = (str(ev["cat"]), ev.get("id"))
+            if ph == "b":
+                opened[key] = ev
+                continue
+            begin = opened.pop(key, None)
+            if begin is None:
+                continue
+            kind = key[0]
+            label = str(begin.get("name", ""))
+            if kind == "wait" and label.startswith("wait "):
+                label = label[5:]
+            parent = (begin.get("args") or {}).get("parent")
+            spans.append(
+                Span(
+                    kind,
+                    label,
+                    int(begin.get("tid", 0)),
+                    to_ns(begin.get("ts", 0)),
+                    to_ns(ev.get("ts", 0)),
+                    None if parent is None else str(parent),
+                )
+            )
+    if not meta:
+        # Not written by dataflow: times are absolute; start the timeline at the first event.
+        origin = min([t.start for t in tasks] + [s.start for s in spans] or [0])
+        for t in tasks:
+            t.start, t.end, t.ready = t.start - origin, t.end - origin, t.ready - origin
+        for s in spans:
+            s.start, s.end = s.start - origin, s.end - origin
+    tasks.sort(key=lambda t: (t.start, t.id))
+    extent = max([t.end for t in tasks] + [s.end for s in spans] + [0])
+    wall = to_ns(meta.get("wall_us", 0)) or extent
+    return Trace(
+        tasks=tasks,
+        threads=threads,
+        spans=sorted(spans, key=lambda s: s.start),
+        wall=max(wall, extent),
+        pid=pid,
+        unrun_failed=int(meta.get("unrun_failed", 0)),
+        unrun_cancelled=int(meta.get("unrun_cancelled", 0)),
+    )
+
+
+def _ns(us: Any) -> int:
+    return round(float(us) * 1000.0)
