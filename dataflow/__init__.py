@@ -23,8 +23,12 @@ from ._errors import UnobservedTaskError as UnobservedTaskError
 from ._instrument import Instrument as Instrument
 from ._instrument import add_instrument as add_instrument
 from ._instrument import remove_instrument as remove_instrument
+from ._logging import TaskLogger as TaskLogger
 from ._op import Op as Op
 from ._op import op as op
+from ._profile import Profiler as Profiler
+from ._profile import Summary as Summary
+from ._profile import profile as profile
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._runtime import estimate_seconds as estimate_seconds
@@ -68,6 +72,11 @@ __all__ = (
     "Instrument",
     "add_instrument",
     "remove_instrument",
+    # profiling and logging
+    "profile",
+    "Profiler",
+    "Summary",
+    "TaskLogger",
     # errors
     "DataflowError",
     "NoRuntimeError",

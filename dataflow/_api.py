@@ -15,8 +15,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar, overload
 
+import structlog
+
 from ._errors import CancelledTaskError, DataflowError, NotReadyError, TaskError
 from ._instrument import ACTIVE, emit
+from ._logging import name_plain_fork
 from ._runtime import Runtime, get_runtime, resolve_loop_factory
 from ._task import Future, Pending, _next_id
 
@@ -116,6 +119,8 @@ async def _run_forked(
     fut: TaskFuture[T], fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
 ) -> T:
     _parent.set(fut)
+    # Log lines inside the task carry its name; this context is the task's own copy.
+    structlog.contextvars.bind_contextvars(dataflow_task=fut.name)
     try:
         return await fn(*args, **kwargs)
     except Exception as exc:
@@ -174,10 +179,12 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
     rt = get_runtime("dataflow.fork()")
     parent = _parent.get()
     if _is_async_callable(fn):
-        fut = _fork_async(rt, fn, args, kwargs, parent)
+        fut: Future[Any] = _fork_async(rt, fn, args, kwargs, parent)
     else:
         ctx = contextvars.copy_context()
-        task = rt.submit(fn, args, kwargs or None, _fn_name(fn), inline=False, ctx=ctx)
+        call, set_name = name_plain_fork(fn)  # binds the task's name for log lines
+        task = rt.submit(call, args, kwargs or None, _fn_name(fn), inline=False, ctx=ctx)
+        set_name(task.name)
         fut = Pending(task)
     if parent is not None:
         parent._children.append(fut)

@@ -12,12 +12,18 @@ import os
 import runpy
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import click
 
+from ._instrument import add_instrument, remove_instrument
+from ._logging import Progress, TaskLogger
+from ._profile import Profiler, op_table, summarize
+from ._render import render_html, render_svg
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
+from ._trace import Trace, load
 
 __all__ = ["configure_logging", "main"]
 
@@ -82,6 +88,15 @@ def cli() -> None:
     "--log-format", type=click.Choice(["console", "json"]), default="console", show_default=True
 )
 @click.option("--log-level", default="warning", show_default=True, help="debug, info, warning...")
+@click.option(
+    "--trace",
+    "trace_path",
+    metavar="PATH",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the run's timeline (Chrome Trace JSON), also if the script fails.",
+)
+@click.option("--log-tasks", is_flag=True, help="Log every task's start and end (debug level).")
+@click.option("--progress", is_flag=True, help="Show tasks done / created on a terminal.")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -91,6 +106,9 @@ def run(
     loop: str,
     log_format: str,
     log_level: str,
+    trace_path: str | None,
+    log_tasks: bool,
+    progress: bool,
     script: str | None,
     args: Sequence[str],
 ) -> None:
@@ -103,13 +121,23 @@ def run(
         raise click.UsageError("give a SCRIPT to run, or -m MODULE")
     if module is not None and script is not None:
         args = (script, *args)
+    level = logging.getLevelName(log_level.upper())
+    if log_tasks and isinstance(level, int) and level > logging.DEBUG:
+        log_level = "debug"  # --log-tasks lines are debug lines
     configure_logging(log_format, log_level)
     if interop_threads is not None:
         set_num_interop_threads(interop_threads)
     if intraop_threads is not None:
         set_num_threads(intraop_threads)
     os.environ["DATAFLOW_LOOP"] = loop
-    options = {"module": module, "script": script, "args": list(args)}
+    options = {
+        "module": module,
+        "script": script,
+        "args": list(args),
+        "trace": trace_path,
+        "log_tasks": log_tasks,
+        "progress": progress,
+    }
     sys.exit(_run_main(module, script, list(args), options))
 
 
@@ -169,6 +197,125 @@ def _print_user_traceback(exc: BaseException) -> None:
     ):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb)
+
+
+# -- run hooks: --trace, --log-tasks, --progress ---------------------------------------------
+
+
+@contextmanager
+def _trace_hook(options: dict[str, Any]) -> Iterator[None]:
+    """--trace PATH: profile the script; write the trace however the script ends."""
+    path = options.get("trace")
+    if not path:
+        yield
+        return
+    prof = Profiler()
+    prof.start()
+    try:
+        yield
+    finally:
+        prof.stop()
+        try:
+            prof.export_chrome_trace(path)
+        except OSError as exc:
+            click.echo(
+                f"dataflow run: error: cannot write the trace: {type(exc).__name__}: {exc}",
+                err=True,
+            )
+        else:
+            click.echo(
+                f"dataflow run: trace of {len(prof.trace().tasks)} tasks written to {path} "
+                f"(open it in ui.perfetto.dev, or `dataflow trace summary {path}`)",
+                err=True,
+            )
+
+
+@contextmanager
+def _log_tasks_hook(options: dict[str, Any]) -> Iterator[None]:
+    """--log-tasks: a TaskLogger for the script's run."""
+    if not options.get("log_tasks"):
+        yield
+        return
+    inst = TaskLogger()
+    add_instrument(inst)
+    try:
+        yield
+    finally:
+        remove_instrument(inst)
+
+
+@contextmanager
+def _progress_hook(options: dict[str, Any]) -> Iterator[None]:
+    """--progress: a status line on stderr, only when it is a terminal."""
+    if not options.get("progress") or not sys.stderr.isatty():
+        yield
+        return
+    inst = Progress(sys.stderr)
+    add_instrument(inst)
+    try:
+        yield
+    finally:
+        remove_instrument(inst)
+        inst.close()
+
+
+_run_hooks.extend((_trace_hook, _log_tasks_hook, _progress_hook))
+
+
+# -- dataflow trace ----------------------------------------------------------------------------
+
+
+@cli.group("trace")
+def trace_group() -> None:
+    """Read a trace saved by `dataflow run --trace` (or Profiler.export_chrome_trace)."""
+
+
+def _load_trace(path: str, command: str) -> Trace:
+    try:
+        return load(path)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        click.echo(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+
+
+@trace_group.command("summary")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+def trace_summary(path: str) -> None:
+    """Print wall/busy time, parallelism, critical path and the per-op table of PATH."""
+    trace = _load_trace(path, "summary")
+    click.echo(str(summarize(trace)))
+    click.echo("")
+    click.echo(op_table(trace))
+
+
+@trace_group.command("render")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="The picture: .svg, or .html (the SVG in a page, with the summary).  "
+    "[default: PATH with .svg]",
+)
+@click.option("--width", type=click.IntRange(min=400), default=1200, show_default=True)
+def trace_render(path: str, output: str | None, width: int) -> None:
+    """Draw PATH as a per-thread timeline: a bar per task, arrows for dependencies."""
+    out = output or os.path.splitext(path)[0] + ".svg"
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in (".svg", ".html", ".htm"):
+        raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
+    trace = _load_trace(path, "render")
+    if ext == ".svg":
+        text = render_svg(trace, width=width)
+    else:
+        text = render_html(trace, title=f"dataflow timeline: {os.path.basename(path)}", width=width)
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        click.echo(f"dataflow trace render: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"wrote {out} ({len(trace.tasks)} tasks)")
 
 
 @cli.command()
