@@ -1,0 +1,496 @@
+"""ops shape ops: reshape, transpose, flip, concatenate, stack, split, getitem and asarray."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from dataflow import OpInputError, OpTypeError
+
+# -- helpers (each ops test module has the same few) ------------------------------------------
+
+
+def rand(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
+    """Random data of a dtype: normal floats, small signed ints, coin-flip bools."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.random(shape) < 0.5
+    if dt.kind == "u":
+        return rng.integers(0, 10, shape).astype(dt)
+    return rng.integers(-9, 10, shape).astype(dt)
+
+
+def _checked(t: Any, value: Any) -> Any:
+    """The value of Tensor t, after checking that the meta rule predicted its shape and dtype."""
+    a = np.asarray(value)
+    assert (a.shape, a.dtype) == (t.shape, t.dtype), f"meta {t.spec}, kernel {a.dtype}{a.shape}"
+    return value
+
+
+def both(build: Callable[[], Any]) -> list[Any]:
+    """build()'s values eagerly (no runtime), then in a runtime with every op on the pool."""
+    first = build()
+    eager = tuple(_checked(t, t.result()) for t in first) if isinstance(first, tuple) else None
+    if eager is None:
+        eager = _checked(first, first.result())
+
+    async def main() -> Any:
+        out = build()
+        if isinstance(out, tuple):
+            return tuple([_checked(t, await t) for t in out])
+        return _checked(out, await out)
+
+    old = dataflow.get_inline_threshold()
+    dataflow.set_inline_threshold(0.0)  # every op with a cost goes to the 2 pool threads
+    try:
+        pooled = dataflow.run(main, interop_threads=2)
+    finally:
+        dataflow.set_inline_threshold(old)
+    return [eager, pooled]
+
+
+def assert_like(got: Any, expected: Any) -> None:
+    """Same dtype and shape as numpy's result, and the same values (NaN equal to NaN)."""
+    g, e = np.asarray(got), np.asarray(expected)
+    assert g.dtype == e.dtype, (g.dtype, e.dtype)
+    assert g.shape == e.shape, (g.shape, e.shape)
+    if e.dtype.kind in "fc":
+        rtol = {2: 1e-3, 4: 1e-6, 8: 1e-12}.get(e.dtype.itemsize, 1e-6)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * 1e-3, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(g, e)
+
+
+def check(build: Callable[[], Any], expected: Any) -> None:
+    """build() matches ``expected`` both eagerly and in a runtime."""
+    for got in both(build):
+        assert_like(got, expected)
+
+
+# -- reshape / transpose / flip ----------------------------------------------------------------
+
+
+class TestReshape:
+    @pytest.mark.parametrize(
+        "shape", [(4, 6), (24,), -1, (2, -1, 4), (1, 24, 1), [3, 8], (2, 3, 4)], ids=str
+    )
+    def test_matches_numpy(self, shape: Any) -> None:
+        """reshape with tuples, lists, an int and one -1 equals np.reshape."""
+        x = rand((2, 3, 4), np.float32, 1)
+        check(lambda: ops.reshape(x, shape), np.reshape(x, shape))
+
+    def test_zero_size(self) -> None:
+        """A zero-size array reshapes to any zero-size shape."""
+        x = np.empty((0, 4))
+        check(lambda: ops.reshape(x, (2, 0, 2)), np.reshape(x, (2, 0, 2)))
+
+    def test_method_forms(self) -> None:
+        """t.reshape(2, -1) and t.reshape((2, -1)) both work."""
+        x = rand((4, 3), np.int32, 2)
+        check(lambda: ops.asarray(x).reshape(2, -1), x.reshape(2, -1))
+        check(lambda: ops.asarray(x).reshape((3, 4)), x.reshape((3, 4)))
+
+    def test_size_mismatch(self) -> None:
+        """A shape of another size gives numpy's message with both shapes."""
+        expected = (
+            r"reshape: cannot reshape array of size 12 \(shape \(3, 4\)\) into shape \(5, 3\)"
+        )
+        with pytest.raises(OpInputError, match=expected):
+            ops.reshape(np.ones((3, 4)), (5, 3))
+
+    def test_two_unknowns(self) -> None:
+        """At most one -1."""
+        with pytest.raises(
+            OpInputError, match=r"reshape: shape \(-1, -1\) may contain at most one"
+        ):
+            ops.reshape(np.ones(4), (-1, -1))
+
+    def test_unknown_that_does_not_divide(self) -> None:
+        """-1 must divide the size."""
+        with pytest.raises(OpInputError, match=r"cannot reshape array of size 10"):
+            ops.reshape(np.ones(10), (3, -1))
+
+    def test_bad_shape_type(self) -> None:
+        """A float in the shape is an OpTypeError."""
+        with pytest.raises(OpTypeError, match=r"reshape: shape entries must be ints"):
+            ops.reshape(np.ones(4), (2.0, 2))
+
+
+class TestTranspose:
+    @pytest.mark.parametrize("axes", [None, (0, 1, 2), (2, 0, 1), (-1, 0, 1), [1, 0, 2]], ids=str)
+    def test_matches_numpy(self, axes: Any) -> None:
+        """transpose with and without axes equals np.transpose."""
+        x = rand((2, 3, 4), np.float64, 3)
+        check(lambda: ops.transpose(x, axes), np.transpose(x, axes))
+
+    def test_dot_t_and_method(self) -> None:
+        """t.T reverses the axes; t.transpose(1, 0) permutes."""
+        x = rand((3, 5), np.float32, 4)
+        check(lambda: ops.asarray(x).T, x.T)
+        check(lambda: ops.asarray(x).transpose(1, 0), x.transpose(1, 0))
+        check(lambda: ops.asarray(x).transpose(), x.transpose())
+
+    def test_not_a_permutation(self) -> None:
+        """Repeated axes are refused."""
+        with pytest.raises(OpInputError, match=r"transpose: axes \(0, 0\) are not a permutation"):
+            ops.transpose(np.ones((2, 3)), (0, 0))
+
+    def test_axis_out_of_range(self) -> None:
+        """An axis past ndim is refused."""
+        with pytest.raises(OpInputError, match=r"transpose: axis 2 is out of bounds"):
+            ops.transpose(np.ones((2, 3)), (0, 2))
+
+
+class TestFlip:
+    @pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 2)], ids=str)
+    def test_matches_numpy(self, axis: Any) -> None:
+        """flip along each axis form equals np.flip."""
+        x = rand((3, 4, 2), np.int32, 5)
+        check(lambda: ops.flip(x, axis), np.flip(x, axis))
+
+    def test_bad_axis(self) -> None:
+        """An axis past ndim is refused."""
+        with pytest.raises(OpInputError, match=r"flip: axis 3 is out of bounds"):
+            ops.flip(np.ones((2, 2)), 3)
+
+
+# -- concatenate / stack / split ---------------------------------------------------------------
+
+
+class TestConcatenate:
+    @pytest.mark.parametrize("axis", [0, 1, -1, None], ids=str)
+    def test_matches_numpy(self, axis: Any) -> None:
+        """Tensors and arrays concatenate along any axis, or flattened with axis=None."""
+        a, b = rand((2, 3), np.float32, 6), rand((2, 3), np.float32, 7)
+        check(lambda: ops.concatenate([ops.exp(a), b], axis), np.concatenate([np.exp(a), b], axis))
+
+    def test_uneven_lengths_and_tuple(self) -> None:
+        """Arrays of different lengths along the axis; a tuple of arrays works too."""
+        a, b, c = rand((1, 4), np.float64, 8), rand((3, 4), np.float64, 9), np.empty((0, 4))
+        check(lambda: ops.concatenate((a, b, c)), np.concatenate((a, b, c)))
+
+    def test_mixed_dtypes_promote(self) -> None:
+        """float32 with int64 gives float64, like numpy."""
+        a, b = rand((2,), np.float32, 10), rand((3,), np.int64, 11)
+        check(lambda: ops.concatenate([a, b]), np.concatenate([a, b]))
+
+    def test_mismatched_dimension(self) -> None:
+        """A mismatch off the axis names the dimension, both sizes and both shapes."""
+        expected = (
+            r"concatenate: all dimensions except the concatenation axis 0 must match, but along "
+            r"dimension 1 item 0 has size 3 and item 1 has size 4"
+        )
+        with pytest.raises(OpInputError, match=expected):
+            ops.concatenate([np.ones((2, 3)), np.ones((2, 4))])
+
+    def test_mismatched_ndim(self) -> None:
+        """Arrays of different ndim are refused."""
+        with pytest.raises(OpInputError, match=r"same number of dimensions"):
+            ops.concatenate([np.ones((2, 3)), np.ones(3)])
+
+    def test_empty_list_and_zero_d(self) -> None:
+        """No arrays, or 0-d arrays, are refused."""
+        with pytest.raises(OpInputError, match=r"concatenate: needs at least one array"):
+            ops.concatenate([])
+        with pytest.raises(OpInputError, match=r"0-d arrays cannot be concatenated"):
+            ops.concatenate([np.float64(1.0), np.float64(2.0)])
+
+    def test_not_a_list(self) -> None:
+        """A single array instead of a list is an OpTypeError."""
+        with pytest.raises(OpTypeError, match=r"concatenate: argument 1 must be a list or tuple"):
+            ops.concatenate(np.ones((2, 2)))
+
+    def test_bad_item_is_named(self) -> None:
+        """A bad item is named by its index."""
+        with pytest.raises(OpTypeError, match=r"concatenate: item 1 of argument 1 has type dict"):
+            ops.concatenate([np.ones(2), {}])
+
+
+class TestStack:
+    @pytest.mark.parametrize("axis", [0, 1, 2, -1], ids=str)
+    def test_matches_numpy(self, axis: int) -> None:
+        """stack along a new axis equals np.stack."""
+        xs = [rand((3, 4), np.float32, s) for s in range(3)]
+        check(lambda: ops.stack(xs, axis), np.stack(xs, axis))
+
+    def test_zero_size_items(self) -> None:
+        """Zero-size arrays stack to a zero-size result."""
+        xs = [np.empty((0, 2)), np.empty((0, 2))]
+        check(lambda: ops.stack(xs), np.stack(xs))
+
+    def test_shape_mismatch(self) -> None:
+        """Items of different shapes are named with their shapes."""
+        expected = r"stack: all arrays must have the same shape, but item 0 has shape \(3,\) and "
+        with pytest.raises(OpInputError, match=expected + r"item 1 has shape \(4,\)"):
+            ops.stack([np.ones(3), np.ones(4)])
+
+    def test_axis_out_of_range(self) -> None:
+        """stack's axis may be ndim but not more."""
+        with pytest.raises(OpInputError, match=r"stack: axis 3 is out of bounds .* dimension 3"):
+            ops.stack([np.ones((2, 2))], axis=3)
+
+    def test_the_seed_ensemble_reduction(self) -> None:
+        """sum(stack(results), axis=0), as the reference ensemble does, equals numpy."""
+        xs = [rand((5, 2, 8), np.float32, s) for s in range(4)]
+        check(lambda: ops.sum(ops.stack(xs), axis=0), np.sum(np.stack(xs), axis=0))
+
+
+class TestSplit:
+    @pytest.mark.parametrize(
+        ("ios", "axis"), [(2, 0), (3, 1), ([1, 3], 1), ([0, 10], 0), ([-2], 1), (1, 0)], ids=str
+    )
+    def test_matches_numpy(self, ios: Any, axis: int) -> None:
+        """split into sections or at indices gives numpy's pieces, as a tuple of Tensors."""
+        x = rand((4, 6), np.float64, 12)
+        expected = np.split(x, ios, axis)
+        for got in both(lambda: ops.split(x, ios, axis)):
+            assert isinstance(got, tuple) and len(got) == len(expected)
+            for g, e in zip(got, expected, strict=True):
+                assert_like(g, e)
+
+    def test_pieces_are_pending_tensors_in_a_runtime(self) -> None:
+        """Each piece is a Tensor with its own shape; awaiting one gives its array."""
+
+        async def main() -> list[tuple[int, ...]]:
+            pieces = ops.split(ops.exp(np.ones((6, 2))), 3)
+            assert all(isinstance(p, ops.Tensor) for p in pieces)
+            return [(await p).shape for p in pieces]
+
+        assert dataflow.run(main, interop_threads=2) == [(2, 2)] * 3
+
+    def test_unequal_division(self) -> None:
+        """Sections that do not divide the axis are refused."""
+        expected = r"split: array split does not result in an equal division: axis 0 of length 10"
+        with pytest.raises(OpInputError, match=expected):
+            ops.split(np.ones(10), 3)
+
+    def test_zero_sections(self) -> None:
+        """Zero sections are refused."""
+        with pytest.raises(OpInputError, match=r"split: the number of sections must be > 0"):
+            ops.split(np.ones(4), 0)
+
+    def test_tensor_indices_refused(self) -> None:
+        """Split points must be known: a Tensor is an OpTypeError."""
+        with pytest.raises(OpTypeError, match=r"split: indices_or_sections must be an int"):
+            ops.split(np.ones(4), ops.asarray(2))
+
+
+# -- getitem -----------------------------------------------------------------------------------
+
+X = rand((4, 5, 6), np.float32, 13)
+INDICES: list[Any] = [
+    0,
+    -1,
+    (1, 2),
+    (1, 2, 3),
+    slice(1, 3),
+    (slice(None), slice(None, None, -2)),
+    (Ellipsis, 1),
+    (None, 0),
+    (0, None, slice(1, 4), None),
+    (slice(10, 20),),
+    [0, 2],
+    (slice(None), [1, 3, 4]),
+    ([0, 1], [2, 3]),
+    (0, slice(None), [1, 2]),
+    ([[0], [2]], slice(None), [1, 2]),
+    (Ellipsis, [5, 0]),
+    (None, [0, 1], 1),
+    (slice(None), []),
+    np.array([3, 1]),
+    (np.int64(2), np.array([[0, 4]])),
+    X[:, 0, 0] > 0,
+    (slice(None), np.ones((5, 6), bool)),
+    (),
+    Ellipsis,
+]
+
+
+class TestGetitem:
+    @pytest.mark.parametrize("key", INDICES, ids=repr)
+    def test_matches_numpy(self, key: Any) -> None:
+        """Basic and advanced indexing give numpy's shape and values."""
+        check(lambda: ops.asarray(X)[key], X[key])
+        check(lambda: ops.getitem(X, key), X[key])
+
+    def test_index_tensor(self) -> None:
+        """An integer Tensor (pending in a runtime) is an index array."""
+        idx = np.array([2, 0, 3])
+        check(lambda: ops.asarray(X)[ops.add(idx, 0)], X[idx])
+        check(lambda: ops.asarray(X)[1, :, ops.asarray(idx)], X[1, :, idx])
+
+    def test_index_of_pending_tensor(self) -> None:
+        """Indexing the output of another op works before it ran."""
+        check(lambda: ops.exp(X)[-1, 1:3], np.exp(X)[-1, 1:3])
+
+    def test_iteration_yields_rows(self) -> None:
+        """Iterating a Tensor yields t[0], t[1], ... and stops."""
+        rows = list(ops.asarray(X[:, :, 0]))
+        assert len(rows) == 4
+        for r, e in zip(rows, X[:, :, 0], strict=True):
+            assert_like(r.result(), e)
+
+    def test_zero_d_tensor_cannot_iterate(self) -> None:
+        """len() of a 0-d Tensor is a TypeError, like numpy."""
+        with pytest.raises(TypeError, match="0-d"):
+            list(ops.asarray(1.0))
+
+    def test_out_of_bounds(self) -> None:
+        """An int past the axis is refused with numpy's wording."""
+        expected = r"getitem: index 4 is out of bounds for axis 0 with size 4"
+        with pytest.raises(OpInputError, match=expected):
+            ops.asarray(X)[4]
+
+    def test_array_out_of_bounds(self) -> None:
+        """A concrete index array is bounds-checked at the call."""
+        with pytest.raises(OpInputError, match=r"index -7 is out of bounds for axis 1 with size 5"):
+            ops.asarray(X)[:, [0, -7]]
+
+    def test_too_many_indices(self) -> None:
+        """More indices than axes are refused."""
+        with pytest.raises(OpInputError, match=r"too many indices .* 3-dimensional, but 4"):
+            ops.asarray(X)[0, 0, 0, 0]
+
+    def test_two_ellipses(self) -> None:
+        """A second Ellipsis is refused."""
+        with pytest.raises(OpInputError, match=r"single ellipsis"):
+            ops.asarray(X)[..., 0, ...]
+
+    def test_index_arrays_that_do_not_broadcast(self) -> None:
+        """Advanced indices must broadcast together."""
+        expected = r"shape mismatch: the index arrays of shapes \(2,\) \(3,\)"
+        with pytest.raises(OpInputError, match=expected):
+            ops.asarray(X)[[0, 1], [0, 1, 2]]
+
+    def test_float_index(self) -> None:
+        """A float index is an OpTypeError listing the valid kinds."""
+        with pytest.raises(OpTypeError, match=r"index item 0 has type float: only ints, slices"):
+            ops.asarray(X)[1.0]
+
+    def test_boolean_mask_tensor_refused(self) -> None:
+        """A bool Tensor mask has a data-dependent shape: refused with advice."""
+        mask = ops.greater(X[:, 0, 0], 0)
+        with pytest.raises(OpTypeError, match=r"boolean mask Tensor .* await the mask first"):
+            ops.asarray(X)[mask]
+
+    def test_mask_shape_mismatch(self) -> None:
+        """A numpy mask must match the axes it covers."""
+        with pytest.raises(OpInputError, match=r"boolean index of shape \(3,\) does not match"):
+            ops.asarray(X)[np.ones(3, bool)]
+
+    def test_slice_with_tensor_bound(self) -> None:
+        """A slice bound must be an int, not a Tensor."""
+        with pytest.raises(
+            OpTypeError, match=r"slice bounds must be ints or None, got Tensor .*\(await the Tensor"
+        ):
+            ops.asarray(X)[: ops.asarray(2)]
+
+    def test_views_run_inline(self) -> None:
+        """Basic indexing of a done Tensor is a free view: done at once even in a runtime."""
+
+        async def main() -> bool:
+            t = ops.asarray(X)
+            done: bool = t[0, 1:3].done() and t.T.done() and t.reshape(-1).done()
+            return done
+
+        assert dataflow.run(main, interop_threads=2) is True
+
+    def test_advanced_indexing_costs_bytes(self) -> None:
+        """Advanced indexing copies: its cost counts the bytes it moves, a view costs nothing."""
+        t = ops.asarray(X)
+        assert t[0].task.cost == dataflow.Cost(0.0, 0.0)
+        assert t[[0, 1]].task.cost == dataflow.Cost(0.0, 2.0 * 2 * 5 * 6 * 4)
+
+
+# -- asarray / astype --------------------------------------------------------------------------
+
+
+class TestAsarray:
+    @pytest.mark.parametrize(
+        "value", [X, 3.5, 7, True, [[1, 2], [3, 4]], np.float32(2.0), []], ids=repr
+    )
+    def test_matches_numpy(self, value: Any) -> None:
+        """asarray of arrays, scalars and lists equals np.asarray, as a done Tensor."""
+        t = ops.asarray(value)
+        assert t.done()
+        assert_like(t.result(), np.asarray(value))
+
+    def test_dtype_conversion(self) -> None:
+        """dtype= converts like np.asarray(x, dtype)."""
+        assert_like(ops.asarray([1.7, -2.2], dtype=np.int32).result(), np.array([1, -2], np.int32))
+        assert_like(ops.asarray(X, np.float64).result(), X.astype(np.float64))
+
+    def test_tensor_passes_through(self) -> None:
+        """A Tensor of the same dtype is returned as is; another dtype is an astype op."""
+        t = ops.asarray(X)
+        assert ops.asarray(t) is t
+        assert ops.asarray(t, np.float32) is t
+        check(lambda: ops.asarray(ops.exp(X), np.float16), np.exp(X).astype(np.float16))
+        check(lambda: ops.exp(X).astype(np.int32), np.exp(X).astype(np.int32))
+
+    def test_done_in_a_runtime(self) -> None:
+        """In a runtime asarray is done at once (it has nothing to wait for)."""
+
+        async def main() -> bool:
+            done: bool = ops.asarray(np.ones(3)).done()
+            return done
+
+        assert dataflow.run(main, interop_threads=2) is True
+
+    def test_bad_values(self) -> None:
+        """dicts, None, strings, non-numeric dtypes and pending Tensors in lists are refused."""
+        with pytest.raises(OpTypeError, match=r"asarray: argument 1 has type dict"):
+            ops.asarray({})
+        with pytest.raises(OpTypeError, match=r"asarray: argument 1 has type NoneType"):
+            ops.asarray(None)
+        with pytest.raises(OpTypeError, match=r"asarray: argument 1 has dtype <U2"):
+            ops.asarray(["ab"])
+        with pytest.raises(OpTypeError, match=r"asarray: dtype <U3 is not numeric"):
+            ops.asarray([1.0], dtype="U3")
+        with pytest.raises(OpTypeError, match=r"asarray: 'nonsense' is not a numpy dtype"):
+            ops.asarray([1.0], dtype="nonsense")
+        with pytest.raises(OpInputError, match=r"asarray: cannot convert 1000 to int8"):
+            ops.asarray(1000, dtype=np.int8)
+
+    def test_list_of_pending_tensors(self) -> None:
+        """A list holding pending Tensors points to stack."""
+
+        async def main() -> str:
+            gate = threading.Event()
+            t = _blocked(gate)
+            try:
+                with pytest.raises(OpTypeError, match=r"holding pending Tensors.*ops\.stack"):
+                    ops.asarray([t, t])
+            finally:
+                gate.set()
+            await t
+            return "ok"
+
+        assert dataflow.run(main, interop_threads=2) == "ok"
+
+
+def _wait_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+_wait_op = ops.define(
+    "wait_for_gate",
+    _wait_kernel,
+    meta=lambda x, gate: ops.spec_of(x),
+    cost=lambda x, gate: dataflow.Cost(1e12, 0),
+)
+
+
+def _blocked(gate: threading.Event) -> Any:
+    """A Tensor that stays pending until ``gate`` is set."""
+    return _wait_op(np.ones(2), gate)
