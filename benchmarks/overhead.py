@@ -1,0 +1,378 @@
+"""Overhead: microseconds per tiny task, end to end, for dataflow and the usual alternatives.
+
+Every contender runs ``n`` no-op tasks (identity on a small int) in two patterns:
+
+* **batched**: submit all ``n``, then wait for all (throughput; hand-offs can be amortised);
+* **one at a time**: submit one, wait for it, repeat (the latency of a round trip).
+
+The value of a round is the elapsed time divided by ``n``, in microseconds. Only submitting
+and waiting is timed; event loops, runtimes and executors are started outside the timed part
+(the runtime's own start and stop are measured separately, in the third table). Every pool
+has as many worker threads as the machine has cores, like dataflow's default inter-op pool.
+Slow contenders run fewer tasks (the count is in the "tasks" column); the per-task figure is
+what matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import dataflow
+
+from ._harness import Comparison, Config, Contender, interleave
+from ._machine import cores
+
+__all__ = ["run"]
+
+# The dataflow targets this benchmark reports against (us per task).
+TARGETS = {
+    ("batched", "dataflow op, inline"): 2.0,
+    ("batched", "dataflow op, offloaded"): 5.0,
+    ("one at a time", "dataflow fork+wait, plain fn"): 15.0,
+    ("one at a time", "dataflow fork+wait, async fn"): 15.0,
+}
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+async def _aidentity(x: Any) -> Any:
+    return x
+
+
+def _handle(task: dataflow.Task, index: int | None, spec: Any) -> dataflow.Pending[Any]:
+    return dataflow.Pending(task, index)
+
+
+def _meta(x: Any) -> None:
+    return None
+
+
+_TINY = dataflow.Cost(flops=1.0, bytes=8.0)
+
+
+def _tiny_cost(x: Any) -> dataflow.Cost:
+    return _TINY
+
+
+# The same no-op kernel declared twice: decided by cost (tiny: runs inline at dispatch), and
+# forced to the pool.
+noop_inline = dataflow.op("noop", meta=_meta, handle=_handle, cost=_tiny_cost)(_identity)
+noop_offloaded = dataflow.op(
+    "noop_offloaded", meta=_meta, handle=_handle, cost=_tiny_cost, inline=False
+)(_identity)
+
+
+# -- dataflow ------------------------------------------------------------------------------
+
+
+def _dataflow_timed(body: Callable[[int], Coroutine[Any, Any, None]], n: int) -> float:
+    async def main() -> float:
+        t0 = time.perf_counter()
+        await body(n)
+        return time.perf_counter() - t0
+
+    return dataflow.run(main, interop_threads=cores())
+
+
+async def _op_batched(op: dataflow.Op[Any], n: int) -> None:
+    handles = [op(i) for i in range(n)]
+    for h in handles:
+        await h
+
+
+async def _op_one(op: dataflow.Op[Any], n: int) -> None:
+    for i in range(n):
+        await op(i)
+
+
+async def _fork_batched(fn: Callable[[Any], Any], n: int) -> None:
+    futs = [dataflow.fork(fn, i) for i in range(n)]
+    for f in futs:
+        await dataflow.wait(f)
+
+
+async def _fork_one(fn: Callable[[Any], Any], n: int) -> None:
+    for i in range(n):
+        await dataflow.wait(dataflow.fork(fn, i))
+
+
+# -- thread pools and event loops ------------------------------------------------------------
+
+
+def _tpe_batched(ex: ThreadPoolExecutor, n: int) -> float:
+    t0 = time.perf_counter()
+    futs = [ex.submit(_identity, i) for i in range(n)]
+    for f in futs:
+        f.result()
+    return time.perf_counter() - t0
+
+
+def _tpe_one(ex: ThreadPoolExecutor, n: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(n):
+        ex.submit(_identity, i).result()
+    return time.perf_counter() - t0
+
+
+def _loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    if kind == "uvloop":
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
+    return asyncio.new_event_loop
+
+
+def _executor_timed(kind: str, ex: ThreadPoolExecutor, n: int, batched: bool) -> float:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        if batched:
+            futs = [loop.run_in_executor(ex, _identity, i) for i in range(n)]
+            for f in futs:
+                await f
+        else:
+            for i in range(n):
+                await loop.run_in_executor(ex, _identity, i)
+        return time.perf_counter() - t0
+
+    with asyncio.Runner(loop_factory=_loop_factory(kind)) as runner:
+        return runner.run(main())
+
+
+def _anyio_timed(n: int, batched: bool) -> float:
+    import anyio
+    import anyio.to_thread
+
+    async def main() -> float:
+        limiter = anyio.CapacityLimiter(cores())
+        t0 = time.perf_counter()
+        if batched:
+
+            async def one(i: int) -> None:
+                await anyio.to_thread.run_sync(_identity, i, limiter=limiter)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(one, i)
+        else:
+            for i in range(n):
+                await anyio.to_thread.run_sync(_identity, i, limiter=limiter)
+        return time.perf_counter() - t0
+
+    return anyio.run(main, backend="asyncio")
+
+
+def _dask_timed(n: int, batched: bool) -> float:
+    import dask.threaded
+
+    workers = cores()
+    if batched:
+        graph = {f"t{i}": (_identity, i) for i in range(n)}
+        keys = list(graph)
+        t0 = time.perf_counter()
+        dask.threaded.get(graph, keys, num_workers=workers)
+        return time.perf_counter() - t0
+    graphs = [{"t": (_identity, i)} for i in range(n)]
+    t0 = time.perf_counter()
+    for g in graphs:
+        dask.threaded.get(g, "t", num_workers=workers)
+    return time.perf_counter() - t0
+
+
+def _torch_timed(n: int, batched: bool) -> float:
+    import torch
+
+    from . import _torch_models
+
+    x = torch.ones(1)
+    fn = _torch_models.fork_noop_batched if batched else _torch_models.fork_noop_one
+    t0 = time.perf_counter()
+    fn(x, n)
+    return time.perf_counter() - t0
+
+
+def _missing(module: str) -> str | None:
+    import importlib.util
+
+    return None if importlib.util.find_spec(module) is not None else f"{module} not installed"
+
+
+def _per_task(fn: Callable[[int], float], n: int) -> Callable[[], float]:
+    return lambda: fn(n) / n * 1e6
+
+
+def _contenders(mode: str, counts: dict[str, int], ex: ThreadPoolExecutor) -> list[Contender]:
+    batched = mode == "batched"
+    big, mid, small = counts["big"], counts["mid"], counts["small"]
+    op_body = _op_batched if batched else _op_one
+    fork_body = _fork_batched if batched else _fork_one
+    threads = f"{cores()} threads"
+
+    def df(body: Callable[[int], Coroutine[Any, Any, None]]) -> Callable[[int], float]:
+        return lambda n: _dataflow_timed(body, n)
+
+    specs: list[tuple[str, Callable[[int], float], int, str, str | None]] = [
+        ("dataflow op, inline", df(lambda n: op_body(noop_inline, n)), big, "uvloop, inline", None),
+        (
+            "dataflow op, offloaded",
+            df(lambda n: op_body(noop_offloaded, n)),
+            big,
+            f"uvloop, {threads}",
+            None,
+        ),
+        (
+            "dataflow fork+wait, async fn",
+            df(lambda n: fork_body(_aidentity, n)),
+            big,
+            "uvloop, loop task",
+            None,
+        ),
+        (
+            "dataflow fork+wait, plain fn",
+            df(lambda n: fork_body(_identity, n)),
+            big,
+            f"uvloop, {threads}",
+            None,
+        ),
+        (
+            "ThreadPoolExecutor",
+            lambda n: (_tpe_batched if batched else _tpe_one)(ex, n),
+            big,
+            threads,
+            None,
+        ),
+        (
+            "run_in_executor, asyncio",
+            lambda n: _executor_timed("asyncio", ex, n, batched),
+            mid,
+            f"TPE {threads}",
+            None,
+        ),
+        (
+            "run_in_executor, uvloop",
+            lambda n: _executor_timed("uvloop", ex, n, batched),
+            mid,
+            f"TPE {threads}",
+            _missing("uvloop"),
+        ),
+        (
+            "anyio.to_thread.run_sync",
+            lambda n: _anyio_timed(n, batched),
+            mid,
+            f"asyncio, limiter {cores()}",
+            None,
+        ),
+        (
+            "dask threaded get",
+            lambda n: _dask_timed(n, batched),
+            small,
+            f"num_workers={cores()}",
+            _missing("dask"),
+        ),
+        (
+            "torch.jit.fork (scripted)",
+            lambda n: _torch_timed(n, batched),
+            big,
+            "torch inter-op pool",
+            _missing("torch"),
+        ),
+    ]
+    out = []
+    for name, fn, n, note, skip in specs:
+        target = TARGETS.get((mode, name))
+        extra: dict[str, Any] = {"tasks": n}
+        if target is not None:
+            extra["target_us"] = target
+        out.append(Contender(name, _per_task(fn, n), note=note, skip=skip, extra=extra))
+    return out
+
+
+def _lifetime_contenders() -> list[Contender]:
+    async def empty() -> None:
+        return None
+
+    def timed(fn: Callable[[], None], reps: int) -> Callable[[], float]:
+        def measure() -> float:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            return (time.perf_counter() - t0) / reps * 1e6
+
+        return measure
+
+    n = cores()
+    return [
+        Contender("asyncio.run", timed(lambda: asyncio.run(empty()), 50), note="asyncio"),
+        Contender(
+            "dataflow.run",
+            timed(lambda: dataflow.run(empty, interop_threads=n), 50),
+            note=f"uvloop, {n} threads",
+        ),
+        Contender(
+            "dataflow.run, asyncio",
+            timed(lambda: dataflow.run(empty, interop_threads=n, loop="asyncio"), 50),
+            note=f"asyncio, {n} threads",
+        ),
+    ]
+
+
+def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
+    """Measure the per-task overhead tables."""
+    if cfg.quick:
+        counts = {
+            "batched": {"big": 2000, "mid": 1000, "small": 200},
+            "one at a time": {"big": 500, "mid": 300, "small": 50},
+        }
+    else:
+        counts = {
+            "batched": {"big": 100_000, "mid": 20_000, "small": 5_000},
+            "one at a time": {"big": 20_000, "mid": 10_000, "small": 1_000},
+        }
+    if _missing("torch") is None:
+        from . import _torch_models
+
+        _torch_models.warm_fork_noop()
+    comparisons = []
+    with ThreadPoolExecutor(max_workers=cores()) as ex:
+        for mode in ("batched", "one at a time"):
+            log(f"overhead: {mode}")
+            contenders = _contenders(mode, counts[mode], ex)
+            rows = interleave(contenders, cfg.rounds, baseline="ThreadPoolExecutor", log=log)
+            cmp = Comparison(
+                "overhead",
+                f"overhead, {mode}: microseconds per no-op task",
+                "us",
+                "ThreadPoolExecutor",
+                rows,
+                params={"mode": mode, "counts": counts[mode]},
+                columns=("tasks", "target_us", "meets_target"),
+            )
+            for row in rows:
+                target = row.extra.get("target_us")
+                if target is not None and row.median is not None:
+                    row.extra["meets_target"] = row.median <= target
+            cmp.notes.append(
+                "value = elapsed / tasks; only submitting and waiting is timed; ratio = median "
+                "of per-round ratios to ThreadPoolExecutor (lower is better)"
+            )
+            comparisons.append(cmp)
+    log("overhead: runtime lifetime")
+    rows = interleave(_lifetime_contenders(), cfg.rounds, baseline="asyncio.run", log=log)
+    comparisons.append(
+        Comparison(
+            "overhead",
+            "runtime lifetime: microseconds to start and close an empty run",
+            "us",
+            "asyncio.run",
+            rows,
+            notes=["the fixed cost every dataflow.run pays (loop + pool threads start and join)"],
+        )
+    )
+    return comparisons
