@@ -56,20 +56,25 @@ __all__ = [
 ]
 
 
-def _nbytes(x: Any) -> int:
-    """Bytes of an array operand (Python scalars and small lists count as nothing)."""
+_SCALARS = (int, float, complex, bool)
+
+
+def _info(x: Any) -> tuple[tuple[int, ...], int, int]:
+    """(shape, bytes, itemsize) of an operand the meta rule accepted (scalars cost nothing)."""
     if isinstance(x, (Tensor, np.ndarray)):
-        return size_of(x.shape) * x.dtype.itemsize
-    return 0
+        itemsize = x.dtype.itemsize
+        return x.shape, size_of(x.shape) * itemsize, itemsize
+    if type(x) in _SCALARS:
+        return (), 0, 8
+    return shape_of(x), 0, 8
 
 
-def _out_shape(*xs: Any) -> tuple[int, ...]:
-    """The broadcast shape of operands a meta rule already accepted."""
-    shapes = [shape_of(x) for x in xs]
-    first = shapes[0]
-    if all(s == first for s in shapes):
-        return first
-    return broadcast_shapes("", *shapes)
+def _out_size(sx: tuple[int, ...], sy: tuple[int, ...]) -> int:
+    if sx == sy or not sy:
+        return size_of(sx)
+    if not sx:
+        return size_of(sy)
+    return size_of(broadcast_shapes("", sx, sy))
 
 
 # -- binary ------------------------------------------------------------------------------
@@ -89,26 +94,26 @@ def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> O
             if ky is int:
                 check_int_scalar(name, 2, y, dtypes[1])
         out = dtypes[-1]
-        if sx == sy:
+        # Equal shapes or a scalar operand: no broadcasting work, and no bigger output.
+        if sx == sy or not sy:
             return TensorSpec(sx, out)
+        if not sx:
+            return TensorSpec(sy, out)
         shape = broadcast_shapes(name, sx, sy)
         check_output_size(name, shape, out)
         return TensorSpec(shape, out)
 
     def cost(x: Any, y: Any) -> Cost:
-        n = size_of(_out_shape(x, y))
-        itemsize = 1 if compare else max(_itemsize(x), _itemsize(y))
-        return Cost(float(n), float(_nbytes(x) + _nbytes(y) + n * itemsize))
+        sx, bx, ix = _info(x)
+        sy, by, iy = _info(y)
+        n = _out_size(sx, sy)
+        itemsize = 1 if compare else (ix if ix > iy else iy)
+        return Cost(float(n), float(bx + by + n * itemsize))
 
     kernel = ufunc if compare else quiet(ufunc)
     op = define(name, kernel, meta, cost)
     op.__doc__ = doc
     return op
-
-
-def _itemsize(x: Any) -> int:
-    dtype = getattr(x, "dtype", None)
-    return dtype.itemsize if isinstance(dtype, np.dtype) else 8
 
 
 add: Op[Tensor] = _binary("add", np.add, "``x + y`` elementwise, with broadcasting (``np.add``).")
@@ -150,8 +155,8 @@ def _unary_meta(name: str, ufunc: np.ufunc) -> Any:
 
 def _unary_cost(factor: float) -> Any:
     def cost(x: Any) -> Cost:
-        nbytes = _nbytes(x)
-        return Cost(float(factor * size_of(shape_of(x))), float(2 * nbytes))
+        shape, nbytes, _ = _info(x)
+        return Cost(float(factor * size_of(shape)), float(2 * nbytes))
 
     return cost
 
@@ -245,9 +250,11 @@ def _where_meta(condition: Any, x: Any, y: Any) -> TensorSpec:
 
 
 def _where_cost(condition: Any, x: Any, y: Any) -> Cost:
-    n = size_of(_out_shape(condition, x, y))
-    inputs = _nbytes(condition) + _nbytes(x) + _nbytes(y)
-    return Cost(float(n), float(inputs + n * max(_itemsize(x), _itemsize(y))))
+    sc, bc, _ = _info(condition)
+    sx, bx, ix = _info(x)
+    sy, by, iy = _info(y)
+    n = size_of(sc) if sc == sx == sy else size_of(broadcast_shapes("", sc, sx, sy))
+    return Cost(float(n), float(bc + bx + by + n * (ix if ix > iy else iy)))
 
 
 def _where_kernel(condition: Any, x: Any, y: Any) -> Any:
