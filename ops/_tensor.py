@@ -31,7 +31,15 @@ class Tensor(Pending[np.ndarray]):
     """A pending numpy array: ``shape``, ``dtype`` and ``ndim`` now, the value when awaited.
 
     Arithmetic operators, comparisons, ``@``, indexing and ``.T`` build more ops; numpy arrays
-    and Python scalars mix in on either side.
+    and Python scalars mix in on either side (``1 - t``, ``ndarray @ t``), and numpy's ufuncs
+    and array functions that have an op return Tensors (``np.exp(t)``, ``np.stack([t, a])``).
+    Nothing here ever blocks: ``np.asarray(t)`` on a pending Tensor raises NotReadyError.
+    Because ``==`` builds an op, Tensors hash by identity.
+
+    Example:
+        >>> async def main(x, w):
+        ...     h = ops.asarray(x) @ w.T          # pending Tensor, shape known now
+        ...     return await (1 - h).sum(axis=0)  # the np.ndarray
     """
 
     __slots__ = ("dtype", "shape")
