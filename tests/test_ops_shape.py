@@ -394,6 +394,27 @@ class TestGetitem:
         ):
             ops.asarray(X)[: ops.asarray(2)]
 
+    def test_index_tensor_out_of_range_fails_eagerly(self) -> None:
+        """An index Tensor's bounds are checked by numpy in the kernel: a TaskError."""
+        idx = ops.asarray(np.array([0, 9]))
+        with pytest.raises(dataflow.TaskError, match=r"getitem#\d+ failed: IndexError"):
+            ops.asarray(X)[idx]
+
+    @pytest.mark.xfail(
+        raises=NameError, reason="dataflow/_runtime.py uses FAILED without importing it"
+    )
+    def test_index_tensor_out_of_range_fails_in_a_runtime(self) -> None:
+        """In a runtime the kernel's IndexError surfaces as a TaskError where it is awaited."""
+
+        async def main() -> str:
+            idx = ops.add(np.array([0, 9]), 0)
+            y = ops.asarray(X)[idx]
+            with pytest.raises(dataflow.TaskError, match=r"getitem#\d+ failed: IndexError"):
+                await y
+            return "ok"
+
+        assert dataflow.run(main, interop_threads=2) == "ok"
+
     def test_views_run_inline(self) -> None:
         """Basic indexing of a done Tensor is a free view: done at once even in a runtime."""
 
