@@ -6,6 +6,7 @@ import argparse
 import datetime
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -150,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tables: list[str] = []
     for name in args.names:
         print(f"\n## {name}\n", flush=True)
+        load_before = _loadavg()
         t0 = time.perf_counter()
         try:
             module = importlib.import_module(BENCHMARKS[name])
@@ -166,8 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             tables.append(table)
             print(table + "\n", flush=True)
         print(json_line(name, comparisons, seconds=round(elapsed, 1)), flush=True)
+        load = [load_before, _loadavg()]
+        print(
+            f"load average (1 min) before/after: {load[0]:.2f} / {load[1]:.2f} "
+            f"on {machine['cores_available']} cores (other processes compete when high)\n",
+            flush=True,
+        )
         results["benchmarks"][name] = {
             "seconds": elapsed,
+            "loadavg_1min": load,
             "comparisons": [c.to_json() for c in comparisons],
         }
     path = _save(args.out, results, tables)
@@ -176,6 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: benchmark(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _loadavg() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not available
+        return float("nan")
 
 
 def _save(out: Path, results: dict[str, Any], tables: list[str]) -> Path:
