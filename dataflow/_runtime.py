@@ -36,7 +36,7 @@ from typing import Any
 from ._errors import CancelledTaskError, DataflowError, NoRuntimeError, TaskError
 from ._instrument import ACTIVE, emit
 from ._pool import InteropPool, acquire_shared_pool, release_shared_pool
-from ._task import CANCELLED, DONE, PENDING, READY, RUNNING, Cost, Pending, Task
+from ._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Cost, Pending, Task
 from ._threads import _check_count, default_interop_threads
 
 __all__ = [

@@ -1,0 +1,460 @@
+"""The core runtime: fork/wait semantics, errors, cancellation, ownership, contextvars."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+from dataflow import (
+    CancelledTaskError,
+    DataflowError,
+    NoRuntimeError,
+    NotReadyError,
+    TaskError,
+    UnobservedTaskError,
+)
+from tests._helpers import add, boom, neg_inline, neg_pool, sleep_op, where_run
+
+
+def foo(x: Any) -> Any:
+    return neg_inline(x)
+
+
+async def afoo(x: Any) -> Any:
+    return -x
+
+
+class TestSeedExamples:
+    def test_fork_one_negation(self, loop: str) -> None:
+        """The tutorial's first example returns two equal negated arrays."""
+
+        async def example(x: Any) -> Any:
+            future = dataflow.fork(foo, x)
+            x_normal = foo(x)
+            x_parallel = await dataflow.wait(future)
+            return x_normal, x_parallel
+
+        a, b = dataflow.run(example, np.ones(1), loop=loop)
+        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+        np.testing.assert_array_equal(a, [-1.0])
+        np.testing.assert_array_equal(b, [-1.0])
+
+    def test_hundred_forks_sum(self, loop: str) -> None:
+        """100 forks in a loop sum to -100, as in the tutorial."""
+
+        async def example(x: Any) -> Any:
+            futures = [dataflow.fork(foo, x) for _ in range(100)]
+            results = [await dataflow.wait(f) for f in futures]
+            total = 0.0
+            for r in results:
+                total += float((await r)[()])
+            return total
+
+        assert dataflow.run(example, np.ones(()), loop=loop) == -100.0
+
+
+class TestFork:
+    def test_async_function_runs_on_loop(self, loop: str) -> None:
+        """An async function is forked as a task on the event loop thread."""
+
+        async def where() -> str:
+            return threading.current_thread().name
+
+        async def main() -> Any:
+            return await dataflow.fork(where), threading.current_thread().name
+
+        child, parent = dataflow.run(main, loop=loop)
+        assert child == parent
+
+    def test_plain_function_runs_on_pool(self, loop: str) -> None:
+        """A plain function runs on an inter-op pool thread."""
+
+        def where() -> str:
+            return threading.current_thread().name
+
+        async def main() -> str:
+            return await dataflow.fork(where)
+
+        assert dataflow.run(main, loop=loop).startswith("interop-")
+
+    def test_callable_object(self, loop: str) -> None:
+        """A callable object whose __call__ is async is forked like an async function."""
+
+        class Model:
+            async def __call__(self, x: int) -> int:
+                return x * 2
+
+        async def main() -> int:
+            return await dataflow.fork(Model(), 21)
+
+        assert dataflow.run(main, loop=loop) == 42
+
+    def test_kwargs_and_returns_at_once(self, loop: str) -> None:
+        """fork passes kwargs and returns before the task ran."""
+
+        def f(a: int, *, b: int) -> int:
+            return a + b
+
+        async def main() -> Any:
+            fut = dataflow.fork(f, 1, b=2)
+            assert isinstance(fut, dataflow.Future)
+            return await fut
+
+        assert dataflow.run(main, loop=loop) == 3
+
+    def test_pending_arguments_are_resolved(self, loop: str) -> None:
+        """A plain function forked with pending values receives their arrays."""
+
+        def total(xs: list[Any]) -> float:
+            assert all(isinstance(x, np.ndarray) for x in xs)
+            return float(sum(np.sum(x) for x in xs))
+
+        async def main() -> float:
+            x = np.arange(4.0)
+            parts = [sleep_op(x, 0.01), neg_pool(x)]
+            return await dataflow.fork(total, parts)
+
+        assert dataflow.run(main, loop=loop) == 0.0
+
+    def test_nested_forks_one_thread(self, loop: str) -> None:
+        """1,000 nested forks complete with one inter-op thread: wait never blocks a thread."""
+
+        async def nested(n: int) -> int:
+            if n == 0:
+                return 0
+            return 1 + await dataflow.wait(dataflow.fork(nested, n - 1))
+
+        assert dataflow.run(nested, 1000, interop_threads=1, loop=loop) == 1000
+
+
+class TestFuture:
+    def test_methods_and_repr(self, loop: str) -> None:
+        """done/result/exception/repr behave like asyncio's, with NotReadyError when not done."""
+
+        async def main() -> None:
+            gate = asyncio.Event()
+
+            async def slow() -> int:
+                await gate.wait()
+                return 5
+
+            fut = dataflow.fork(slow)
+            assert not fut.done()
+            assert "running" in repr(fut) and "slow" in repr(fut)
+            with pytest.raises(NotReadyError, match="await"):
+                fut.result()
+            with pytest.raises(NotReadyError):
+                fut.exception()
+            gate.set()
+            assert await fut == 5
+            assert fut.done() and fut.result() == 5 and fut.exception() is None
+            assert "done" in repr(fut)
+
+        dataflow.run(main, loop=loop)
+
+    def test_pending_result_not_ready(self, loop: str) -> None:
+        """A pending graph value's result() raises NotReadyError telling to await it."""
+
+        async def main() -> None:
+            t = sleep_op(np.ones(2), 0.05)
+            with pytest.raises(NotReadyError, match="await"):
+                t.result()
+            assert "sleep#" in repr(t)
+            await t
+            assert t.done()
+
+        dataflow.run(main, loop=loop)
+
+    def test_cancel_queued_plain_fork(self, loop: str) -> None:
+        """cancel() of a queued plain-function fork stops it from running."""
+        ran: list[int] = []
+
+        def work(i: int) -> int:
+            ran.append(i)
+            return i
+
+        async def main() -> None:
+            blocker = sleep_op(np.ones(1), 0.1)
+            fut = dataflow.fork(work, blocker)  # waits for blocker, so still pending
+            assert fut.cancel()
+            with pytest.raises(CancelledTaskError):
+                await fut
+            assert not fut.cancel()
+
+        dataflow.run(main, interop_threads=1, loop=loop)
+        assert ran == []
+
+
+class TestErrors:
+    def test_fork_error_names_task_and_chains(self, loop: str) -> None:
+        """A forked task's exception is re-raised by wait, task named, original chained."""
+
+        async def bad(x: int) -> int:
+            raise KeyError(f"missing {x}")
+
+        async def main() -> None:
+            fut = dataflow.fork(bad, 3)
+            with pytest.raises(TaskError, match=r"bad#\d+ failed: KeyError") as info:
+                await dataflow.wait(fut)
+            assert isinstance(info.value.__cause__, KeyError)
+            assert fut.exception() is info.value
+
+        dataflow.run(main, loop=loop)
+
+    def test_plain_fork_error(self, loop: str) -> None:
+        """A plain function's exception is raised by wait with its name and cause."""
+
+        def bad() -> None:
+            raise ZeroDivisionError("nope")
+
+        async def main() -> None:
+            with pytest.raises(TaskError, match="bad#") as info:
+                await dataflow.fork(bad)
+            assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+        dataflow.run(main, loop=loop)
+
+    def test_kernel_error_fails_dependents_not_others(self, loop: str) -> None:
+        """A failing kernel fails every dependent with its error; independent work completes."""
+
+        async def main() -> None:
+            x = np.arange(3.0)
+            bad = boom(x)
+            dep1 = neg_pool(bad)
+            dep2 = add(dep1, x)
+            ok = add(neg_pool(x), x)
+            np.testing.assert_array_equal(await ok, np.zeros(3))
+            for t in (bad, dep1, dep2):
+                with pytest.raises(TaskError, match=r"boom#\d+ failed: ValueError: boom") as info:
+                    await t
+                assert isinstance(info.value.__cause__, ValueError)
+
+        dataflow.run(main, loop=loop)
+
+    def test_unawaited_failure_is_not_lost(self, loop: str) -> None:
+        """A forked task that fails and is never awaited makes run() raise at the end."""
+
+        async def bad() -> None:
+            raise RuntimeError("lost?")
+
+        async def main() -> int:
+            dataflow.fork(bad)
+            return 1
+
+        with pytest.raises(UnobservedTaskError, match="bad#") as info:
+            dataflow.run(main, loop=loop)
+        assert isinstance(info.value.__cause__, TaskError)
+
+    def test_unawaited_task_runs_to_end(self, loop: str) -> None:
+        """A forked task nobody waits for still runs to the end before run() returns."""
+        done: list[str] = []
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            done.append("async")
+
+        def plain() -> None:
+            done.append("plain")
+
+        async def main() -> None:
+            dataflow.fork(later)
+            dataflow.fork(plain)
+
+        dataflow.run(main, loop=loop)
+        assert sorted(done) == ["async", "plain"]
+
+    def test_fork_coroutine_object_teaches(self) -> None:
+        """fork(f(x)) raises a TypeError that shows fork(f, x)."""
+
+        async def main() -> None:
+            with pytest.raises(TypeError, match=r"you want fork\(afoo, x\)"):
+                dataflow.fork(afoo(1))  # type: ignore[call-overload]
+
+        dataflow.run(main)
+
+    def test_fork_non_callable(self) -> None:
+        """fork(42) names what it got."""
+
+        async def main() -> None:
+            with pytest.raises(TypeError, match="callable.*int: 42"):
+                dataflow.fork(42)  # type: ignore[call-overload]
+
+        dataflow.run(main)
+
+    def test_wait_foreign_object(self) -> None:
+        """wait(42) raises a TypeError naming what it got."""
+
+        async def main() -> None:
+            with pytest.raises(TypeError, match="got int: 42"):
+                await dataflow.wait(42)  # type: ignore[arg-type]
+
+        dataflow.run(main)
+
+    def test_fork_outside_runtime(self) -> None:
+        """fork outside a runtime says how to start one."""
+        with pytest.raises(NoRuntimeError, match=r"dataflow\.run\(main\)"):
+            dataflow.fork(foo, 1)
+
+    def test_run_coroutine_object(self) -> None:
+        """run(main()) raises a TypeError that shows run(main)."""
+        with pytest.raises(TypeError, match=r"you want dataflow\.run\(afoo, \.\.\.\)"):
+            dataflow.run(afoo(1))  # type: ignore[arg-type]
+
+    @pytest.mark.asyncio
+    async def test_run_inside_running_loop(self) -> None:
+        """run() inside a running loop is refused with advice to use Runtime."""
+        with pytest.raises(DataflowError, match="Runtime"):
+            dataflow.run(afoo, 1)
+
+
+class TestCancellation:
+    def test_cancel_cancels_forked_children(self, loop: str) -> None:
+        """Cancelling a task cancels the tasks it forked that are still running."""
+        cancelled: list[str] = []
+
+        async def child() -> None:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancelled.append("child")
+                raise
+
+        async def parent() -> None:
+            dataflow.fork(child)
+            await asyncio.sleep(10)
+
+        async def main() -> None:
+            p = dataflow.fork(parent)
+            await asyncio.sleep(0.02)
+            p.cancel()
+            with pytest.raises(CancelledTaskError):
+                await p
+            await asyncio.sleep(0.01)
+
+        dataflow.run(main, loop=loop)
+        assert cancelled == ["child"]
+
+    @pytest.mark.asyncio
+    async def test_runtime_exit_on_error_cancels_everything(self) -> None:
+        """When the body raises, forked tasks are cancelled and queued kernels never run."""
+        ran: list[int] = []
+
+        def record(x: Any) -> None:
+            ran.append(1)
+
+        async def forever() -> None:
+            await asyncio.sleep(100)
+
+        with pytest.raises(ZeroDivisionError):
+            async with dataflow.Runtime(interop_threads=1):
+                first = sleep_op(np.ones(1), 0.05)
+                for _ in range(20):
+                    dataflow.fork(record, first)
+                dataflow.fork(forever)
+                raise ZeroDivisionError
+        assert ran == []
+        assert not [t for t in threading.enumerate() if t.name.startswith("interop")]
+
+    @pytest.mark.asyncio
+    async def test_outer_cancel_joins_threads(self) -> None:
+        """Cancelling the task that holds a Runtime still joins the pool threads."""
+
+        async def body() -> None:
+            async with dataflow.Runtime(interop_threads=2):
+                sleep_op(np.ones(1), 0.05)
+                await asyncio.sleep(100)
+
+        task = asyncio.ensure_future(body())
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not [t for t in threading.enumerate() if t.name.startswith("interop")]
+
+
+class TestContextVars:
+    def test_visible_in_tasks_and_threads(self, loop: str) -> None:
+        """contextvars set by the caller are seen by forked coroutines and pool threads."""
+        var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+        async def in_task() -> str:
+            return var.get()
+
+        def in_thread() -> tuple[str, str]:
+            return var.get(), threading.current_thread().name
+
+        async def main() -> Any:
+            var.set("request-7")
+            return await dataflow.fork(in_task), await dataflow.fork(in_thread)
+
+        a, (b, thread) = dataflow.run(main, loop=loop)
+        assert a == b == "request-7"
+        assert thread.startswith("interop-")
+
+
+class TestPools:
+    @pytest.mark.asyncio
+    async def test_runtimes_share_one_pool(self) -> None:
+        """Two runtimes in one process share the inter-op pool by default."""
+        async with dataflow.Runtime(interop_threads=2) as a, dataflow.Runtime(interop_threads=2) as b:
+            assert a._pool is b._pool
+            assert len([t for t in threading.enumerate() if t.name.startswith("interop")]) == 2
+
+    @pytest.mark.asyncio
+    async def test_private_pool(self) -> None:
+        """A runtime may ask for a private pool; a size clash on the shared one is explained."""
+        async with dataflow.Runtime(interop_threads=2) as a:
+            async with dataflow.Runtime(interop_threads=1, private_pool=True) as b:
+                assert a._pool is not b._pool
+                t = where_run(np.ones(1))
+                assert (await t).startswith("interop-p")
+            with pytest.raises(DataflowError, match="private_pool=True"):
+                async with dataflow.Runtime(interop_threads=3):
+                    pass
+
+    @pytest.mark.asyncio
+    async def test_repr(self) -> None:
+        """The runtime's repr shows its settings and counters."""
+        async with dataflow.Runtime(interop_threads=2, intraop_threads=1) as rt:
+            r = repr(rt)
+            assert "interop=2" in r and "intraop=1" in r and "queued=" in r
+            assert dataflow.current_runtime() is rt
+        assert dataflow.current_runtime() is None
+        assert "closed" in repr(rt)
+
+
+class TestMemory:
+    def test_intermediate_released_after_last_consumer(self, loop: str) -> None:
+        """An intermediate value is freed once its last consumer ran and no handle holds it."""
+        import gc
+        import weakref
+
+        class Box:
+            pass
+
+        refs: list[weakref.ref[Box]] = []
+
+        def make(x: Any) -> Box:
+            b = Box()
+            refs.append(weakref.ref(b))
+            return b
+
+        def consume(b: Box) -> int:
+            return 1
+
+        async def main() -> int:
+            inter = dataflow.fork(make, 0)
+            out = dataflow.fork(consume, inter)
+            del inter
+            result = await out
+            gc.collect()
+            assert refs[0]() is None
+            return result
+
+        assert dataflow.run(main, loop=loop) == 1
