@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 import pytest
 
-try:
-    import uvloop
-except ImportError:  # pragma: no cover - Windows
-    uvloop = None
-
-LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else [])
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+LOOPS = ["asyncio"] + (["uvloop"] if HAVE_UVLOOP else [])
 
 
 def pytest_asyncio_loop_factories(
@@ -24,7 +20,9 @@ def pytest_asyncio_loop_factories(
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop
     }
-    if uvloop is not None:
+    if HAVE_UVLOOP:
+        import uvloop
+
         factories["uvloop"] = uvloop.new_event_loop
     return factories
 

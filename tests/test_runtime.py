@@ -282,7 +282,7 @@ class TestErrors:
         """fork(42) names what it got."""
 
         async def main() -> None:
-            with pytest.raises(TypeError, match="callable.*int: 42"):
+            with pytest.raises(TypeError, match=r"callable.*int: 42"):
                 dataflow.fork(42)  # type: ignore[call-overload]
 
         dataflow.run(main)
@@ -402,7 +402,10 @@ class TestPools:
     @pytest.mark.asyncio
     async def test_runtimes_share_one_pool(self) -> None:
         """Two runtimes in one process share the inter-op pool by default."""
-        async with dataflow.Runtime(interop_threads=2) as a, dataflow.Runtime(interop_threads=2) as b:
+        async with (
+            dataflow.Runtime(interop_threads=2) as a,
+            dataflow.Runtime(interop_threads=2) as b,
+        ):
             assert a._pool is b._pool
             assert len([t for t in threading.enumerate() if t.name.startswith("interop")]) == 2
 
