@@ -1,0 +1,37 @@
+"""The TorchScript tutorial's first two examples, in dataflow.
+
+Run it with ``dataflow run examples/fork_basics.py`` (or ``python examples/fork_basics.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import dataflow
+import ops
+
+
+def foo(x: np.ndarray) -> ops.Tensor:
+    return ops.negative(x)  # returns a pending ops.Tensor at once
+
+
+async def example(x: np.ndarray) -> tuple[ops.Tensor, ops.Tensor]:
+    # Fork a task: it runs `foo(x)` in parallel with what follows.
+    future = dataflow.fork(foo, x)
+    # Call `foo` normally.
+    x_normal = foo(x)
+    # Wait for the forked task: its value is the pending tensor `foo` returned.
+    x_parallel = await dataflow.wait(future)
+    return x_normal, x_parallel
+
+
+async def example_loop(x: np.ndarray) -> ops.Tensor:
+    # Launch 100 forks, wait for them all, then stack and sum: -100.
+    futures = [dataflow.fork(foo, x) for _ in range(100)]
+    results = [await dataflow.wait(f) for f in futures]
+    return ops.sum(ops.stack(results))
+
+
+if __name__ == "__main__":
+    print(dataflow.run(example, np.ones(1)))  # (array([-1.]), array([-1.]))
+    print(dataflow.run(example_loop, np.ones(())))  # -100.0
