@@ -33,7 +33,7 @@ each as soon as its inputs are ready.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -57,6 +57,16 @@ __all__ = ["GRU", "LSTM"]
 Array = np.ndarray[Any, Any]
 Value = Tensor | Array
 State = Value | None
+
+
+class _Weights(NamedTuple):
+    """One layer-direction's parameters, and ``b_ih + b_hh`` computed once per forward."""
+
+    w_ih: Array
+    w_hh: Array
+    b_ih: Array | None
+    b_hh: Array | None
+    b_sum: Array | None
 
 
 def _check_positive(where: str, name: str, v: object) -> int:
@@ -125,17 +135,15 @@ class _RNNBase(Module):
     def _suffix(layer: int, direction: int) -> str:
         return f"_l{layer}" + ("_reverse" if direction else "")
 
-    def _weights(
-        self, layer: int, direction: int
-    ) -> tuple[Array, Array, Array | None, Array | None]:
+    def _weights(self, layer: int, direction: int) -> _Weights:
         sfx = self._suffix(layer, direction)
         w_ih: Array = getattr(self, f"weight_ih{sfx}")
         w_hh: Array = getattr(self, f"weight_hh{sfx}")
         if not self.bias:
-            return w_ih, w_hh, None, None
+            return _Weights(w_ih, w_hh, None, None, None)
         b_ih: Array = getattr(self, f"bias_ih{sfx}")
         b_hh: Array = getattr(self, f"bias_hh{sfx}")
-        return w_ih, w_hh, b_ih, b_hh
+        return _Weights(w_ih, w_hh, b_ih, b_hh, b_ih + b_hh)
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -207,47 +215,65 @@ class _RNNBase(Module):
         self, x: Value, steps: int, h0: list[State], c0: list[State] | None
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Dispatch every op of the forward pass: (output, final hs, final cs)."""
-        final_h: list[Tensor] = []
-        final_c: list[Tensor] = []
-        layer_in: Value = x
-        # The previous layer's per-step states, when the next layer reads them step by step.
-        prev: list[Tensor] | None = None
-        outs: list[list[Tensor]] = []
-        for layer in range(self.num_layers):
-            outs = []
-            for d in range(self.num_directions):
-                k = layer * self.num_directions + d
-                hs, h, c = self._direction(
-                    layer,
-                    d,
-                    steps,
-                    layer_in,
-                    prev,
-                    h0[k],
-                    None if c0 is None else c0[k],
-                )
-                outs.append(hs)
-                final_h.append(h)
-                if c is not None:
-                    final_c.append(c)
-            if self.num_directions == 1:
-                prev = outs[0]
-            elif layer + 1 < self.num_layers:
-                layer_in = rnn_output(outs[0], outs[1], batch_first=False)
-        output = rnn_output(outs[0], outs[1] if len(outs) > 1 else None, self.batch_first)
+        layers, dirs = self.num_layers, self.num_directions
+        weights = [[self._weights(layer, d) for d in range(dirs)] for layer in range(layers)]
+        # states[k] is the running (h, c) of layer k // dirs, direction k % dirs.
+        states: list[tuple[State, State]] = [
+            (h0[k], None if c0 is None else c0[k]) for k in range(layers * dirs)
+        ]
+        # hs[k][t]: that layer-direction's h at time t (time order for both directions).
+        hs: list[list[Tensor]] = [[] for _ in range(layers * dirs)]
+        if dirs == 1 and layers > 1:
+            # The wavefront. Dispatch time-major, so step t of every layer is issued right
+            # after step t of the layer below: the scheduler (issue order among ready ops)
+            # then favours the deepest ready step, and layer l never waits for the dispatch
+            # of layer l-1's later steps.
+            xproj = self._project(weights[0][0], x, self.batch_first)
+            for t in range(steps):
+                for layer in range(layers):
+                    h, c = states[layer]
+                    if layer == 0:
+                        h, c = self._step(weights[0][0], xproj, t, h, c)
+                    else:
+                        h, c = self._cell(weights[layer][0], hs[layer - 1][t], h, c)
+                    states[layer] = (h, c)
+                    hs[layer].append(h)
+        else:
+            layer_in: Value = x
+            for layer in range(layers):
+                for d in range(dirs):
+                    k = layer * dirs + d
+                    w = weights[layer][d]
+                    xproj = self._project(w, layer_in, self.batch_first and layer == 0)
+                    h, c = states[k]
+                    col: list[Tensor | None] = [None] * steps
+                    for t in range(steps) if d == 0 else range(steps - 1, -1, -1):
+                        h, c = self._step(w, xproj, t, h, c)
+                        col[t] = h
+                    states[k] = (h, c)
+                    hs[k] = [v for v in col if v is not None]
+                if layer + 1 < layers:
+                    layer_in = rnn_output(hs[layer * dirs], hs[layer * dirs + 1], batch_first=False)
+        top = (layers - 1) * dirs
+        output = rnn_output(hs[top], hs[top + 1] if dirs == 2 else None, self.batch_first)
+        final_h = [h for h, _ in states if isinstance(h, Tensor)]
+        final_c = [c for _, c in states if isinstance(c, Tensor)]
         return output, final_h, final_c
 
-    def _direction(
-        self,
-        layer: int,
-        direction: int,
-        steps: int,
-        layer_in: Value,
-        prev: list[Tensor] | None,
-        h: State,
-        c: State,
-    ) -> tuple[list[Tensor], Tensor, Tensor | None]:
-        """One layer in one direction: (states in time order, final h, final c)."""
+    # The three op patterns each module maps to its own ops.
+
+    def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
+        """The input projection of every step: (steps, batch, gates*hidden)."""
+        raise NotImplementedError
+
+    def _step(
+        self, w: _Weights, xproj: Tensor, t: int, h: State, c: State
+    ) -> tuple[Tensor, Tensor | None]:
+        """Step t from the projection: (h', c')."""
+        raise NotImplementedError
+
+    def _cell(self, w: _Weights, x_t: Tensor, h: State, c: State) -> tuple[Tensor, Tensor | None]:
+        """A fused step from the layer below's h_t: (h', c')."""
         raise NotImplementedError
 
 
@@ -297,32 +323,17 @@ class LSTM(_RNNBase):
         output, hs, cs = self._run(x, steps, h0, c0)
         return output, (stack_states(hs), stack_states(cs))
 
-    def _direction(
-        self,
-        layer: int,
-        direction: int,
-        steps: int,
-        layer_in: Value,
-        prev: list[Tensor] | None,
-        h: State,
-        c: State,
-    ) -> tuple[list[Tensor], Tensor, Tensor | None]:
-        w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
-        # Both biases fold into one vector, added once (to the projection, or per fused step).
-        bias = None if b_ih is None or b_hh is None else b_ih + b_hh
-        times = range(steps) if direction == 0 else range(steps - 1, -1, -1)
-        hs: list[Tensor] = [None] * steps  # type: ignore[list-item] # every slot is filled below
-        if prev is None:
-            xproj = rnn_projection(layer_in, w_ih, bias, self.batch_first and layer == 0)
-            for t in times:
-                h, c = lstm_step(xproj, t, h, c, w_hh)
-                hs[t] = h
-        else:
-            for t in times:
-                h, c = lstm_cell(prev[t], h, c, w_ih, w_hh, bias)
-                hs[t] = h
-        assert isinstance(h, Tensor) and isinstance(c, Tensor)
-        return hs, h, c
+    def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
+        # Both biases fold into one vector, added once to the whole projection.
+        return rnn_projection(layer_in, w.w_ih, w.b_sum, batch_first)
+
+    def _step(
+        self, w: _Weights, xproj: Tensor, t: int, h: State, c: State
+    ) -> tuple[Tensor, Tensor | None]:
+        return lstm_step(xproj, t, h, c, w.w_hh)
+
+    def _cell(self, w: _Weights, x_t: Tensor, h: State, c: State) -> tuple[Tensor, Tensor | None]:
+        return lstm_cell(x_t, h, c, w.w_ih, w.w_hh, w.b_sum)
 
 
 class GRU(_RNNBase):
@@ -346,28 +357,14 @@ class GRU(_RNNBase):
         output, hs, _ = self._run(x, steps, h0, None)
         return output, stack_states(hs)
 
-    def _direction(
-        self,
-        layer: int,
-        direction: int,
-        steps: int,
-        layer_in: Value,
-        prev: list[Tensor] | None,
-        h: State,
-        c: State,
-    ) -> tuple[list[Tensor], Tensor, Tensor | None]:
-        w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
-        times = range(steps) if direction == 0 else range(steps - 1, -1, -1)
-        hs: list[Tensor] = [None] * steps  # type: ignore[list-item] # every slot is filled below
-        if prev is None:
-            # b_hh stays in the step: r multiplies (W_hn h + b_hn), so it cannot be folded.
-            xproj = rnn_projection(layer_in, w_ih, b_ih, self.batch_first and layer == 0)
-            for t in times:
-                h = gru_step(xproj, t, h, w_hh, b_hh)
-                hs[t] = h
-        else:
-            for t in times:
-                h = gru_cell(prev[t], h, w_ih, w_hh, b_ih, b_hh)
-                hs[t] = h
-        assert isinstance(h, Tensor)
-        return hs, h, None
+    def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
+        # b_hh stays in the step: r multiplies (W_hn h + b_hn), so it cannot be folded in.
+        return rnn_projection(layer_in, w.w_ih, w.b_ih, batch_first)
+
+    def _step(
+        self, w: _Weights, xproj: Tensor, t: int, h: State, c: State
+    ) -> tuple[Tensor, Tensor | None]:
+        return gru_step(xproj, t, h, w.w_hh, w.b_hh), None
+
+    def _cell(self, w: _Weights, x_t: Tensor, h: State, c: State) -> tuple[Tensor, Tensor | None]:
+        return gru_cell(x_t, h, w.w_ih, w.w_hh, w.b_ih, w.b_hh), None
