@@ -120,7 +120,8 @@ def run(
     if module is None and script is None:
         raise click.UsageError("give a SCRIPT to run, or -m MODULE")
     if module is not None and script is not None:
-        args = (script, *args)
+        # With -m, the first positional is the module's first argument, not a script.
+        args, script = (script, *args), None
     level = logging.getLevelName(log_level.upper())
     if log_tasks and isinstance(level, int) and level > logging.DEBUG:
         log_level = "debug"  # --log-tasks lines are debug lines

@@ -1,0 +1,150 @@
+"""The `dataflow` command: run, info, exit codes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def dataflow_cmd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dataflow", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+SCRIPT = """
+import sys, dataflow
+
+async def main(n):
+    futs = [dataflow.fork(double, i) for i in range(n)]
+    return sum([await f for f in futs])
+
+async def double(i):
+    return 2 * i
+
+if __name__ == "__main__":
+    print("argv", sys.argv[1:])
+    print("result", dataflow.run(main, int(sys.argv[1])))
+    print("interop", dataflow.get_num_interop_threads())
+"""
+
+
+class TestRun:
+    def test_runs_script_as_main_with_argv(self, tmp_path: Path) -> None:
+        """The script runs as __main__ with sys.argv and the options as defaults."""
+        script = tmp_path / "s.py"
+        script.write_text(SCRIPT)
+        r = dataflow_cmd("run", "--interop-threads", "3", str(script), "10", "--flag")
+        assert r.returncode == 0, r.stderr
+        assert "argv ['10', '--flag']" in r.stdout
+        assert "result 90" in r.stdout
+        assert "interop 3" in r.stdout
+
+    def test_run_module(self, tmp_path: Path) -> None:
+        """-m runs a module as __main__."""
+        (tmp_path / "mymod.py").write_text(SCRIPT)
+        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "run", "-m", "mymod", "4"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "result 12" in r.stdout
+
+    def test_fork_basics_example(self) -> None:
+        """examples/fork_basics.py prints the tutorial's results."""
+        r = dataflow_cmd("run", "examples/fork_basics.py")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["(array([-1.]), array([-1.]))", "-100.0"]
+
+    def test_system_exit_passes_through(self, tmp_path: Path) -> None:
+        """The script's own exit code is the command's."""
+        script = tmp_path / "x.py"
+        script.write_text("import sys\nsys.exit(7)\n")
+        assert dataflow_cmd("run", str(script)).returncode == 7
+
+    def test_exception_exits_1_with_traceback(self, tmp_path: Path) -> None:
+        """An uncaught exception prints the script's traceback (not the CLI's) and exits 1."""
+        script = tmp_path / "e.py"
+        script.write_text("def f():\n    raise ValueError('bad thing')\nf()\n")
+        r = dataflow_cmd("run", str(script))
+        assert r.returncode == 1
+        assert "ValueError: bad thing" in r.stderr
+        assert "_cli.py" not in r.stderr and "runpy" not in r.stderr
+
+    def test_missing_script(self, tmp_path: Path) -> None:
+        """A missing script is a one-line usage error, exit 2."""
+        r = dataflow_cmd("run", str(tmp_path / "nope.py"))
+        assert r.returncode == 2
+        assert r.stderr.strip().count("\n") == 0
+        assert "no such script" in r.stderr
+
+    def test_syntax_error(self, tmp_path: Path) -> None:
+        """A syntax error is a one-line error naming file and line, exit 1."""
+        script = tmp_path / "bad.py"
+        script.write_text("x = 1\ndef (:\n")
+        r = dataflow_cmd("run", str(script))
+        assert r.returncode == 1
+        assert r.stderr.strip().count("\n") == 0
+        assert "bad.py:2: SyntaxError" in r.stderr
+
+    def test_bad_usage(self) -> None:
+        """Bad options exit 2 with a message."""
+        assert dataflow_cmd("run").returncode == 2
+        r = dataflow_cmd("run", "--interop-threads", "0", "x.py")
+        assert r.returncode == 2 and "interop-threads" in r.stderr
+        assert dataflow_cmd("run", "--loop", "tokio", "x.py").returncode == 2
+
+    @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+    def test_ctrl_c_exits_130(self, tmp_path: Path) -> None:
+        """Ctrl-C cancels the tasks, joins the threads and exits 130."""
+        script = tmp_path / "long.py"
+        script.write_text(
+            "import asyncio, dataflow, time\n"
+            "def spin():\n    time.sleep(0.2)\n"
+            "async def main():\n"
+            "    for _ in range(4):\n        dataflow.fork(spin)\n"
+            "    print('ready', flush=True)\n"
+            "    await asyncio.sleep(60)\n"
+            "dataflow.run(main)\n"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataflow", "run", str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, err
+
+
+class TestInfo:
+    def test_info_and_version(self) -> None:
+        """`dataflow info` prints parallel_info; --version the version."""
+        r = dataflow_cmd("info")
+        assert r.returncode == 0 and "inter-op threads" in r.stdout
+        r = dataflow_cmd("--version")
+        assert r.returncode == 0 and "dataflow" in r.stdout

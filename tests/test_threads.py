@@ -1,0 +1,99 @@
+"""Thread settings at both levels, and parallel_info()."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import dataflow
+from dataflow import _threads
+
+
+@pytest.fixture(autouse=True)
+def restore_defaults() -> Iterator[None]:
+    """Each test leaves the process defaults as it found them."""
+    saved = _threads._interop_default
+    blas = dataflow.get_num_threads()
+    yield
+    _threads._interop_default = saved
+    dataflow.set_num_threads(blas)
+
+
+class TestInterop:
+    def test_set_and_get(self) -> None:
+        """set_num_interop_threads sets the size the next runtime uses."""
+        dataflow.set_num_interop_threads(3)
+        assert dataflow.get_num_interop_threads() == 3
+
+        async def main() -> int:
+            return len([t for t in threading.enumerate() if t.name.startswith("interop")])
+
+        assert dataflow.run(main) == 3
+
+    def test_env_var(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """$DATAFLOW_NUM_INTEROP_THREADS is the default when nothing was set."""
+        _threads._interop_default = None
+        monkeypatch.setenv("DATAFLOW_NUM_INTEROP_THREADS", "5")
+        assert dataflow.get_num_interop_threads() == 5
+        monkeypatch.setenv("DATAFLOW_NUM_INTEROP_THREADS", "zero")
+        with pytest.raises(ValueError, match="DATAFLOW_NUM_INTEROP_THREADS"):
+            dataflow.get_num_interop_threads()
+
+    @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+    def test_rejects_bad_counts(self, bad: object) -> None:
+        """Counts must be positive ints."""
+        with pytest.raises(ValueError, match="positive int"):
+            dataflow.set_num_interop_threads(bad)  # type: ignore[arg-type]
+
+    @pytest.mark.asyncio
+    async def test_cannot_resize_running_pool(self) -> None:
+        """The shared pool is not resized under a running runtime."""
+        async with dataflow.Runtime(interop_threads=2):
+            with pytest.raises(RuntimeError, match="before any runtime starts"):
+                dataflow.set_num_interop_threads(4)
+            dataflow.set_num_interop_threads(2)
+            assert dataflow.get_num_interop_threads() == 2
+
+
+class TestIntraop:
+    def test_set_and_get(self) -> None:
+        """set_num_threads changes BLAS's thread count."""
+        dataflow.set_num_threads(1)
+        assert dataflow.get_num_threads() == 1
+
+    def test_runtime_applies_and_restores(self) -> None:
+        """Runtime(intraop_threads=) applies the count while open and restores it after."""
+        dataflow.set_num_threads(2)
+
+        async def main() -> int:
+            return dataflow.get_num_threads()
+
+        assert dataflow.run(main, intraop_threads=1) == 1
+        assert dataflow.get_num_threads() == 2
+
+
+class TestParallelInfo:
+    def test_report(self) -> None:
+        """parallel_info names both levels, the BLAS library and the loop."""
+        info = dataflow.parallel_info()
+        assert "inter-op threads:" in info
+        assert "intra-op threads (BLAS):" in info
+        assert "BLAS: openblas" in info
+        assert "event loop:" in info
+
+    def test_oversubscription_warning(self) -> None:
+        """inter-op x intra-op above the cores is warned about."""
+        dataflow.set_num_interop_threads(64)
+        dataflow.set_num_threads(2)
+        assert "WARNING: inter-op x intra-op" in dataflow.parallel_info()
+
+    def test_reports_running_loop(self) -> None:
+        """Inside a run, the loop in use is reported."""
+
+        async def main() -> str:
+            return dataflow.parallel_info()
+
+        assert "event loop: uvloop" in dataflow.run(main, loop="uvloop")
+        assert "event loop: asyncio" in dataflow.run(main, loop="asyncio")
