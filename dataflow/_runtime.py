@@ -313,7 +313,10 @@ class Runtime:
         task = Task(fn, args, kwargs, op, self, spec, cost, ctx)
         inputs: list[Task] = []
         for a in args:
-            _collect(a, inputs)
+            if isinstance(a, Pending):
+                inputs.append(a._task)
+            elif type(a) is list or type(a) is tuple or type(a) is dict:
+                _collect(a, inputs)
         if kwargs:
             for a in kwargs.values():
                 _collect(a, inputs)
@@ -325,10 +328,9 @@ class Runtime:
             inline = cost is not None and (
                 cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE < _inline_threshold
             )
-        waiting = [t for t in inputs if t.state != DONE]
-        if not waiting and inline and not self._cancelling:
-            task.state = RUNNING
-            self.execute(task, counted=False)
+        waiting = [t for t in inputs if t.state != DONE] if inputs else inputs
+        if inline and not waiting and not self._cancelling:
+            self._run_inline(task)
             return task
         with self._lock:
             self._inflight += 1
@@ -355,6 +357,40 @@ class Runtime:
         if ACTIVE and task.state == READY:
             emit("task_ready", task)
         return task
+
+    def _run_inline(self, task: Task) -> None:
+        """Run a just-created task whose inputs are done, on this thread.
+
+        No lock is needed: until ``submit`` returns its handle, no other thread can see the
+        task, so nobody can be waiting on it or depend on it.
+        """
+        task.state = RUNNING
+        if ACTIVE:
+            emit("task_started", task)
+        fn = task.fn
+        assert fn is not None
+        try:
+            if task.inputs:
+                value = fn(*_resolve(task.args), **(_resolve(task.kwargs) or {}))
+            elif task.kwargs:
+                value = fn(*task.args, **task.kwargs)  # type: ignore[misc]
+            else:
+                value = fn(*task.args)  # type: ignore[misc]
+        except BaseException as exc:
+            err = TaskError(
+                f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=task.op
+            )
+            err.__cause__ = exc
+            with self._lock:
+                self._failures.append(err)
+                self._fail_locked(task, err, counted=False)
+            return
+        task.value = value
+        task.state = DONE
+        task.fn = task.args = task.kwargs = None
+        task.inputs = ()
+        if ACTIVE:
+            emit("task_finished", task)
 
     def execute(self, task: Task, counted: bool = True) -> None:
         """Run a RUNNING task's kernel on this thread and publish the outcome."""

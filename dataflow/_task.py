@@ -62,7 +62,6 @@ class Task:
         "id",
         "inputs",
         "kwargs",
-        "name",
         "op",
         "priority",
         "runtime",
@@ -89,7 +88,6 @@ class Task:
         self.args: tuple[Any, ...] | None = args
         self.kwargs: dict[str, Any] | None = kwargs
         self.op = op
-        self.name = f"{op}#{self.id}"
         self.runtime = runtime
         self.spec = spec
         self.cost = cost
@@ -104,6 +102,11 @@ class Task:
         self.waiting = 0
         # Smaller runs first among ready tasks: issue order by default.
         self.priority: float = self.id
+
+    @property
+    def name(self) -> str:
+        """``op#id``: how errors, traces and logs name the task (built only when asked)."""
+        return f"{self.op}#{self.id}"
 
     def __repr__(self) -> str:
         return f"<Task {self.name} {STATE_NAMES[self.state]}>"
