@@ -33,7 +33,18 @@ if TYPE_CHECKING:
 
     from ._task import Task
 
-__all__ = ["Event", "Profiler", "Summary", "format_seconds", "op_table", "profile", "summarize"]
+__all__ = [
+    "Event",
+    "Profiler",
+    "Summary",
+    "active_span",
+    "critical_path",
+    "format_seconds",
+    "op_stats",
+    "op_table",
+    "profile",
+    "summarize",
+]
 
 # Record kinds (the first item of each recorded tuple), named after the hooks.
 _READY, _STARTED, _FINISHED, _FAILED, _CANCELLED, _FORK, _FORK_END, _WAIT, _WAIT_END = range(9)
@@ -311,7 +322,9 @@ class Summary:
     """Where the time of a profiled run went. ``str(summary)`` is a readable report.
 
     Attributes:
-        wall_s: the profiled interval.
+        wall_s: the time the graph ran: from the first task's readiness to the last task's end
+            (setup before the first op, such as imports and loading data, is left out).
+        profiled_s: the whole profiled interval.
         busy_s: kernel time per thread (nested kernels counted once), by thread name.
         threads: how many threads ran kernels.
         parallelism: total busy time / wall time: how many threads were busy on average.
@@ -328,6 +341,7 @@ class Summary:
     """
 
     wall_s: float
+    profiled_s: float
     busy_s: dict[str, float]
     threads: int
     parallelism: float
@@ -352,7 +366,8 @@ class Summary:
         failed = f", {self.failed} failed" if self.failed else ""
         unrun = f", {self.unrun} never ran" if self.unrun else ""
         lines = [
-            f"wall time       {fs(self.wall_s)}  ({self.tasks} tasks{failed}{unrun})",
+            f"wall time       {fs(self.wall_s)}  ({self.tasks} tasks{failed}{unrun}; "
+            f"{fs(self.profiled_s)} profiled)",
             f"busy            {fs(self.total_busy_s)}  on {self.threads} thread(s): "
             f"parallelism {self.parallelism:.2f}",
         ]
@@ -440,6 +455,13 @@ def critical_path(tasks: list[TaskSpan]) -> tuple[int, list[str]]:
     return length, path
 
 
+def active_span(trace: Trace) -> tuple[int, int]:
+    """(first task's readiness, last task's end) in ns: when the graph was running."""
+    if not trace.tasks:
+        return 0, 0
+    return min(t.ready for t in trace.tasks), max(t.end for t in trace.tasks)
+
+
 def summarize(trace: Trace) -> Summary:
     """Compute the :class:`Summary` of a trace."""
     by_label: dict[str, list[tuple[int, int]]] = {}
@@ -450,7 +472,8 @@ def summarize(trace: Trace) -> Summary:
         by_thread.setdefault(t.thread, []).append(t)
     busy = {label: _union(iv) / 1e9 for label, iv in by_label.items()}
     total_busy = sum(busy.values())
-    wall = trace.wall / 1e9
+    first, last = active_span(trace)
+    wall = (last - first) / 1e9
     ready_wait = dispatch = 0
     for spans in by_thread.values():
         free_at: int | None = None  # when this thread finished its previous top-level kernel
@@ -465,6 +488,7 @@ def summarize(trace: Trace) -> Summary:
     dispatch_s = dispatch / 1e9
     return Summary(
         wall_s=wall,
+        profiled_s=trace.wall / 1e9,
         busy_s=busy,
         threads=threads,
         parallelism=total_busy / wall if wall else 0.0,

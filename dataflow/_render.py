@@ -17,7 +17,7 @@ import html
 import math
 from typing import Any
 
-from ._profile import format_seconds, op_stats, op_table, summarize
+from ._profile import active_span, format_seconds, op_stats, op_table, summarize
 from ._trace import TaskSpan, Trace
 
 __all__ = ["MAX_ARROWS", "render_html", "render_svg"]
@@ -58,14 +58,15 @@ def _ink(fill: str) -> str:
     return "#000" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.55 else "#fff"
 
 
-def _ticks(span_ns: int) -> tuple[list[int], float, str]:
-    """Round tick positions (ns) over [0, span], and the unit to label them in."""
-    span_ns = max(span_ns, 1)
-    raw = span_ns / 8
+def _ticks(lo: int, hi: int) -> tuple[list[int], float, str]:
+    """Round tick positions (ns) within [lo, hi], and the unit to label them in."""
+    span = max(hi - lo, 1)
+    raw = span / 8
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    scale, unit = (1e9, "s") if span_ns >= 2e9 else (1e6, "ms") if span_ns >= 2e6 else (1e3, "us")
-    ticks = [round(i * step) for i in range(int(span_ns // step) + 1)]
+    scale, unit = (1e9, "s") if hi >= 2e9 else (1e6, "ms") if hi >= 2e6 else (1e3, "us")
+    first = math.ceil(lo / step)
+    ticks = [round(i * step) for i in range(first, int(hi // step) + 1)]
     return ticks, scale, unit
 
 
@@ -112,10 +113,14 @@ def render_svg(
     lane_y = {tid: _TOP + i * _LANE_H for i, tid in enumerate(lanes)}
     label_w = max([len(_label(trace, tid)) * 7 + 24 for tid in lanes] + [90])
     x0, x1 = label_w, width - 24
-    span = max(trace.wall, max((t.end for t in trace.tasks), default=0), 1)
+    # Draw the span in which the graph ran (setup before the first op would be empty space),
+    # labelled in time since profiling started.
+    first, last = active_span(trace) if trace.tasks else (0, trace.wall)
+    pad = max((last - first) // 100, 1)
+    lo, hi = max(first - pad, 0), last + pad
 
     def x(ns: int) -> float:
-        return x0 + (x1 - x0) * ns / span
+        return x0 + (x1 - x0) * (ns - lo) / (hi - lo)
 
     stats = op_stats(trace)
     colours = {row[0]: _colour(i) for i, row in enumerate(stats)}
@@ -140,7 +145,7 @@ def render_svg(
         )
 
     # Time axis: round ticks, labelled, with light grid lines through the lanes.
-    ticks, scale, unit = _ticks(span)
+    ticks, scale, unit = _ticks(lo, hi)
     add(f"<line x1='{x0}' y1='{_TOP - 4}' x2='{x1}' y2='{_TOP - 4}' stroke='#333'/>")
     for tick in ticks:
         tx = x(tick)
@@ -199,7 +204,8 @@ def render_svg(
     lx: float = x0
     total = sum(r[2] for r in stats) or 1
     for op, count, tot, _ in stats:
-        text = f"{op}  {count} x, {format_seconds(tot / 1e9)} ({100 * tot / total:.0f}%)"
+        runs = f"{count} task" + ("s" if count > 1 else "")
+        text = f"{op}: {runs}, {format_seconds(tot / 1e9)} ({100 * tot / total:.0f}%)"
         w = 22 + 6.5 * len(text) + 18
         if lx + w > width - 10 and lx > x0:
             lx, y = x0, y + 20

@@ -291,7 +291,7 @@ class TestChromeTrace:
         prof, path = two_chains_trace
         live, loaded = prof.summary(), summarize(load(path))
         assert loaded.tasks == live.tasks and loaded.critical_path == live.critical_path
-        for field in ("wall_s", "critical_path_s", "total_busy_s", "ready_wait_s"):
+        for field in ("wall_s", "profiled_s", "critical_path_s", "total_busy_s", "ready_wait_s"):
             assert getattr(loaded, field) == pytest.approx(getattr(live, field), abs=1e-6)
         assert loaded.busy_s.keys() == live.busy_s.keys()
 
@@ -344,7 +344,7 @@ class TestSummary:
         assert s.tasks == len(trace.tasks) == 17
         assert 0 < s.total_busy_s <= s.wall_s * s.threads
         assert all(b <= s.wall_s for b in s.busy_s.values())
-        assert 0 < s.critical_path_s <= s.wall_s
+        assert 0 < s.critical_path_s <= s.wall_s <= s.profiled_s
         assert s.parallelism == pytest.approx(s.total_busy_s / s.wall_s)
         assert s.lower_bound_s == pytest.approx(max(s.critical_path_s, s.total_busy_s / s.threads))
         assert s.lower_bound_s <= s.wall_s
@@ -376,7 +376,8 @@ class TestSummary:
         assert s.critical_path == ("a#1", "c#3") and s.critical_path_s == 18e-9
         assert s.ready_wait_s == pytest.approx(26e-9)  # c waited 2, d waited 24
         assert s.dispatch_s == pytest.approx(26e-9)  # both threads were free meanwhile
-        assert s.parallelism == pytest.approx(22 / 40)
+        assert s.wall_s == pytest.approx(31e-9) and s.profiled_s == pytest.approx(40e-9)
+        assert s.parallelism == pytest.approx(22 / 31)
 
     def test_nested_kernels_counted_once(self) -> None:
         """An inline op inside a forked function's run does not count twice as busy time."""

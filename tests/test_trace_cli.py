@@ -1,0 +1,236 @@
+"""`dataflow run --trace/--log-tasks/--progress`, `dataflow trace summary|render`, the SVG."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import dataflow
+import ops
+from dataflow._cli import cli
+from dataflow._render import MAX_ARROWS, render_html, render_svg
+from dataflow._trace import TaskSpan, Trace, load
+
+SVG = "{http://www.w3.org/2000/svg}"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m dataflow ARGS`` in a fresh process (the run command configures logging)."""
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return subprocess.run(
+        [sys.executable, "-m", "dataflow", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import dataflow
+import ops
+
+async def main():
+    a = np.ones((64, 64), dtype=np.float32)
+    x = ops.tanh(ops.matmul(a, a))
+    await x
+    if len(sys.argv) > 1:
+        raise {exc}("the script failed on purpose")
+    return x
+
+dataflow.run(main)
+"""
+
+
+def write_script(tmp_path: Path, exc: str = "RuntimeError") -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(SCRIPT.format(exc=exc)))
+    return path
+
+
+def x_events(path: Path) -> list[dict[str, Any]]:
+    return [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+
+
+@pytest.fixture(scope="module")
+def saved_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace of two chains joined at the end, saved to a file."""
+
+    async def chain(x: Any, n: int) -> Any:
+        for _ in range(n):
+            x = ops.tanh(ops.matmul(x, x))
+        return x
+
+    async def main() -> Any:
+        a = np.eye(96, dtype=np.float32)
+        f1, f2 = dataflow.fork(chain, a, 3), dataflow.fork(chain, a * 0.5, 3)
+        return await ops.add(await f1, await f2)
+
+    with dataflow.profile() as prof:
+        dataflow.run(main, interop_threads=2)
+    path = tmp_path_factory.mktemp("saved") / "run.json"
+    prof.export_chrome_trace(path)
+    return path
+
+
+class TestRunTrace:
+    def test_written_when_the_script_raises(self, tmp_path: Path) -> None:
+        """--trace writes the timeline even when the script fails; the exit code is 1."""
+        script = write_script(tmp_path)
+        out = tmp_path / "out.json"
+        proc = run_cli("run", "--trace", str(out), str(script), "fail", cwd=tmp_path)
+        assert proc.returncode == 1, proc.stderr
+        assert "RuntimeError: the script failed on purpose" in proc.stderr
+        assert "trace of 2 tasks written to" in proc.stderr
+        assert [e["name"] for e in x_events(out)] == ["matmul", "tanh"]
+
+    def test_written_when_interrupted(self, tmp_path: Path) -> None:
+        """An interrupted run (Ctrl-C) still writes its trace, and exits 130."""
+        script = write_script(tmp_path, exc="KeyboardInterrupt")
+        out = tmp_path / "out.json"
+        proc = run_cli("run", "--trace", str(out), str(script), "stop", cwd=tmp_path)
+        assert proc.returncode == 130, proc.stderr
+        assert len(x_events(out)) == 2
+
+    def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
+        """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
+        script = write_script(tmp_path)
+        proc = run_cli(
+            "run", "--log-tasks", "--log-format", "json", "--progress", str(script), cwd=tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr
+        lines = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+        assert [(e["event"], e["op"]) for e in lines] == [
+            ("task started", "matmul"),
+            ("task finished", "matmul"),
+            ("task started", "tanh"),
+            ("task finished", "tanh"),
+        ]
+        assert lines[1]["shape"] == [64, 64] and lines[1]["level"] == "debug"
+        assert "tasks done" not in proc.stderr
+
+
+class TestTraceSummary:
+    def test_prints_summary_and_table(self, saved_trace: Path) -> None:
+        """`dataflow trace summary` recomputes the figures from the file."""
+        result = CliRunner().invoke(cli, ["trace", "summary", str(saved_trace)])
+        assert result.exit_code == 0, result.output
+        expected = str(dataflow._profile.summarize(load(saved_trace)))
+        assert result.stdout.startswith(expected)
+        assert "matmul" in result.stdout and "share" in result.stdout
+
+    def test_bad_file(self, tmp_path: Path) -> None:
+        """A file that is not a trace: one line naming the problem, exit code 1."""
+        bad = tmp_path / "bad.json"
+        bad.write_text('{"not": "a trace"}')
+        result = CliRunner().invoke(cli, ["trace", "summary", str(bad)])
+        assert result.exit_code == 1
+        assert "dataflow trace summary: error: TraceFormatError:" in result.stderr
+
+
+class TestTraceRender:
+    def test_svg_has_a_bar_per_task(self, saved_trace: Path, tmp_path: Path) -> None:
+        """`trace render -o x.svg` writes parseable SVG with one titled bar per task."""
+        out = tmp_path / "timeline.svg"
+        result = CliRunner().invoke(cli, ["trace", "render", str(saved_trace), "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        root = ET.parse(out).getroot()
+        bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task"]
+        tasks = {e["args"]["task"] for e in x_events(saved_trace)}
+        assert len(bars) == len(tasks) == 13
+        assert {b.get("data-task") for b in bars} == tasks
+        assert all(b.find(f"{SVG}title") is not None for b in bars)
+        texts = "".join(t.text or "" for t in root.iter(f"{SVG}text"))
+        assert "interop-0" in texts and "matmul" in texts and "time (ms)" in texts
+
+    def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
+        """`-o x.html` embeds the SVG in a page with the summary and the op table."""
+        out = tmp_path / "timeline.html"
+        result = CliRunner().invoke(cli, ["trace", "render", str(saved_trace), "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        page = out.read_text()
+        assert page.startswith("<!doctype html>") and page.count("<svg") == 1
+        assert "<title>matmul#" in page and "critical path" in page
+
+    def test_default_output_and_bad_suffix(self, saved_trace: Path, tmp_path: Path) -> None:
+        """Without -o the SVG goes next to the trace; other suffixes are a usage error."""
+        result = CliRunner().invoke(cli, ["trace", "render", str(saved_trace)])
+        assert result.exit_code == 0 and saved_trace.with_suffix(".svg").exists()
+        result = CliRunner().invoke(cli, ["trace", "render", str(saved_trace), "-o", "x.png"])
+        assert result.exit_code == 2 and ".svg or .html" in result.output
+
+
+def _span(name: str, thread: int, start: int, end: int, *inputs: str) -> TaskSpan:
+    return TaskSpan(name, name.split("#")[0], thread, start, end, start, inputs)
+
+
+DIAMOND = Trace(
+    tasks=[
+        _span("load#1", 1, 0, 100),
+        _span("left#2", 1, 100, 400, "load#1"),
+        _span("right#3", 2, 110, 350, "load#1"),
+        _span("join#4", 1, 420, 500, "left#2", "right#3"),
+    ],
+    threads={1: "interop-0", 2: "interop-1", 3: "loop"},
+    wall=520,
+)
+
+
+class TestRenderSvg:
+    def _parse(self, svg: str) -> ET.Element:
+        return ET.fromstring(svg)
+
+    def test_arrows_for_dependencies(self) -> None:
+        """An arrow per dependency, except back-to-back tasks on one lane."""
+        root = self._parse(render_svg(DIAMOND))
+        deps = [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
+        assert len(deps) == 3  # load->right, left->join, right->join; load->left is adjacent
+        assert all(p.get("marker-end") == "url(#arrow)" for p in deps)
+
+    def test_lanes_and_colours(self) -> None:
+        """A lane per thread that ran tasks; one colour per op, the same on every bar."""
+        root = self._parse(render_svg(DIAMOND))
+        labels = [
+            t.text
+            for t in root.iter(f"{SVG}text")
+            if t.get("font-weight") == "bold" and t.get("font-size") == "12"
+        ]
+        assert labels == ["interop-0", "interop-1"]
+        bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task"]
+        fills = {b.get("data-task"): b.get("fill") for b in bars}
+        assert len(set(fills.values())) == 4
+
+    def test_arrows_left_out_when_too_many(self) -> None:
+        """Past MAX_ARROWS edges the arrows are left out, with a note saying so."""
+        n = MAX_ARROWS + 2
+        tasks = [_span("a#1", 1, 0, 10)] + [
+            _span(f"b#{i}", 2, 20 + i, 21 + i, "a#1") for i in range(2, n + 2)
+        ]
+        svg = render_svg(Trace(tasks=tasks, threads={1: "x", 2: "y"}, wall=n + 30))
+        root = self._parse(svg)
+        assert not [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
+        assert f"{n} dependency arrows left out" in svg
+
+    def test_escapes_names(self) -> None:
+        """Op and thread names are escaped, so any name gives valid XML."""
+        trace = Trace(tasks=[_span("a<b>&#1", 1, 0, 10)], threads={1: "t<&>"}, wall=10)
+        root = self._parse(render_svg(trace, title="x & y"))
+        assert [r.get("data-task") for r in root.iter(f"{SVG}rect") if r.get("class")] == [
+            "a<b>&#1"
+        ]
+        assert "t&lt;&amp;&gt;" in render_html(trace)
