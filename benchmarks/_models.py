@@ -85,6 +85,14 @@ async def forward_auto(ens: Any, x: Any) -> Any:
     return await ens(x)
 
 
+async def forward_forked(ens: Any, x: Any) -> Any:
+    """The tutorial's fork/wait placement: the example's ``ensemble_forked`` when it has one."""
+    fn = getattr(_example(), "ensemble_forked", None)
+    if fn is not None:
+        return await fn(ens, x)
+    return await _ensemble_forked(ens, x)
+
+
 async def _member_forked(member: Any, x: Any) -> Any:
     import ops
 
@@ -95,7 +103,7 @@ async def _member_forked(member: Any, x: Any) -> Any:
     return ops.concatenate([out_f, ops.flip(out_b, axis=0)], axis=2)
 
 
-async def forward_forked(ens: Any, x: Any) -> Any:
+async def _ensemble_forked(ens: Any, x: Any) -> Any:
     """The tutorial's fully forked version: directions and members forked, then waited."""
     import ops
 
