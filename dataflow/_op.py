@@ -25,6 +25,8 @@ Example:
 
 from __future__ import annotations
 
+import sys
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -32,7 +34,7 @@ from ._errors import NotReadyError, TaskError
 from ._runtime import _current, _resolve
 from ._task import DONE, Cost, Pending, Task
 
-__all__ = ["Op", "op"]
+__all__ = ["Op", "lookup_op", "op", "op_for_kernel"]
 
 H = TypeVar("H", bound=Pending[Any])
 
@@ -42,7 +44,17 @@ HandleFactory = Callable[[Task, "int | None", Any], H]
 class Op(Generic[H]):
     """A declared op. Call it like the kernel; it returns pending handle(s) at once."""
 
-    __slots__ = ("__dict__", "cost", "handle", "inline", "kernel", "meta", "name")
+    __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "cost",
+        "handle",
+        "inline",
+        "kernel",
+        "meta",
+        "module",
+        "name",
+    )
 
     def __init__(
         self,
@@ -62,6 +74,15 @@ class Op(Generic[H]):
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = kernel.__doc__
+        # The module whose import declared the op: a saved graph names it, so `load` can
+        # import it (when trusted) and find the op again under `module:name`.
+        self.module = _declaring_module()
+        _register(self)
+
+    @property
+    def qualname(self) -> str:
+        """``module:name``, the op's name in the registry and in saved graphs."""
+        return f"{self.module}:{self.name}"
 
     def __repr__(self) -> str:
         return f"<dataflow.Op {self.name}>"
@@ -78,6 +99,42 @@ class Op(Generic[H]):
             make = self.handle
             return tuple(make(task, i, s) for i, s in enumerate(spec))
         return self.handle(task, None, spec)
+
+
+# -- the registry: every declared op, by qualified name and by kernel -------------------------
+#
+# Weak, so an op declared in a function (a test, a notebook cell) goes away with its last user.
+# The graph tracer finds the op behind a submitted kernel here, and `dataflow.load` resolves
+# the ops a saved graph names: it never imports anything a file names, only looks ops up.
+
+_by_qualname: weakref.WeakValueDictionary[str, Op[Any]] = weakref.WeakValueDictionary()
+_by_kernel: weakref.WeakValueDictionary[tuple[int, str], Op[Any]] = weakref.WeakValueDictionary()
+
+
+def _declaring_module() -> str:
+    """The module whose top-level code is running: the innermost ``<module>`` frame."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name != "<module>":
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "__main__"
+    return str(frame.f_globals.get("__name__", "__main__"))
+
+
+def _register(op: Op[Any]) -> None:
+    _by_qualname[op.qualname] = op
+    _by_kernel[id(op.kernel), op.name] = op
+
+
+def lookup_op(qualname: str) -> Op[Any] | None:
+    """The live op registered under ``module:name`` (the latest declared), or None."""
+    return _by_qualname.get(qualname)
+
+
+def op_for_kernel(kernel: Callable[..., Any], name: str) -> Op[Any] | None:
+    """The op whose kernel is ``kernel`` and whose name is ``name`` (as ``submit`` sees it)."""
+    found = _by_kernel.get((id(kernel), name))
+    return found if found is not None and found.kernel is kernel else None
 
 
 def _run_eagerly(

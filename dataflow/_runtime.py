@@ -306,11 +306,17 @@ class Runtime:
         cost: Cost | None = None,
         inline: bool | None = None,
         ctx: contextvars.Context | None = None,
+        priority: float | None = None,
     ) -> Task:
-        """Add a task to the graph; run it inline, queue it, or park it on its inputs."""
+        """Add a task to the graph; run it inline, queue it, or park it on its inputs.
+
+        ``priority`` orders it among ready tasks (smaller first; default: its issue order).
+        """
         if self._closed:
             raise DataflowError(f"{op}: this runtime is closed; start a new one")
         task = Task(fn, args, kwargs, op, self, spec, cost, ctx)
+        if priority is not None:
+            task.priority = priority
         inputs: list[Task] = []
         for a in args:
             if isinstance(a, Pending):
