@@ -1,0 +1,267 @@
+"""The examples: the LSTM ensemble script runs, and the aiohttp server answers correctly."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+import dataflow
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+Array = np.ndarray[Any, Any]
+TOL = 1e-4  # on sums of a few thousand float32 values
+
+
+@pytest.fixture(scope="module")
+def examples() -> Iterator[tuple[ModuleType, ModuleType]]:
+    """examples.lstm_ensemble and examples.serve, imported from the repository root."""
+    pytest.importorskip("aiohttp")
+    added = str(ROOT) not in sys.path
+    if added:
+        sys.path.insert(0, str(ROOT))
+    try:
+        ensemble = importlib.import_module("examples.lstm_ensemble")
+        serve = importlib.import_module("examples.serve")
+        yield ensemble, serve
+    finally:
+        if added:
+            sys.path.remove(str(ROOT))
+
+
+def _sigmoid(a: Array) -> Array:
+    out: Array = np.exp(-np.logaddexp(0.0, -a))
+    return out
+
+
+def ref_lstm(p: dict[str, Array], x: Array) -> Array:
+    """torch.nn.LSTM's forward (one layer, zero state) as a numpy loop, in float64."""
+    w_ih, w_hh = p["weight_ih_l0"].astype(np.float64), p["weight_hh_l0"].astype(np.float64)
+    b = p["bias_ih_l0"].astype(np.float64) + p["bias_hh_l0"]
+    h = np.zeros((x.shape[1], w_hh.shape[1]))
+    c = np.zeros_like(h)
+    out = []
+    for t in range(x.shape[0]):
+        i, f, g, o = np.split(x[t] @ w_ih.T + h @ w_hh.T + b, 4, axis=-1)
+        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+        h = _sigmoid(o) * np.tanh(c)
+        out.append(h)
+    return np.stack(out)
+
+
+def ref_ensemble(ens: Any, x: Array) -> Array:
+    """The tutorial's ensemble computed with plain numpy from the model's weights."""
+    total: Array = np.zeros((x.shape[0], x.shape[1], 2 * x.shape[2]))
+    for m in ens.models:
+        out_f = ref_lstm(m.cell_f.state_dict(), x)
+        out_b = ref_lstm(m.cell_b.state_dict(), x[::-1])[::-1]
+        total += np.concatenate([out_f, out_b], axis=2)
+    return total
+
+
+class RuntimeRecorder(dataflow.Instrument):
+    """Counts started tasks and notes which runtimes they belong to."""
+
+    def __init__(self) -> None:
+        self.runtimes: set[int] = set()
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def task_started(self, ts: int, task: Any) -> None:
+        with self._lock:
+            self.runtimes.add(id(task.runtime))
+            self.count += 1
+
+
+def _check_summary(summary: dict[str, Any], expected: Array) -> None:
+    assert summary["shape"] == list(expected.shape)
+    assert summary["dtype"] == "float32"
+    assert abs(summary["sum"] - float(expected.sum())) <= TOL * max(1.0, expected.size)
+    assert abs(summary["mean"] - float(expected.mean())) <= TOL
+    assert abs(summary["max"] - float(expected.max())) <= TOL
+    assert np.allclose(summary["first"], expected.reshape(-1)[:4], atol=TOL)
+
+
+class TestLSTMEnsembleScript:
+    """examples/lstm_ensemble.py runs from the shell and its model is importable."""
+
+    def test_runs_small(self) -> None:
+        """`--small` runs the three ways and reports equal outputs."""
+        cli = ROOT / "dataflow" / "_cli.py"
+        script = str(EXAMPLES / "lstm_ensemble.py")
+        if cli.exists():
+            cmd = [sys.executable, "-m", "dataflow", "run", script, "--small", "--rounds", "2"]
+        else:
+            cmd = [sys.executable, script, "--small", "--rounds", "2"]
+        env = {**os.environ, "PYTHONWARNINGS": "error"}
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=100, env=env, check=False
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "sequential (1 thread)" in proc.stdout
+        assert "manual forks (2 threads)" in proc.stdout
+        assert "automatic (2 threads)" in proc.stdout
+        assert "outputs equal (np.allclose): True" in proc.stdout
+
+    def test_three_ways_agree(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """Sequential, forked and automatic give the numpy reference's output."""
+        mod, _ = examples
+        ens = mod.Ensemble(2, 16, seed=3)
+        x = np.random.default_rng(0).random((5, 3, 16), dtype=np.float32)
+        result = mod.compare(ens, x, interop_threads=2, intraop_threads=None, rounds=1)
+        expected = ref_ensemble(ens, x)
+        for y in result["outputs"].values():
+            assert np.max(np.abs(y - expected)) <= 1e-5
+        assert set(result["speedup"]) == {"sequential", "manual forks", "automatic"}
+
+    def test_model_state_dict_names(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """The example's Ensemble has the tutorial torch model's parameter names."""
+        mod, _ = examples
+        names = list(mod.Ensemble(2, 4).state_dict())
+        assert names[:2] == ["models.0.cell_f.weight_ih_l0", "models.0.cell_f.weight_hh_l0"]
+        assert names[-1] == "models.1.cell_b.bias_hh_l0"
+
+
+class TestServe:
+    """examples/serve.py: one runtime for the app, correct answers, a bounded load test."""
+
+    CONFIG: ClassVar[dict[str, int]] = {
+        "steps": 6,
+        "batch": 3,
+        "channels": 16,
+        "models": 2,
+        "interop_threads": 2,
+    }
+
+    @pytest.mark.asyncio
+    async def test_seeded_get_and_post(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """GET ?seed= and POST {"seed"} / {"x"} answer the ensemble's true output."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        config = serve.ServeConfig(**self.CONFIG)
+        app = serve.create_app(config)
+        model = app[serve.MODEL]
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get("/ensemble", params={"seed": "5"})
+            assert resp.status == 200
+            expected = ref_ensemble(model, serve.seeded_input(config, 5))
+            _check_summary(await resp.json(), expected)
+
+            resp = await client.post("/ensemble", json={"seed": 5})
+            body = await resp.json()
+            assert body["seed"] == 5
+            _check_summary(body, expected)
+
+            x = np.random.default_rng(9).random((4, 2, 16), dtype=np.float32)
+            resp = await client.post("/ensemble", json={"x": x.tolist()})
+            assert resp.status == 200
+            _check_summary(await resp.json(), ref_ensemble(model, x))
+
+    @pytest.mark.asyncio
+    async def test_concurrent_requests_share_one_runtime(
+        self, examples: tuple[ModuleType, ModuleType]
+    ) -> None:
+        """Eight requests at once all answer right, through the app's one runtime."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        config = serve.ServeConfig(**self.CONFIG)
+        app = serve.create_app(config)
+        seen = RuntimeRecorder()
+        async with TestClient(TestServer(app)) as client:
+            runtime = app[serve.RUNTIME]
+            dataflow.add_instrument(seen)
+            try:
+                resps = await asyncio.gather(
+                    *(client.get("/ensemble", params={"seed": str(s)}) for s in range(8))
+                )
+                bodies = [await r.json() for r in resps]
+            finally:
+                dataflow.remove_instrument(seen)
+            assert app[serve.RUNTIME] is runtime
+            # Every op of every request ran in the app's runtime (inline or on its pool).
+            assert seen.runtimes == {id(runtime)}
+            assert seen.count >= 8 * 2 * 2 * config.steps
+            health = await (await client.get("/health")).json()
+            assert health["ok"] and "interop=2" in health["runtime"]
+        for s, body in enumerate(bodies):
+            _check_summary(body, ref_ensemble(app[serve.MODEL], serve.seeded_input(config, s)))
+        assert "closed" in repr(runtime)
+
+    @pytest.mark.asyncio
+    async def test_bad_input_is_400(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """Wrong shapes, bad seeds and non-JSON bodies are refused with a reason."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        app = serve.create_app(serve.ServeConfig(**self.CONFIG))
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/ensemble", json={"x": [[[1.0, 2.0]]]})
+            assert resp.status == 400
+            assert "(steps, batch, 16)" in (await resp.json())["error"]
+            resp = await client.get("/ensemble", params={"seed": "abc"})
+            assert resp.status == 400
+            resp = await client.post("/ensemble", data=b"not json")
+            assert resp.status == 400
+            resp = await client.post("/ensemble", json={"seed": 1, "x": []})
+            assert resp.status == 400
+
+    @pytest.mark.asyncio
+    async def test_load_generator(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """bench() serves on 127.0.0.1 and reports every level's throughput and latencies."""
+        _, serve = examples
+        out = io.StringIO()
+
+        def write(line: str) -> None:
+            out.write(line + "\n")
+
+        results = await serve.bench(
+            serve.ServeConfig(**self.CONFIG), levels=(1, 4), requests=6, out=write
+        )
+        assert [r.concurrency for r in results] == [1, 4]
+        assert all(r.requests == 6 and r.throughput > 0 for r in results)
+        assert all(0 < r.p50_ms <= r.p99_ms for r in results)
+        assert "req/s" in out.getvalue() and '"serve_bench"' in out.getvalue()
+
+    def test_runtime_in_a_plain_asyncio_run(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """The app also works when started by an AppRunner in asyncio.run (no pytest loop)."""
+        from aiohttp import ClientSession, web
+
+        _, serve = examples
+        config = serve.ServeConfig(**self.CONFIG)
+
+        async def main() -> dict[str, Any]:
+            app = serve.create_app(config)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            try:
+                site = web.TCPSite(runner, "127.0.0.1", 0)
+                await site.start()
+                port = runner.addresses[0][1]
+                async with (
+                    ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{port}/ensemble?seed=2") as resp,
+                ):
+                    body: dict[str, Any] = await resp.json()
+                    return body
+            finally:
+                await runner.cleanup()
+
+        body = asyncio.run(main())
+        app = serve.create_app(config)
+        _check_summary(body, ref_ensemble(app[serve.MODEL], serve.seeded_input(config, 2)))
+        assert dataflow.current_runtime() is None
