@@ -43,6 +43,11 @@ from ._threads import get_num_threads as get_num_threads
 from ._threads import parallel_info as parallel_info
 from ._threads import set_num_interop_threads as set_num_interop_threads
 from ._threads import set_num_threads as set_num_threads
+from .graph import Graph as Graph
+from .graph import GraphFormatError as GraphFormatError
+from .graph import TracerWarning as TracerWarning
+from .graph import load as load
+from .graph import trace as trace
 
 __all__ = (
     # tasks
@@ -77,6 +82,11 @@ __all__ = (
     "Profiler",
     "Summary",
     "TaskLogger",
+    # graph capture
+    "trace",
+    "load",
+    "Graph",
+    "TracerWarning",
     # errors
     "DataflowError",
     "NoRuntimeError",
@@ -87,4 +97,5 @@ __all__ = (
     "TaskError",
     "CancelledTaskError",
     "UnobservedTaskError",
+    "GraphFormatError",
 )

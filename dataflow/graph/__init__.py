@@ -1,0 +1,59 @@
+"""Graph capture: trace a program into a graph, print it, optimise it, save it, run it.
+
+``dataflow.trace(fn, *example_inputs)`` records the ops a program issues into a
+:class:`~dataflow.Graph` (see ``docs/graph.md``). This package holds the pieces, one concern
+per module: the IR (``_ir``), tracing (``_capture``), the passes (``_passes``, ``_fusion``),
+running (``_execute``), printing (``_printer``) and the file format (``_format``).
+"""
+
+from __future__ import annotations
+
+from ._capture import trace as trace
+from ._capture import trace_async as trace_async
+from ._errors import GraphFormatError as GraphFormatError
+from ._errors import TracerWarning as TracerWarning
+from ._execute import Plan as Plan
+from ._format import FORMAT_VERSION as FORMAT_VERSION
+from ._format import load as load
+from ._format import read as read
+from ._fusion import FusedOp as FusedOp
+from ._fusion import fuse_elementwise as fuse_elementwise
+from ._ir import ConstRef as ConstRef
+from ._ir import Graph as Graph
+from ._ir import GraphInput as GraphInput
+from ._ir import InputRef as InputRef
+from ._ir import Node as Node
+from ._ir import NodeRef as NodeRef
+from ._ir import ValueType as ValueType
+from ._passes import eliminate_common_subexpressions as eliminate_common_subexpressions
+from ._passes import eliminate_dead_code as eliminate_dead_code
+from ._passes import fold_constants as fold_constants
+from ._passes import optimize as optimize
+
+__all__ = (
+    # capture and files
+    "trace",
+    "trace_async",
+    "load",
+    "read",
+    "FORMAT_VERSION",
+    # the IR
+    "Graph",
+    "GraphInput",
+    "Node",
+    "NodeRef",
+    "InputRef",
+    "ConstRef",
+    "ValueType",
+    "FusedOp",
+    "Plan",
+    # passes
+    "fold_constants",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+    "fuse_elementwise",
+    "optimize",
+    # errors
+    "GraphFormatError",
+    "TracerWarning",
+)

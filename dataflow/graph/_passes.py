@@ -1,0 +1,209 @@
+"""Graph passes: each a pure function ``Graph -> Graph`` that keeps the graph's results.
+
+* :func:`fold_constants`: a node that reads only constants is computed now; its value becomes
+  a constant.
+* :func:`eliminate_common_subexpressions`: equal constants are merged, then a node with the
+  same op and arguments as an earlier one is replaced by it (``flip(x)`` issued by each of four
+  ensemble members becomes one node).
+* :func:`eliminate_dead_code`: nodes whose values no output depends on are dropped (an LSTM's
+  final states when only its output sequence is used).
+* :func:`~dataflow.graph.fuse_elementwise`: trees of elementwise ops become one task.
+* :func:`optimize`: all of them, in that order, then dead code again.
+
+All rely on op kernels being pure functions of their arguments (true of every ``ops`` op): a
+kernel that reads a clock, a random generator or global state must not be traced and optimised.
+A pass that has nothing to do returns a graph equal to its input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ._fusion import ENGINES, FusedOp, fuse_elementwise
+from ._ir import Builder, ConstRef, Graph, InputRef, NodeRef, UnresolvedOp, iter_refs, map_refs
+
+__all__ = [
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+    "fold_constants",
+    "optimize",
+]
+
+
+def _require_resolved(graph: Graph, what: str) -> None:
+    if not graph.resolved:
+        raise TypeError(
+            f"{what} needs the graph's ops: load it with dataflow.load(path, trust=...)"
+        )
+
+
+# -- constant folding ----------------------------------------------------------------------
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Compute every node whose arguments are all constants; use its value as a constant.
+
+    Folded values are new constants ``c<k>``. A node whose kernel raises, or returns something
+    that is not an array or numpy scalar, is left as it is (it will fail or run as before).
+    """
+    _require_resolved(graph, "fold_constants")
+    b = Builder(graph)
+
+    def value_of(ref: Any) -> Any:
+        return b.constants[ref.name]
+
+    changed = False
+    for i, node in enumerate(graph.nodes):
+        args = b.remap(node.args)
+        kwargs = b.remap(dict(node.kwargs))
+        refs = [*iter_refs(args), *iter_refs(kwargs)]
+        if any(type(r) is not ConstRef for r in refs):
+            b.keep(i)
+            continue
+        try:
+            value = node.op.kernel(*map_refs(args, value_of), **map_refs(kwargs, value_of))
+        except Exception:
+            b.keep(i)
+            continue
+        parts = value if node.multi else (value,)
+        if node.multi and (not isinstance(value, (tuple, list)) or len(value) != len(node.types)):
+            b.keep(i)
+            continue
+        arrays = [_as_constant(v) for v in parts]
+        if any(a is None for a in arrays):
+            b.keep(i)
+            continue
+        for ref, array in zip(node.outputs(i), arrays, strict=True):
+            assert array is not None
+            b.replace(ref, b.add_constant(array))
+        changed = True
+    return b.finish() if changed else graph
+
+
+def _as_constant(value: Any) -> np.ndarray[Any, Any] | None:
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return value
+    if isinstance(value, np.generic) and not isinstance(value, np.object_):
+        return np.asarray(value)
+    return None
+
+
+# -- common subexpressions -------------------------------------------------------------------
+
+
+class _Unique:
+    """A key part for an argument that cannot be compared: equal only to itself."""
+
+    __slots__ = ()
+
+
+def _key(value: Any) -> Any:
+    """A hashable key: equal keys mean equal arguments (never merely ``==`` ones: 0.0 vs -0.0)."""
+    t = type(value)
+    if t is NodeRef or t is InputRef or t is ConstRef:
+        return value
+    if t is float or t is complex:
+        return (t, repr(value))
+    if t is int or t is bool or t is str or value is None or value is Ellipsis:
+        return (t, value)
+    if t is list or t is tuple:
+        return (t, tuple(_key(v) for v in value))
+    if t is dict:
+        return (t, tuple((k, _key(v)) for k, v in value.items()))
+    if isinstance(value, tuple) and hasattr(t, "_fields"):
+        return (t, tuple(_key(v) for v in value))
+    if isinstance(value, np.generic):
+        return ("scalar", value.dtype.str, value.tobytes())
+    if isinstance(value, np.dtype):
+        return ("dtype", value.str)
+    if t is slice:
+        return (t, _key(value.start), _key(value.stop), _key(value.step))
+    return _Unique()
+
+
+def _op_key(op: Any) -> Any:
+    if isinstance(op, FusedOp):
+        steps = tuple((_op_key(s.op), _key(s.args)) for s in op.steps)
+        return ("fused", op.engine, steps)
+    return id(op)
+
+
+def _fingerprint(array: np.ndarray[Any, Any]) -> tuple[Any, ...]:
+    data: Any = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return (array.shape, array.dtype.str, hashlib.blake2b(memoryview(data)).digest())
+
+
+def eliminate_common_subexpressions(graph: Graph) -> Graph:
+    """Merge equal constants, then nodes with the same op and the same arguments.
+
+    Constants are equal when shape, dtype and bytes are (a parameter's name is kept over an
+    anonymous constant's). Nodes are equal when they call the same op with arguments that are
+    the same references and equal literals; the later one is replaced by the earlier.
+    """
+    b = Builder(graph)
+    changed = False
+    by_content: dict[tuple[Any, ...], str] = {}
+    for name in sorted(graph.constants, key=lambda n: (n not in graph.parameters, n)):
+        array = graph.constants[name]
+        if array.dtype == object:
+            continue
+        kept = by_content.setdefault(_fingerprint(array), name)
+        if kept != name:
+            b.replace(ConstRef(name), ConstRef(kept))
+            changed = True
+    seen: dict[Any, int] = {}
+    for i, node in enumerate(graph.nodes):
+        key = (_op_key(node.op), _key(b.remap(node.args)), _key(b.remap(dict(node.kwargs))))
+        earlier = seen.get(key)
+        if earlier is None or isinstance(node.op, UnresolvedOp):
+            seen[key] = b.keep(i)
+            continue
+        for old, new in zip(node.outputs(i), b.nodes[earlier].outputs(earlier), strict=True):
+            b.replace(old, new)
+        changed = True
+    return b.finish() if changed else graph
+
+
+# -- dead code -------------------------------------------------------------------------------
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop the nodes no output depends on, and the constants only they read."""
+    live: set[int] = set()
+    stack = [r.node for r in iter_refs(graph.outputs) if type(r) is NodeRef]
+    while stack:
+        i = stack.pop()
+        if i in live:
+            continue
+        live.add(i)
+        stack.extend(r.node for r in graph.nodes[i].refs() if type(r) is NodeRef)
+    if len(live) == len(graph.nodes):
+        return graph
+    b = Builder(graph)
+    for i in range(len(graph.nodes)):
+        if i in live:
+            b.keep(i)
+    return b.finish()
+
+
+# -- all of them -----------------------------------------------------------------------------
+
+
+def optimize(graph: Graph, *, engine: str = "numpy") -> Graph:
+    """Constant folding, CSE, dead code elimination and elementwise fusion, in that order.
+
+    Args:
+        graph: the graph (its ops must be resolved).
+        engine: the fused kernels' engine: "numpy" (exact) or "numexpr".
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    _require_resolved(graph, "optimize")
+    graph = fold_constants(graph)
+    graph = eliminate_common_subexpressions(graph)
+    graph = eliminate_dead_code(graph)
+    graph = fuse_elementwise(graph, engine=engine)
+    return eliminate_dead_code(graph)
