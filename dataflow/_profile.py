@@ -1,10 +1,12 @@
 """The profiler: records the event stream of a run and explains where the time went.
 
 ``with dataflow.profile() as prof:`` (or ``async with``) attaches a :class:`Profiler` to the
-event stream (see ``_instrument``) for the duration of the block. Recording is kept cheap: each
-hook appends one tuple to a list (a kernel start also takes the thread's native id, the op's
-spec and cost, and its inputs' names; never the task itself, so values are not kept alive);
-everything else happens when a result is asked for:
+event stream (see ``_instrument``) for the duration of the block. Recording is kept cheap, as
+measured by ``benchmarks/bench_trace_overhead.py``: each hook extends one flat list by a record
+(kind, timestamp, task name, and for a kernel start its thread, op, spec, cost and inputs'
+names). The list holds no tuple per event (the garbage collector would scan every one) and no
+task (values stay free to be released). The thread's native id is cached per thread, as
+reading it is a system call. Everything else happens when a result is asked for:
 
 * :meth:`Profiler.export_chrome_trace` writes the timeline for ui.perfetto.dev or
   chrome://tracing (format in ``_trace``);
@@ -46,8 +48,12 @@ __all__ = [
     "summarize",
 ]
 
-# Record kinds (the first item of each recorded tuple), named after the hooks.
+# Record kinds (the first item of each record), named after the hooks, and record lengths:
+#   READY, FINISHED, FAILED, CANCELLED, FORK_END, WAIT_END: kind, ts, name
+#   STARTED: kind, ts, name, thread, op, spec, cost, input names (or None)
+#   FORK: kind, ts, name, thread, parent          WAIT: kind, ts, name, thread
 _READY, _STARTED, _FINISHED, _FAILED, _CANCELLED, _FORK, _FORK_END, _WAIT, _WAIT_END = range(9)
+_LENGTHS = (3, 8, 3, 3, 3, 5, 3, 4, 3)
 _KINDS = (
     "task_ready",
     "task_started",
@@ -59,8 +65,6 @@ _KINDS = (
     "wait_started",
     "wait_finished",
 )
-
-_native_id = threading.get_native_id
 
 
 class Event(NamedTuple):
@@ -90,8 +94,11 @@ class Profiler:
     # defines, and this one does not need task_created (a kernel start carries everything).
 
     def __init__(self) -> None:
-        self._raw: list[tuple[Any, ...]] = []
-        self._append = self._raw.append
+        # Records laid end to end (see _LENGTHS). One list.extend per event: atomic under the
+        # GIL, so records from different threads never interleave.
+        self._raw: list[Any] = []
+        self._add = self._raw.extend
+        self._local = threading.local()  # .tid: the thread's native id, once looked up
         self._threads: dict[int, str] = {}
         self._t0 = 0
         self._t1 = 0
@@ -99,7 +106,7 @@ class Profiler:
 
     def __repr__(self) -> str:
         state = "new" if not self._t0 else "stopped" if self._t1 else "recording"
-        return f"<Profiler {state} events={len(self._raw)}>"
+        return f"<Profiler {state} events={len(_records(list(self._raw)))}>"
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -138,58 +145,54 @@ class Profiler:
     # -- hooks (called on the thread where the event happens; keep them short) -------------------
 
     def task_ready(self, ts: int, task: Task) -> None:
-        self._append((_READY, ts, task.name))
+        self._add((_READY, ts, task.name))
 
     def task_started(self, ts: int, task: Task) -> None:
-        tid = _native_id()
-        if tid not in self._threads:
-            self._register_thread(tid)
+        try:
+            tid = self._local.tid
+        except AttributeError:
+            tid = self._register_thread()
         inputs = task.inputs
-        self._append(
-            (
-                _STARTED,
-                ts,
-                task.name,
-                tid,
-                task.op,
-                task.spec,
-                task.cost,
-                [t.name for t in inputs] if inputs else None,
-            )
-        )
+        names = [t.name for t in inputs] if inputs else None
+        self._add((_STARTED, ts, task.name, tid, task.op, task.spec, task.cost, names))
 
     def task_finished(self, ts: int, task: Task) -> None:
-        self._append((_FINISHED, ts, task.name))
+        self._add((_FINISHED, ts, task.name))
 
     def task_failed(self, ts: int, task: Task) -> None:
-        self._append((_FAILED, ts, task.name))
+        self._add((_FAILED, ts, task.name))
 
     def task_cancelled(self, ts: int, task: Task) -> None:
-        self._append((_CANCELLED, ts, task.name))
+        self._add((_CANCELLED, ts, task.name))
 
     def fork(self, ts: int, name: str, parent: str | None) -> None:
-        tid = _native_id()
-        if tid not in self._threads:
-            self._register_thread(tid)
-        self._append((_FORK, ts, name, tid, parent))
+        try:
+            tid = self._local.tid
+        except AttributeError:
+            tid = self._register_thread()
+        self._add((_FORK, ts, name, tid, parent))
 
     def fork_finished(self, ts: int, name: str) -> None:
-        self._append((_FORK_END, ts, name))
+        self._add((_FORK_END, ts, name))
 
     def wait_started(self, ts: int, name: str) -> None:
-        tid = _native_id()
-        if tid not in self._threads:
-            self._register_thread(tid)
-        self._append((_WAIT, ts, name, tid))
+        try:
+            tid = self._local.tid
+        except AttributeError:
+            tid = self._register_thread()
+        self._add((_WAIT, ts, name, tid))
 
     def wait_finished(self, ts: int, name: str) -> None:
-        self._append((_WAIT_END, ts, name))
+        self._add((_WAIT_END, ts, name))
 
-    def _register_thread(self, tid: int) -> None:
+    def _register_thread(self) -> int:
+        tid = threading.get_native_id()
         label = thread_label()
-        if label in self._threads.values():  # a second loop thread, or a reused name
-            label = f"{label} ({threading.current_thread().name}, {tid})"
+        if label == "loop" and "loop" in self._threads.values():  # a second event loop
+            label = f"loop ({threading.current_thread().name})"
         self._threads[tid] = label
+        self._local.tid = tid
+        return tid
 
     # -- results ------------------------------------------------------------------------------
 
@@ -197,7 +200,7 @@ class Profiler:
     def events(self) -> list[Event]:
         """The recorded events in the order they were recorded."""
         out = []
-        for rec in list(self._raw):
+        for rec in _records(list(self._raw)):
             kind = rec[0]
             thread = rec[3] if kind in (_STARTED, _FORK, _WAIT) else None
             op = rec[4] if kind == _STARTED else None
@@ -210,7 +213,7 @@ class Profiler:
             return self._trace
         if not self._t0:
             raise DataflowError("this Profiler has not recorded anything: start it first")
-        trace = _build(list(self._raw), dict(self._threads), self._t0, self._t1)
+        trace = _build(_records(list(self._raw)), dict(self._threads), self._t0, self._t1)
         if self._t1:
             self._trace = trace
         return trace
@@ -238,6 +241,17 @@ def profile() -> Profiler:
         >>> print(prof.table())
     """
     return Profiler()
+
+
+def _records(raw: list[Any]) -> list[tuple[Any, ...]]:
+    """Cut the flat record list into one tuple per record."""
+    out = []
+    i, n = 0, len(raw)
+    while i < n:
+        size = _LENGTHS[raw[i]]
+        out.append(tuple(raw[i : i + size]))
+        i += size
+    return out
 
 
 def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int) -> Trace:

@@ -228,29 +228,32 @@ def _counters(trace: Trace, pid: int, tid: int) -> list[dict[str, Any]]:
     running = ready = 0
     for ts in sorted(changes):
         d_run, d_ready = changes[ts]
-        if not (d_run or d_ready) and out:
-            continue
         running += d_run
         ready += d_ready
-        for name, value in (("tasks running", running), ("tasks ready", ready)):
-            out.append(
-                {
-                    "name": name,
-                    "ph": "C",
-                    "pid": pid,
-                    "tid": tid,
-                    "ts": _us(ts),
-                    "args": {"tasks": value},
-                }
-            )
+        for name, changed, value in (
+            ("tasks running", d_run or not out, running),
+            ("tasks ready", d_ready or not out, ready),
+        ):
+            if changed:
+                out.append(
+                    {
+                        "name": name,
+                        "ph": "C",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": _us(ts),
+                        "args": {"tasks": value},
+                    }
+                )
     return out
 
 
 def save(trace: Trace, path: str | os.PathLike[str]) -> None:
     """Write the trace to ``path`` as Chrome Trace Event JSON."""
-    data = to_chrome(trace)
+    # json.dumps, not json.dump: only the one-shot form uses the C encoder (20x faster).
+    text = json.dumps(to_chrome(trace), separators=(",", ":"))
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"))
+        f.write(text)
 
 
 # -- reading ----------------------------------------------------------------------------------
