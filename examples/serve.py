@@ -125,7 +125,8 @@ async def read_input(request: web.Request) -> tuple[Array, int | None]:
     """The request's input array and its seed (None for a posted array)."""
     config = request.app[CONFIG]
     if request.method == "GET":
-        return seeded_input(config, _parse_seed(request.query.get("seed", 0))), None
+        seed = _parse_seed(request.query.get("seed", 0))
+        return seeded_input(config, seed), seed
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

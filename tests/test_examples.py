@@ -159,7 +159,9 @@ class TestServe:
             resp = await client.get("/ensemble", params={"seed": "5"})
             assert resp.status == 200
             expected = ref_ensemble(model, serve.seeded_input(config, 5))
-            _check_summary(await resp.json(), expected)
+            body = await resp.json()
+            assert body["seed"] == 5
+            _check_summary(body, expected)
 
             resp = await client.post("/ensemble", json={"seed": 5})
             body = await resp.json()
@@ -169,7 +171,9 @@ class TestServe:
             x = np.random.default_rng(9).random((4, 2, 16), dtype=np.float32)
             resp = await client.post("/ensemble", json={"x": x.tolist()})
             assert resp.status == 200
-            _check_summary(await resp.json(), ref_ensemble(model, x))
+            body = await resp.json()
+            assert body["seed"] is None
+            _check_summary(body, ref_ensemble(model, x))
 
     @pytest.mark.asyncio
     async def test_concurrent_requests_share_one_runtime(
