@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -40,7 +38,9 @@ from .._errors import DataflowError, TaskError
 from .._op import op_for_kernel
 from .._runtime import Runtime, _current, resolve_loop_factory
 from .._task import DONE, FAILED, Cost, Future, Pending, Task
+from ._check import check_trace
 from ._errors import TracerWarning
+from ._frames import package, short_path, user_location
 from ._ir import (
     ConstRef,
     Graph,
@@ -56,37 +56,6 @@ from ._ir import (
 )
 
 __all__ = ["Tracer", "trace", "trace_async"]
-
-
-def _package(module: str) -> str:
-    return module.split(".", 1)[0]
-
-
-def _short_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:  # another drive (Windows)
-        return os.path.basename(filename)
-    return os.path.basename(filename) if rel.startswith("..") else rel
-
-
-def user_location(
-    skip_packages: set[str], start: int = 2
-) -> tuple[str, int, dict[str, Any]] | None:
-    """(filename, line, globals) of the innermost frame outside ``skip_packages``."""
-    frame = sys._getframe(start)
-    first = None
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not isinstance(module, str) or _package(module) != "dataflow":
-            if first is None:
-                first = frame
-            if not isinstance(module, str) or _package(module) not in skip_packages:
-                return frame.f_code.co_filename, frame.f_lineno, frame.f_globals
-        frame = frame.f_back  # type: ignore[assignment]
-    if first is None:
-        return None
-    return first.f_code.co_filename, first.f_lineno, first.f_globals
 
 
 class _Record:
@@ -122,18 +91,22 @@ class Tracer(Runtime):
 
     def __init__(
         self,
-        examples: Sequence[Any],
+        templates: Sequence[Any],
+        values: Sequence[np.ndarray[Any, Any]],
         parameters: dict[int, tuple[str, np.ndarray[Any, Any]]],
     ) -> None:
+        """``templates[k]``: input k as the program gets it (an array, or a handle whose type
+        and spec its placeholder copies); ``values[k]``: its value when the program reads it."""
         super().__init__(interop_threads=1, private_pool=True)
         self.records: list[_Record] = []
         self.constants: dict[str, np.ndarray[Any, Any]] = {}
         self.parameter_names: set[str] = set()
-        self._examples = list(examples)
+        self._templates = list(templates)
+        self._examples = list(values)
         self._node_of_task: dict[int, int] = {}
         self._input_of_task: dict[int, int] = {}
         self._input_arrays: dict[int, int] = {
-            id(v): k for k, v in enumerate(examples) if isinstance(v, np.ndarray)
+            id(v): k for k, v in enumerate(templates) if isinstance(v, np.ndarray)
         }
         self._parameters = parameters
         self._const_ids: dict[int, str] = {}
@@ -154,8 +127,9 @@ class Tracer(Runtime):
 
     # -- placeholders for the inputs ------------------------------------------------------
 
-    def placeholder(self, index: int, example: Any) -> Any:
+    def placeholder(self, index: int) -> Any:
         """What the program receives for input ``index``: the array, or a fresh handle."""
+        example = self._templates[index]
         if not isinstance(example, Pending):
             return example
         task = example.task
@@ -203,8 +177,8 @@ class Tracer(Runtime):
         """Add a node for ``op(*args, **kwargs)``; the task stands for its value."""
         captured = tuple(self._capture(a) for a in args)
         captured_kw = {k: self._capture(v) for k, v in (kwargs or {}).items()}
-        where = user_location({"dataflow", _package(op.qualname.rpartition(":")[0])})
-        location = f"{_short_path(where[0])}:{where[1]}" if where is not None else None
+        where = user_location({"dataflow", package(op.qualname.rpartition(":")[0])})
+        location = f"{short_path(where[0])}:{where[1]}" if where is not None else None
         task = Task(op.kernel, (), None, op.name, self, spec, cost)
         self._node_of_task[task.id] = len(self.records)
         self.records.append(_Record(op, captured, captured_kw, spec, cost, location, task))
@@ -257,7 +231,7 @@ class Tracer(Runtime):
             return ConstRef(param[0])
         name = self._const_ids.get(key)
         if name is None:
-            for k, example in enumerate(self._examples):
+            for k, example in enumerate(self._templates):
                 if isinstance(example, np.ndarray) and np.may_share_memory(array, example):
                     self._warn(
                         f"an array that shares memory with input {k} (a numpy view of it, made "
@@ -282,7 +256,7 @@ class Tracer(Runtime):
                 self._run_plain_fork(task)
             elif task.id in self._input_of_task:
                 self._warn("the program awaited an input's value")
-                self._finish(task, self._examples[self._input_of_task[task.id]].result())
+                self._finish(task, self._examples[self._input_of_task[task.id]])
             else:
                 node = self._node_of_task[task.id]
                 record = self.records[node]
@@ -343,8 +317,7 @@ class Tracer(Runtime):
 
     def _value(self, ref: Any) -> Any:
         if type(ref) is InputRef:
-            example = self._examples[ref.index]
-            return example.result() if isinstance(example, Pending) else example
+            return self._examples[ref.index]
         if type(ref) is ConstRef:
             return self.constants[ref.name]
         assert type(ref) is NodeRef
@@ -508,7 +481,26 @@ def _check_examples(examples: Sequence[Any]) -> list[ValueType]:
     return types
 
 
-async def trace_async(fn: Callable[..., Any], *example_inputs: Any) -> Graph:
+async def _trace_once(
+    fn: Callable[..., Any],
+    templates: Sequence[Any],
+    values: Sequence[np.ndarray[Any, Any]],
+    inputs: Sequence[GraphInput],
+) -> Graph:
+    tracer = Tracer(templates, values, _parameters_of(fn))
+    async with tracer:
+        placeholders = [tracer.placeholder(k) for k in range(len(templates))]
+        result = fn(*placeholders)
+        if inspect.isawaitable(result) and not isinstance(result, Future):
+            result = await result  # a coroutine; a pending value is an output, not awaited
+        outputs = await tracer.capture_output(result)
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or not name.isidentifier() or name == "<lambda>":
+        name = "forward"
+    return tracer.graph(inputs, outputs, name)
+
+
+async def trace_async(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> Graph:
     """:func:`trace` from inside a running event loop (in the calling task's context)."""
     if inspect.iscoroutine(fn):
         fn.close()
@@ -520,20 +512,14 @@ async def trace_async(fn: Callable[..., Any], *example_inputs: Any) -> Graph:
     typed = _check_examples(example_inputs)
     names = _input_names(fn, len(example_inputs))
     inputs = [GraphInput(n, t) for n, t in zip(names, typed, strict=True)]
-    tracer = Tracer(example_inputs, _parameters_of(fn))
-    async with tracer:
-        placeholders = [tracer.placeholder(k, v) for k, v in enumerate(example_inputs)]
-        result = fn(*placeholders)
-        if inspect.isawaitable(result):
-            result = await result
-        outputs = await tracer.capture_output(result)
-    name = getattr(fn, "__name__", None)
-    if not isinstance(name, str) or not name.isidentifier() or name == "<lambda>":
-        name = "forward"
-    return tracer.graph(inputs, outputs, name)
+    values = [np.asarray(v.result()) if isinstance(v, Pending) else v for v in example_inputs]
+    graph = await _trace_once(fn, example_inputs, values, inputs)
+    if check:
+        await check_trace(graph, fn, example_inputs, values, _trace_once)
+    return graph
 
 
-def trace(fn: Callable[..., Any], *example_inputs: Any) -> Graph:
+def trace(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> Graph:
     """Record the ops ``fn(*example_inputs)`` issues as a :class:`~dataflow.Graph`.
 
     ``fn`` is an ``async def`` function, a module (``ops.nn.Module``: its parameters are
@@ -543,10 +529,23 @@ def trace(fn: Callable[..., Any], *example_inputs: Any) -> Graph:
     loops are unrolled and branches taken for these example inputs, and the graph accepts only
     inputs of their shapes and dtypes.
 
+    Array inputs are recognised by identity when the program passes them to ops; numpy code
+    applied to them directly (``x @ w`` on two ndarrays) runs once, at trace time, and its
+    result would be a constant. Pass ``ops.asarray(x)`` to trace Tensor operators on the input
+    too. With ``check`` (the default) the program is traced a second time with other input
+    values, and a :class:`~dataflow.TracerWarning` names the first node that differs: a
+    constant computed from an input, or a path that depends on the values.
+
     Example:
         >>> graph = dataflow.trace(model, x)        # x: an example input array
         >>> print(graph)
         >>> y = graph.run(x)
+
+    Args:
+        fn: the program.
+        example_inputs: arrays (or finished handles, e.g. ``ops.asarray(x)``), one per
+            positional argument.
+        check: trace again with perturbed inputs and warn where the two graphs differ.
 
     Raises:
         TypeError: an example input is not an array, or ``fn`` is a coroutine object.
@@ -562,4 +561,4 @@ def trace(fn: Callable[..., Any], *example_inputs: Any) -> Graph:
             "use `await dataflow.graph.trace_async(fn, *inputs)` there"
         )
     with asyncio.Runner(loop_factory=resolve_loop_factory("asyncio")) as runner:
-        return runner.run(trace_async(fn, *example_inputs))
+        return runner.run(trace_async(fn, *example_inputs, check=check))
