@@ -268,6 +268,8 @@ def run(
     interop_threads: int | None = None,
     intraop_threads: int | None = None,
     loop: str = "auto",
+    backend: str | None = None,
+    address: str | None = None,
 ) -> T:
     """Run ``main(*args)`` in a new runtime on a new event loop and return its value.
 
@@ -280,6 +282,9 @@ def run(
         interop_threads: inter-op pool size (default :func:`get_num_interop_threads`).
         intraop_threads: BLAS threads per op while running (default: unchanged).
         loop: "auto", "asyncio" or "uvloop".
+        backend: "local" or "dask" (see :class:`Runtime`; default: "dask" when ``address``
+            is given or ``$DATAFLOW_DASK_ADDRESS`` is set, else "local").
+        address: the Dask scheduler's address, e.g. ``"tcp://host:8786"`` (docs/dask.md).
 
     Raises:
         TypeError: ``main`` is a coroutine object or not callable.
@@ -304,7 +309,12 @@ def run(
             "Inside async code use `async with dataflow.Runtime(): ...` and await your function."
         )
     factory = resolve_loop_factory(loop)
-    runtime = Runtime(interop_threads=interop_threads, intraop_threads=intraop_threads)
+    runtime = Runtime(
+        interop_threads=interop_threads,
+        intraop_threads=intraop_threads,
+        backend=backend,
+        address=address,
+    )
 
     async def _main() -> T:
         async with runtime:

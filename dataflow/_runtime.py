@@ -124,6 +124,23 @@ def resolve_loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] |
     return factory
 
 
+# The Dask scheduler address `dataflow run --dask ADDRESS` sets for the script's runtimes.
+DASK_ADDRESS_ENV = "DATAFLOW_DASK_ADDRESS"
+
+
+def _backend(kwargs: dict[str, Any]) -> str:
+    """The backend ``Runtime(**kwargs)`` asks for: "local" or "dask" (see Runtime)."""
+    backend = kwargs.get("backend")
+    if backend is None:
+        if kwargs.get("address") is not None or kwargs.get("client") is not None:
+            return "dask"
+        # `dataflow run --dask ADDRESS` makes Dask the process default this way.
+        return "dask" if os.environ.get(DASK_ADDRESS_ENV) else "local"
+    if backend not in ("local", "dask"):
+        raise ValueError(f"Runtime(backend=...) must be 'local' or 'dask', got {backend!r}")
+    return str(backend)
+
+
 def _collect(value: Any, out: list[Task]) -> None:
     """Append the task of every pending handle in ``value`` (lists, tuples, dicts nest)."""
     if isinstance(value, Pending):
@@ -168,7 +185,22 @@ class Runtime:
         simulate: for scheduling studies: ``simulate(task)`` replaces every graph task's kernel
             (e.g. a GIL-free ``time.sleep`` of the op's estimated time, see
             :func:`estimate_seconds`) and its return value stands for the result.
+        backend: ``"local"`` (this process's pool) or ``"dask"`` (ops run on a Dask cluster;
+            needs ``pip install 'dataflow[dask]'``; see docs/dask.md). Default: ``"dask"`` when
+            ``address``/``client`` is given or ``$DATAFLOW_DASK_ADDRESS`` is set (as
+            ``dataflow run --dask ADDRESS`` does), else ``"local"``.
+        address, client, **options: the Dask backend's scheduler address or asynchronous
+            ``distributed.Client``, and its options (``local_threshold``, ``scatter_bytes``,
+            ``connect_timeout``); see :class:`dataflow._dask.DaskRuntime`.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Runtime:
+        # Runtime(backend="dask") is a DaskRuntime: the local hot path stays free of checks.
+        if cls is Runtime and _backend(kwargs) == "dask":
+            from ._dask import DaskRuntime
+
+            return object.__new__(DaskRuntime)
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -177,7 +209,20 @@ class Runtime:
         intraop_threads: int | None = None,
         private_pool: bool = False,
         simulate: Callable[[Task], Any] | None = None,
+        backend: str | None = None,
+        address: Any = None,
+        client: Any = None,
+        **options: Any,
     ) -> None:
+        if address is not None or client is not None or options:
+            given = ", ".join(
+                [n for n, v in (("address", address), ("client", client)) if v is not None]
+                + sorted(options)
+            )
+            raise TypeError(
+                f"Runtime(): {given} are options of the Dask backend; the local backend "
+                "takes interop_threads, intraop_threads, private_pool and simulate"
+            )
         self.simulate = simulate
         self.interop_threads = (
             default_interop_threads()
