@@ -97,6 +97,13 @@ def cli() -> None:
 )
 @click.option("--log-tasks", is_flag=True, help="Log every task's start and end (debug level).")
 @click.option("--progress", is_flag=True, help="Show tasks done / created on a terminal.")
+@click.option(
+    "--dask",
+    "dask_address",
+    metavar="ADDRESS",
+    help="Run the ops on the Dask cluster whose scheduler is at ADDRESS (tcp://host:8786); "
+    "sets $DATAFLOW_DASK_ADDRESS. Needs the dask extra.",
+)
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(
@@ -109,6 +116,7 @@ def run(
     trace_path: str | None,
     log_tasks: bool,
     progress: bool,
+    dask_address: str | None,
     script: str | None,
     args: Sequence[str],
 ) -> None:
@@ -131,6 +139,8 @@ def run(
     if intraop_threads is not None:
         set_num_threads(intraop_threads)
     os.environ["DATAFLOW_LOOP"] = loop
+    if dask_address:
+        _use_dask(dask_address)
     options = {
         "module": module,
         "script": script,
@@ -140,6 +150,19 @@ def run(
         "progress": progress,
     }
     sys.exit(_run_main(module, script, list(args), options))
+
+
+def _use_dask(address: str) -> None:
+    """--dask ADDRESS: make the Dask backend the default of every Runtime the script creates."""
+    import importlib.util
+
+    if importlib.util.find_spec("distributed") is None:
+        raise click.UsageError(
+            "--dask needs dask.distributed, which is not installed: pip install 'dataflow[dask]'"
+        )
+    from ._runtime import DASK_ADDRESS_ENV
+
+    os.environ[DASK_ADDRESS_ENV] = address
 
 
 def _run_main(module: str | None, script: str | None, args: list[str], options: Any) -> int:
