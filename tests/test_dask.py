@@ -1,0 +1,405 @@
+"""The Dask backend: the same programs on a ``distributed`` cluster, with the local results."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from dataflow import CancelledTaskError, DataflowError, OpInputError, TaskError
+from dataflow._dask import DaskRuntime
+from examples.lstm_ensemble import Ensemble, ensemble_forked
+from tests._helpers import Arr, add, boom, neg_inline, sleep_op, where_run
+
+distributed = pytest.importorskip("distributed")
+
+ROOT = Path(__file__).resolve().parent.parent
+Array = np.ndarray[Any, Any]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two single-threaded in-process workers on loopback TCP, shared by this module."""
+    c = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp",  # processes=False with host= fails; tcp keeps it on loopback
+        dashboard_address=":0",  # the scheduler always serves HTTP; 8787 may be taken
+        local_directory=str(tmp_path_factory.mktemp("dask")),
+        silence_logs=logging.ERROR,
+    )
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def address(cluster: Any) -> str:
+    return str(cluster.scheduler_address)
+
+
+def small_input(steps: int = 5, batch: int = 2, channels: int = 8) -> Array:
+    return np.random.default_rng(1).random((steps, batch, channels), dtype=np.float32)
+
+
+def dask(address: str | None, **options: Any) -> DaskRuntime:
+    """A Dask runtime that ships every op (local_threshold=0) unless told otherwise."""
+    options.setdefault("local_threshold", 0.0)
+    rt = dataflow.Runtime(backend="dask", address=address, **options)
+    assert isinstance(rt, DaskRuntime)
+    return rt
+
+
+def local_ensemble(ens: Ensemble, x: Array) -> Array:
+    async def main() -> Array:
+        y: Array = await (await ens(x))
+        return y
+
+    return dataflow.run(main, backend="local")
+
+
+class TestBackendChoice:
+    def test_local_is_the_default(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Runtime() is the plain local runtime, untouched by the Dask backend."""
+        monkeypatch.delenv("DATAFLOW_DASK_ADDRESS", raising=False)
+        assert type(dataflow.Runtime()) is dataflow.Runtime
+
+    def test_address_or_env_selects_dask(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """address=, backend='dask' and $DATAFLOW_DASK_ADDRESS give a DaskRuntime."""
+        monkeypatch.delenv("DATAFLOW_DASK_ADDRESS", raising=False)
+        assert type(dataflow.Runtime(address="tcp://127.0.0.1:1")) is DaskRuntime
+        monkeypatch.setenv("DATAFLOW_DASK_ADDRESS", "tcp://127.0.0.1:1")
+        rt = dataflow.Runtime()
+        assert type(rt) is DaskRuntime
+        assert rt.address == "tcp://127.0.0.1:1"
+        assert type(dataflow.Runtime(backend="local")) is dataflow.Runtime
+
+    def test_unknown_backend(self) -> None:
+        """An unknown backend name is a ValueError naming the choices."""
+        with pytest.raises(ValueError, match="'local' or 'dask'"):
+            dataflow.Runtime(backend="ray")
+
+    def test_dask_options_on_the_local_backend(self) -> None:
+        """Dask options with backend='local' are a TypeError that names them."""
+        with pytest.raises(TypeError, match="address, local_threshold"):
+            dataflow.Runtime(backend="local", address="tcp://x:1", local_threshold=0)
+
+    def test_dask_without_a_scheduler(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """backend='dask' alone says where the address comes from."""
+        monkeypatch.delenv("DATAFLOW_DASK_ADDRESS", raising=False)
+        with pytest.raises(DataflowError, match="DATAFLOW_DASK_ADDRESS"):
+            dataflow.Runtime(backend="dask")
+
+    def test_missing_extra_names_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without distributed installed, the error says which extra installs it."""
+        monkeypatch.setitem(sys.modules, "distributed", None)
+        with pytest.raises(DataflowError, match=r"pip install 'dataflow\[dask\]'"):
+            dataflow.Runtime(backend="dask", address="tcp://127.0.0.1:1")
+
+    def test_unreachable_scheduler(self) -> None:
+        """A scheduler that is not there is a DataflowError naming the address."""
+
+        async def main() -> None:
+            async with dataflow.Runtime(address="tcp://127.0.0.1:9", connect_timeout=0.5):
+                pass
+
+        with pytest.raises(DataflowError, match=r"cannot connect .*127\.0\.0\.1:9"):
+            dataflow.run(main)
+
+    def test_sync_client_is_rejected_with_advice(self, address: str) -> None:
+        """client= must be asynchronous on the runtime's loop; the error shows how."""
+        client = distributed.Client(address, set_as_default=False)
+        try:
+
+            async def main() -> None:
+                async with dataflow.Runtime(backend="dask", client=client):
+                    pass
+
+            with pytest.raises(DataflowError, match="asynchronous=True"):
+                dataflow.run(main)
+        finally:
+            client.close()
+
+
+class TestEnsemble:
+    def test_ensemble_matches_local(self, address: str, loop: str) -> None:
+        """The ensemble on the cluster equals the local backend's; only the output comes back."""
+        ens, x = Ensemble(2, 8, seed=0), small_input()
+        expected = local_ensemble(ens, x)
+        runtimes: list[Any] = []
+
+        async def main() -> Array:
+            async with dask(address) as rt:
+                runtimes.append(rt)
+                y: Array = await (await ens(x))
+            return y
+
+        y = dataflow.run(main, loop=loop)
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+        rt = runtimes[0]
+        assert rt.sent > 40 and rt.remote_done == rt.sent
+        assert rt.fetched == 1, "intermediates were fetched to the client"
+        assert rt.local_ops == 0
+
+    def test_manual_forks_match(self, address: str) -> None:
+        """The tutorial's fork/wait placement runs on the cluster with the same result."""
+        ens, x = Ensemble(2, 8, seed=3), small_input()
+        expected = local_ensemble(ens, x)
+
+        async def main() -> Array:
+            y: Array = await (await ensemble_forked(ens, x))
+            return y
+
+        async def on_dask() -> Array:
+            async with dask(address):
+                return await main()
+
+        np.testing.assert_allclose(dataflow.run(on_dask), expected, rtol=1e-5, atol=1e-6)
+
+    def test_dataflow_run_with_address(self, address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """dataflow.run(main, address=...) and $DATAFLOW_DASK_ADDRESS run main on Dask."""
+        seen: list[str] = []
+
+        async def main(x: Array) -> Any:
+            seen.append(type(dataflow.current_runtime()).__name__)
+            return ops.tanh(x) @ np.ones((3, 2), dtype=np.float32)
+
+        x = np.ones((4, 3), dtype=np.float32)
+        expected = np.tanh(x) @ np.ones((3, 2), dtype=np.float32)
+        np.testing.assert_allclose(dataflow.run(main, x, address=address), expected, rtol=1e-6)
+        monkeypatch.setenv("DATAFLOW_DASK_ADDRESS", address)
+        np.testing.assert_allclose(dataflow.run(main, x), expected, rtol=1e-6)
+        assert seen == ["DaskRuntime", "DaskRuntime"]
+
+    @pytest.mark.asyncio
+    async def test_kernels_run_on_worker_threads(self, address: str) -> None:
+        """A shipped op's kernel runs on a Dask worker thread, not on the client's threads."""
+        async with dask(address):
+            name = await where_run(np.ones(3))
+        assert "Dask" in name, name
+
+    @pytest.mark.asyncio
+    async def test_existing_async_client(self, address: str) -> None:
+        """client= reuses an asynchronous Client on the loop and leaves it open."""
+        async with distributed.Client(address, asynchronous=True, set_as_default=False) as c:
+            async with dask(client=c, address=None) as rt:
+                y = await add(np.ones(3), 2.0)
+            assert rt.sent == 1
+            assert c.status == "running"
+        np.testing.assert_array_equal(y, [3.0, 3.0, 3.0])
+
+
+class TestShipping:
+    @pytest.mark.asyncio
+    async def test_parameters_are_scattered_once(self, address: str) -> None:
+        """A weight passed to every step of a chain is sent once, not once per call."""
+        w = np.eye(64, dtype=np.float32) * 0.5
+        async with dask(address, scatter_bytes=4096) as rt:
+            h = ops.asarray(np.ones((2, 64), dtype=np.float32))
+            for _ in range(10):
+                h = ops.matmul(h, w)
+            y = await h
+            assert rt.sent == 10
+            assert rt.scattered == 1
+            z = await ops.matmul(h, w)  # a second batch reuses the scattered weight
+            assert rt.scattered == 1
+        np.testing.assert_allclose(y, np.full((2, 64), 0.5**10, dtype=np.float32))
+        np.testing.assert_allclose(z, np.full((2, 64), 0.5**11, dtype=np.float32))
+
+    @pytest.mark.asyncio
+    async def test_small_ops_stay_local(self, address: str) -> None:
+        """With local inputs and a small cost, an op runs on the client; a big one is sent."""
+        async with dask(address, local_threshold=1e-3) as rt:
+            small = ops.tanh(np.ones(4))
+            assert small.done() and rt.sent == 0 and rt.local_ops == 1
+            big = add(np.ones(4), 1.0)  # its cost rule says 1e12 flops
+            after = neg_inline(big)  # small, but its input is on the cluster: sent too
+            np.testing.assert_array_equal(await after, np.full(4, -2.0))
+            assert rt.sent == 2 and rt.fetched == 1
+
+    @pytest.mark.asyncio
+    async def test_bad_input_raises_at_the_call(self, address: str) -> None:
+        """Meta rules run at the call site: a shape error raises at once, nothing is sent."""
+        async with dask(address) as rt:
+            a = ops.asarray(np.ones((2, 3))) * 2.0
+            with pytest.raises(OpInputError):
+                ops.matmul(a, np.ones((4, 5)))
+            await a
+            assert rt.sent == 1
+
+    @pytest.mark.asyncio
+    async def test_plain_fork_gets_arrays(self, address: str) -> None:
+        """A forked plain function runs on the client and receives its inputs' arrays."""
+
+        def describe(v: Any) -> str:
+            return f"{type(v).__name__} {float(v.sum())}"
+
+        async with dask(address) as rt:
+            fut = dataflow.fork(describe, add(np.ones(3), 1.0))
+            assert await dataflow.wait(fut) == "ndarray 6.0"
+            assert rt.sent == 1 and rt.fetched == 1
+
+    @pytest.mark.asyncio
+    async def test_multiple_outputs(self, address: str) -> None:
+        """An op with several outputs ships once; each output feeds later ops by index."""
+        x = np.arange(12.0, dtype=np.float32).reshape(4, 3)
+        async with dask(address) as rt:
+            a, b = ops.split(ops.asarray(x) * 2.0, 2, axis=0)
+            y = await (b - a)
+            assert rt.fetched == 1
+        np.testing.assert_array_equal(y, np.full((2, 3), 12.0, dtype=np.float32))
+
+
+class TestErrors:
+    @pytest.mark.asyncio
+    async def test_kernel_error_at_await(self, address: str) -> None:
+        """A worker-side exception is a TaskError naming the op, with the original chained."""
+        async with dask(address):
+            bad = boom(np.ones(2))
+            after = add(bad, 1.0)
+            with pytest.raises(TaskError) as info:
+                await after
+            err = info.value
+            assert err.op == "boom" and err.task == bad.task.name
+            assert "dask worker" in str(err)
+            assert isinstance(err.__cause__, ValueError)
+            assert "boom in kernel" in str(err.__cause__)
+            with pytest.raises(TaskError) as again:
+                await dataflow.wait(bad)
+            assert again.value is err, "dependents fail with the failed task's own error"
+
+    def test_unobserved_failure_raised_at_close(self, address: str) -> None:
+        """A failure on the cluster that nobody awaited is raised when the runtime closes."""
+
+        async def main() -> None:
+            async with dask(address):
+                boom(np.ones(2))
+
+        with pytest.raises(dataflow.UnobservedTaskError) as info:
+            dataflow.run(main)
+        assert isinstance(info.value.__cause__, TaskError)
+
+    @pytest.mark.asyncio
+    async def test_failed_input_fails_a_client_side_task(self, address: str) -> None:
+        """A forked plain function whose input failed on the cluster fails with that error."""
+        async with dask(address):
+            bad = boom(np.ones(2))
+            fut = dataflow.fork(lambda v: v, bad)
+            with pytest.raises(TaskError) as info:
+                await fut
+            assert info.value.op == "boom"
+
+
+class TestCancellation:
+    @pytest.mark.asyncio
+    async def test_cancel_before_it_ran(self, address: str) -> None:
+        """A sent task cancelled before it computed raises CancelledTaskError; so do dependents."""
+        async with dask(address):
+            slow = sleep_op(np.ones(2), 0.3)
+            queued = add(slow, 1.0)
+            later = add(queued, 1.0)
+            assert queued.cancel()
+            with pytest.raises(CancelledTaskError):
+                await queued
+            with pytest.raises(CancelledTaskError):
+                await later
+            np.testing.assert_array_equal(await slow, [1.0, 1.0])
+
+    def test_body_error_cancels_what_was_sent(self, address: str) -> None:
+        """When the body raises, tasks still on the cluster are cancelled, not awaited."""
+        handles: list[Arr] = []
+
+        async def main() -> None:
+            async with dask(address):
+                x = sleep_op(np.ones(2), 0.2)
+                for _ in range(20):
+                    x = add(x, 1.0)
+                handles.append(x)
+                await __import__("asyncio").sleep(0.05)
+                raise KeyError("body failed")
+
+        with pytest.raises(KeyError):
+            dataflow.run(main)
+        assert isinstance(handles[0].exception(), CancelledTaskError)
+
+
+class TestTimeline:
+    def test_worker_threads_are_tracks(self, address: str) -> None:
+        """Profiling a Dask run draws each shipped kernel on a track named for its worker thread."""
+        ens, x = Ensemble(1, 8, seed=0), small_input(steps=3)
+        runtimes: list[Any] = []
+
+        async def main() -> Array:
+            async with dask(address) as rt:
+                runtimes.append(rt)
+                y: Array = await (await ens(x))
+            return y
+
+        with dataflow.profile() as prof:
+            dataflow.run(main)
+        trace = prof.trace()
+        remote = [t for t in trace.tasks if trace.threads[t.thread].startswith("dask tcp://")]
+        assert len(remote) == runtimes[0].sent
+        assert 1 <= len({t.thread for t in remote}) <= 2  # 2 workers x 1 thread
+        assert all(t.end >= t.start for t in remote)
+        steps = sorted((t for t in remote if t.op == "lstm_step"), key=lambda t: t.start)
+        assert len(steps) == 2 * 3
+        assert any(t.inputs for t in steps), "dependency edges are recorded"
+        assert not [t for t in threading.enumerate() if t.name.startswith("dask tcp://")]
+
+
+class TestProcesses:
+    def test_ensemble_on_worker_processes(self, tmp_path: Path) -> None:
+        """Worker processes (pickled kernels and results) give the local backend's result."""
+        ens, x = Ensemble(2, 8, seed=5), small_input(steps=4)
+        expected = local_ensemble(ens, x)
+        with distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",  # the scheduler always serves HTTP; 8787 may be taken
+            local_directory=str(tmp_path),
+            silence_logs=logging.ERROR,
+        ) as cluster:
+
+            async def main() -> Array:
+                async with dask(cluster.scheduler_address):
+                    y: Array = await (await ens(x))
+                return y
+
+            np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
+
+
+class TestCLI:
+    def test_run_dask_address(self, address: str, tmp_path: Path) -> None:
+        """`dataflow run --dask ADDRESS script.py`: the script's dataflow.run uses the cluster."""
+        script = tmp_path / "s.py"
+        script.write_text(
+            "import numpy as np, dataflow, ops\n"
+            "async def main():\n"
+            "    rt = dataflow.current_runtime()\n"
+            "    rt.local_threshold = 0.0\n"
+            "    y = await ops.tanh(np.zeros(3))\n"
+            "    print(type(rt).__name__, rt.sent, y.tolist())\n"
+            "dataflow.run(main)\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "run", "--dask", address, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "DaskRuntime 1 [0.0, 0.0, 0.0]"
