@@ -12,6 +12,7 @@ A graph file is a zip archive with two members:
   ``{"node": 3}`` / ``{"node": 3, "out": 1}`` / ``{"input": 0}`` / ``{"const": "name"}`` are
   references; ``{"tuple": [...]}``, ``{"dict": {...}}``, ``{"slice": [a, b, c]}``,
   ``{"ellipsis": true}``, ``{"dtype": "<f4"}``, ``{"scalar": "<f4", "value": 1.5}``,
+  ``{"scalar_type": "<f8"}`` (``np.float64`` itself), ``{"python_type": "float"}``,
   ``{"float": "nan"}``, ``{"complex": [re, im]}``, ``{"namedtuple": "module:Class",
   "fields": [...]}``, and inside fused steps ``{"arg": i}`` / ``{"tmp": j}``; JSON lists,
   strings, numbers, booleans and null stand for themselves.
@@ -68,6 +69,10 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "load", "read", "save"]
 FORMAT_NAME = "dataflow.graph"
 FORMAT_VERSION = 1
 FUSED = FusedOp.qualname
+
+
+# Python types an op may take as an argument (``astype(x, float)``), by name.
+_PYTHON_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "complex": complex}
 
 
 class _Bad(Exception):
@@ -128,6 +133,10 @@ def _encode(value: Any, where: str) -> Any:
         return {"ellipsis": True}
     if isinstance(value, np.dtype):
         return {"dtype": _dtype_text(value, where)}
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return {"scalar_type": _dtype_text(np.dtype(value), where)}
+    if value in _PYTHON_TYPES.values():
+        return {"python_type": value.__name__}
     if isinstance(value, np.generic):
         return {"scalar": _dtype_text(value.dtype, where), "value": _encode(value.item(), where)}
     raise TypeError(
@@ -347,6 +356,10 @@ class _Decoder:
             return complex(re, im)
         if keys == {"dtype"}:
             return self.dtype(v["dtype"], where)
+        if keys == {"scalar_type"}:
+            return self.dtype(v["scalar_type"], where).type
+        if keys == {"python_type"} and v["python_type"] in _PYTHON_TYPES:
+            return _PYTHON_TYPES[v["python_type"]]
         if keys == {"scalar", "value"}:
             dtype = self.dtype(v["scalar"], where)
             try:

@@ -121,7 +121,11 @@ def _key(value: Any) -> Any:
         return ("dtype", value.str)
     if t is slice:
         return (t, _key(value.start), _key(value.stop), _key(value.step))
-    return _Unique()
+    try:
+        hash(value)
+    except TypeError:
+        return _Unique()
+    return ("object", t, value)  # np.float64 (a type), enums ...: their own equality
 
 
 def _op_key(op: Any) -> Any:

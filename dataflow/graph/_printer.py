@@ -45,6 +45,11 @@ def format_literal(value: Any, ref: Callable[[Any], str]) -> str:
         return f"{t.__name__}(" + ", ".join(format_literal(v, ref) for v in value) + ")"
     if isinstance(value, np.dtype):
         return f"np.{value.name}" if value.isbuiltin and hasattr(np, value.name) else repr(value)
+    if isinstance(value, type):
+        name: str = value.__name__
+        if issubclass(value, np.generic) and getattr(np, name, None) is value:
+            return f"np.{name}"
+        return name if value in (bool, int, float, complex) else repr(value)
     if value is Ellipsis:
         return "..."
     return repr(value)

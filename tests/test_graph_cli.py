@@ -1,0 +1,132 @@
+"""`dataflow graph show` and `dataflow graph run`, through click's test runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import dataflow
+import ops
+from dataflow._cli import cli
+
+Array = np.ndarray[Any, Any]
+
+
+async def pair(x: Any, y: Any) -> Any:
+    return ops.add(x, y), {"diff": ops.subtract(x, y)}
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path, Path, Array, Array]:
+    """A saved two-input graph and two input arrays: (model, x.npy, y.npy, x, y)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    y = rng.standard_normal((2, 3)).astype(np.float32)
+    model = tmp_path / "pair.dfg"
+    dataflow.trace(pair, x, y).save(str(model))
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    return model, tmp_path / "x.npy", tmp_path / "y.npy", x, y
+
+
+def _invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+class TestShow:
+    def test_prints_the_ir(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """show prints the same IR as print(graph)."""
+        model = files[0]
+        result = _invoke("graph", "show", str(model))
+        assert result.exit_code == 0
+        assert result.output.rstrip("\n") == str(dataflow.load(str(model)))
+        assert result.output.startswith("graph(%x : float32[2, 3], %y : float32[2, 3]):")
+
+    def test_prints_the_code(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """show --code prints the Python source."""
+        result = _invoke("graph", "show", "--code", str(files[0]))
+        assert result.exit_code == 0
+        assert result.output.startswith("async def pair(self, x, y):")
+
+    def test_bad_file(self, tmp_path: Path) -> None:
+        """A file that is not a graph: exit 1 with the error's type and message."""
+        bad = tmp_path / "bad.dfg"
+        bad.write_bytes(b"not a zip")
+        result = CliRunner().invoke(cli, ["graph", "show", str(bad)])
+        assert result.exit_code == 1
+        assert "dataflow graph show: error: GraphFormatError:" in result.output
+
+
+class TestRun:
+    def test_prints_the_outputs(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """run prints each output's type and values."""
+        model, xf, yf, _, _ = files
+        result = _invoke("graph", "run", str(model), "-i", str(xf), "-i", str(yf))
+        assert result.exit_code == 0, result.output
+        assert "output0 : float32[2, 3]" in result.output
+        assert "output1.diff : float32[2, 3]" in result.output
+
+    def test_writes_an_npz(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """run -o saves the outputs, named by their place in the result."""
+        model, xf, yf, x, y = files
+        out = model.parent / "out.npz"
+        result = _invoke("graph", "run", str(model), "--input", str(xf), "--input", str(yf),
+                         "-o", str(out))  # fmt: skip
+        assert result.exit_code == 0, result.output
+        with np.load(out) as npz:
+            np.testing.assert_array_equal(npz["output0"], x + y)
+            np.testing.assert_array_equal(npz["output1.diff"], x - y)
+
+    def test_wrong_number_of_inputs(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """Too few inputs is a usage error naming the graph's inputs."""
+        model, xf, _, _, _ = files
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf)])
+        assert result.exit_code == 2
+        assert "takes 2 input(s) (x: float32[2, 3], y: float32[2, 3])" in result.output
+
+    def test_wrong_input_shape(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """An input of another shape: exit 1 with the graph's message."""
+        model, xf, _, _, _ = files
+        other = model.parent / "z.npy"
+        np.save(other, np.zeros((5, 3), np.float32))
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf),
+                                          "-i", str(other)])  # fmt: skip
+        assert result.exit_code == 1
+        assert "OpInputError" in result.output and "traced with [2, 3]" in result.output
+
+    def test_untrusted_module_says_how_to_trust(self, tmp_path: Path) -> None:
+        """A graph whose op module is not imported and not trusted: exit 1, --trust hint."""
+        model = tmp_path / "m.dfg"
+        x = np.ones(2, np.float32)
+        dataflow.trace(ops.negative, x).save(str(model))
+        np.save(tmp_path / "x.npy", x)
+        doc_model = tmp_path / "n.dfg"
+        import json
+        import zipfile
+
+        with zipfile.ZipFile(model) as zf:
+            members = {n: zf.read(n) for n in zf.namelist()}
+        doc = json.loads(members["graph.json"])
+        doc["nodes"][0]["op"] = "not_imported_pkg.sub:negative"
+        members["graph.json"] = json.dumps(doc).encode()
+        with zipfile.ZipFile(doc_model, "w") as zf:
+            for n, data in members.items():
+                zf.writestr(n, data)
+        result = CliRunner().invoke(cli, ["graph", "run", str(doc_model), "-i",
+                                          str(tmp_path / "x.npy")])  # fmt: skip
+        assert result.exit_code == 1
+        assert "--trust not_imported_pkg" in result.output
+
+    def test_pickled_input_is_refused(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
+        """An input .npy holding Python objects is refused, not unpickled."""
+        model, xf, _, _, _ = files
+        evil = model.parent / "evil.npy"
+        np.save(evil, np.array([object()], dtype=object), allow_pickle=True)
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf),
+                                          "-i", str(evil)])  # fmt: skip
+        assert result.exit_code == 1
+        assert "without pickles" in result.output
