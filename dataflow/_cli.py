@@ -24,6 +24,7 @@ from ._profile import Profiler, op_table, summarize
 from ._render import render_html, render_svg
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
 from ._trace import Trace, load
+from .graph._commands import graph_group
 
 __all__ = ["configure_logging", "main"]
 
@@ -346,6 +347,10 @@ def trace_render(path: str, output: str | None, width: int) -> None:
 def info() -> None:
     """Print the thread settings, BLAS and event loop (parallel_info())."""
     click.echo(parallel_info())
+
+
+# `dataflow graph show/run`: saved graph files (dataflow.graph._commands).
+cli.add_command(graph_group)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
