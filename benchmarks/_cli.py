@@ -98,6 +98,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="measured rounds per comparison (default 5, 2 with --quick)",
     )
     p.add_argument(
+        "--big-rounds",
+        type=_rounds,
+        default=None,
+        help="rounds at the seed size (50, 50, 1024) in 'ensemble' and 'scaling' (default: "
+        "--rounds); lower it when the full run is too slow",
+    )
+    p.add_argument(
         "--threads",
         type=_threads,
         default=(1, 2, 4, 8, 16),
@@ -133,7 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the selected benchmarks; 0 when all of them ran, 1 when one failed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    cfg = Config(quick=args.quick, rounds=args.rounds, threads=args.threads, verbose=not args.quiet)
+    cfg = Config(
+        quick=args.quick,
+        rounds=args.rounds,
+        threads=args.threads,
+        verbose=not args.quiet,
+        big_rounds=args.big_rounds,
+    )
     log = _log(args.quiet)
     machine = describe(argv)
     print(summary(machine), flush=True)
@@ -142,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config": {
             "quick": cfg.quick,
             "rounds": cfg.rounds,
+            "big_rounds": cfg.big_rounds,
             "threads": list(cfg.threads),
             "benchmarks": args.names,
         },

@@ -40,6 +40,13 @@ class Config:
     rounds: int = 5
     threads: tuple[int, ...] = (1, 2, 4, 8, 16)
     verbose: bool = True
+    big_rounds: int | None = None  # rounds at the seed size (50, 50, 1024); None: ``rounds``
+
+    def rounds_for(self, size: tuple[int, ...]) -> int:
+        """Rounds for a workload: ``big_rounds`` at the seed size when given."""
+        if self.big_rounds is not None and tuple(size) == (50, 50, 1024):
+            return self.big_rounds
+        return self.rounds
 
 
 @dataclass

@@ -297,7 +297,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
         w = Workload(size, cfg.quick)
         contenders = w.all_contenders()
         log(f"ensemble: {size}: {w.repeats} forward(s) per round, {w.flops / 1e9:.1f} GFLOP")
-        rows = interleave(contenders, cfg.rounds, baseline="numpy sequential", log=log)
+        rows = interleave(contenders, cfg.rounds_for(size), baseline="numpy sequential", log=log)
         add_roofline(rows, w.flops, rate)
         t, b, c = size
         comparisons.append(
@@ -311,6 +311,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
                     "size": list(size),
                     "gemm_flops": w.flops,
                     "repeats_per_round": w.repeats,
+                    "rounds": cfg.rounds_for(size),
                     "matmul_rate_flops": rate,
                     "matmul_rate_1thread_flops": rate1,
                     "roofline_s": w.flops / rate,
@@ -320,7 +321,8 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
                     f"{w.flops / 1e9:.1f} GFLOP of matmul per forward; best float32 matmul "
                     f"{rate_all / 1e9:.0f} GFLOP/s on {n} threads ({rate1 / 1e9:.0f} on 1) -> "
                     f"roofline {w.flops / rate:.4g} s",
-                    f"round value = mean of {w.repeats} forward(s); ratio = median of per-round "
+                    f"{cfg.rounds_for(size)} rounds (+1 warm-up); round value = mean of "
+                    f"{w.repeats} forward(s); ratio = median of per-round "
                     "ratios to numpy sequential (lower is faster); outputs checked every round",
                 ],
             )

@@ -33,7 +33,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
             c.skip = f"more threads than the {n_cores} cores available"
         contenders.append(c)
     log(f"scaling: {size}, threads {list(cfg.threads)}, {n_cores} cores")
-    rows = interleave(contenders, cfg.rounds, baseline="numpy sequential", log=log)
+    rows = interleave(contenders, cfg.rounds_for(size), baseline="numpy sequential", log=log)
     one = next((r for r in rows if r.name == "dataflow, 1 inter-op" and r.median), None)
     for r in rows:
         if one is not None and one.median and r.median and r.name.startswith("dataflow"):
