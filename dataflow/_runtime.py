@@ -380,7 +380,7 @@ class Runtime:
                 cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE < _inline_threshold
             )
         waiting = [t for t in inputs if t.state != DONE] if inputs else inputs
-        if inline and not waiting and not self._cancelling:
+        if inline and not waiting and not self._cancelling and self.simulate is None:
             self._run_inline(task)
             return task
         with self._lock:
