@@ -15,7 +15,7 @@ and chrome://tracing):
   loop, ``interop-N`` for pool workers) and ``thread_sort_index``;
 * a flow (``s`` then ``f`` with ``bp: "e"``, same ``id``) from each task to each dependent;
 * forked coroutines and waits as async slices (``b``/``e`` with an ``id``) on the loop track;
-* counters (``C``): tasks running and tasks ready;
+* counters (``C``): tasks running and tasks ready (``running``/``ready``, arg ``tasks``);
 * ``otherData.dataflow``: the wall time and the tasks that never ran, so a loaded trace gives
   the same summary as the live profile.
 """
@@ -197,8 +197,8 @@ def to_chrome(trace: Trace, process_name: str = "dataflow") -> dict[str, Any]:
         events.append(begin)
         events.append({**common, "ph": "e", "ts": _us(s.end)})
     events.extend(_counters(trace, pid, loop_tid))
+    # Small keys first: Perfetto's streaming reader wants displayTimeUnit before the events.
     return {
-        "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {
             "dataflow": {
@@ -208,6 +208,7 @@ def to_chrome(trace: Trace, process_name: str = "dataflow") -> dict[str, Any]:
                 "unrun_cancelled": trace.unrun_cancelled,
             }
         },
+        "traceEvents": events,
     }
 
 
@@ -230,9 +231,10 @@ def _counters(trace: Trace, pid: int, tid: int) -> list[dict[str, Any]]:
         d_run, d_ready = changes[ts]
         running += d_run
         ready += d_ready
+        # Perfetto names a counter track "<name> <arg>": "running tasks", "ready tasks".
         for name, changed, value in (
-            ("tasks running", d_run or not out, running),
-            ("tasks ready", d_ready or not out, ready),
+            ("running", d_run or not out, running),
+            ("ready", d_ready or not out, ready),
         ):
             if changed:
                 out.append(

@@ -31,6 +31,11 @@ def check_chrome_trace(data: Any) -> None:
     """Assert the rules of the Chrome Trace Event format (JSON object form) that we rely on."""
     assert isinstance(data, dict)
     assert data["displayTimeUnit"] in ("ms", "ns")
+    # Perfetto's reader stops at a top-level key it does not know, and wants the time unit
+    # before the events.
+    assert set(data) <= {"traceEvents", "displayTimeUnit", "otherData"}
+    keys = list(data)
+    assert keys.index("displayTimeUnit") < keys.index("traceEvents")
     events = data["traceEvents"]
     assert isinstance(events, list) and events
     slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
@@ -281,8 +286,8 @@ class TestChromeTrace:
         """Counter tracks count tasks running (at least 2 at once here) and ready."""
         data = json.loads(two_chains_trace[1].read_text())
         counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
-        running = [e["args"]["tasks"] for e in counters if e["name"] == "tasks running"]
-        ready = [e["args"]["tasks"] for e in counters if e["name"] == "tasks ready"]
+        running = [e["args"]["tasks"] for e in counters if e["name"] == "running"]
+        ready = [e["args"]["tasks"] for e in counters if e["name"] == "ready"]
         assert max(running) >= 2 and running[-1] == 0
         assert ready and ready[-1] == 0
 
