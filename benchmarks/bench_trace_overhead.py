@@ -2,22 +2,24 @@
 
 Run: ``python benchmarks/bench_trace_overhead.py [--ops 100000] [--rounds 7]``
 
-Each round dispatches ``--ops`` tiny inline ops (a ``dataflow.op`` whose cost rule makes it
-run on the calling thread: the hot path at its shortest, where instrumentation weighs most)
-inside ``dataflow.run``, and reports microseconds per op for every contender:
+Each round is one ``dataflow.run`` that dispatches ``--ops`` tiny inline ops per contender (a
+``dataflow.op`` whose cost rule makes it run on the calling thread: the hot path at its
+shortest, where instrumentation weighs most), and reports microseconds per op for:
 
 * **compiled out**: ``Runtime.submit``/``execute`` with every ``if ACTIVE:`` block removed
   (rebuilt from their source with ``ast``): the hot path without instrumentation at all;
 * **off**: the library as it is, no instrument attached (the ``if ACTIVE:`` tests only);
 * **no-op instrument**: an instrument whose start/finish hooks do nothing: the price of
   the event stream itself (``emit``: a timestamp, a lookup, a call per event);
-* **profile**: ``dataflow.profile()`` recording (one tuple appended per event);
+* **profile**: ``dataflow.profile()`` recording (one list.extend per event);
 * **profile, per-hook emit**: the same, with ``emit`` replaced by a per-hook table of bound
   methods (a proposed change to ``_instrument.emit``, patched in for this row only).
 
-Contenders run round by round in a rotated order; a contender's figure is the median over
-rounds, its ratio the median of the per-round ratios to its reference (shared 2-vCPU machines
-stall for seconds at a time: a stall hits one round of every contender, not one contender).
+The machines this runs on are shared 2-vCPU VMs that stall for whole seconds, so contenders
+take turns in chunks of ``--chunk`` ops within each round, in an order rotated from chunk to
+chunk; a round's figure for a contender is its total time over its ops, its overhead the
+median over rounds of the ratio to its reference in the same round. The profile keeps one
+recording per round across its chunks, so its memory grows as in a real run.
 Targets: off <= 1% over compiled out; profile <= 10% over off.
 """
 
@@ -30,10 +32,10 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import dataflow
@@ -59,22 +61,7 @@ def _handle(task: dataflow.Task, index: int | None, spec: Any) -> dataflow.Pendi
 tiny = dataflow.op("tiny", meta=_meta, handle=_handle, cost=_cost)(_kernel)
 
 
-def measure(n: int) -> tuple[float, float]:
-    """Microseconds per op (wall, and the thread's CPU time) for ``n`` tiny inline ops."""
-
-    async def main() -> tuple[float, float]:
-        x = 1.0
-        op = tiny
-        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-        for _ in range(n):
-            op(x)
-        c1, t1 = time.thread_time_ns(), time.perf_counter_ns()
-        return (t1 - t0) / n / 1e3, (c1 - c0) / n / 1e3
-
-    return dataflow.run(main, interop_threads=1)
-
-
-# -- contenders -------------------------------------------------------------------------------
+# -- contenders: each is (switch on, switch off), called between chunks --------------------------
 
 
 class _StripActive(ast.NodeTransformer):
@@ -98,45 +85,12 @@ def _compiled_out(name: str) -> Callable[..., Any]:
     return stripped
 
 
-@contextmanager
-def compiled_out() -> Iterator[None]:
-    saved = {n: getattr(_runtime.Runtime, n) for n in ("submit", "execute")}
-    for n in saved:
-        setattr(_runtime.Runtime, n, _compiled_out(n))
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(_runtime.Runtime, n, fn)
-
-
-@contextmanager
-def nothing() -> Iterator[None]:
-    yield
-
-
 class NoOp:
     def task_started(self, ts: int, task: Any) -> None:
         pass
 
     def task_finished(self, ts: int, task: Any) -> None:
         pass
-
-
-@contextmanager
-def instrument(make: Callable[[], Any]) -> Iterator[None]:
-    inst = make()
-    dataflow.add_instrument(inst)
-    try:
-        yield
-    finally:
-        dataflow.remove_instrument(inst)
-
-
-@contextmanager
-def profiling() -> Iterator[None]:
-    with dataflow.profile():
-        yield
 
 
 def _per_hook_emit() -> Callable[..., None]:
@@ -159,98 +113,145 @@ def _per_hook_emit() -> Callable[..., None]:
     return emit
 
 
-@contextmanager
-def profiling_per_hook_emit() -> Iterator[None]:
-    namespace = vars(_runtime)  # the runtime calls emit() through its module's globals
-    with dataflow.profile():
-        saved = namespace["emit"]
-        namespace["emit"] = _per_hook_emit()
-        try:
-            yield
-        finally:
-            namespace["emit"] = saved
+class Round:
+    """The contenders' switches for one round (one recording for each profile row)."""
+
+    def __init__(self) -> None:
+        self.original = {n: getattr(_runtime.Runtime, n) for n in ("submit", "execute")}
+        self.stripped = {n: _compiled_out(n) for n in self.original}
+        self.noop = NoOp()
+        self.profiles = [dataflow.Profiler(), dataflow.Profiler()]
+        for p in self.profiles:  # started, then detached until their chunks
+            p.start()
+            dataflow.remove_instrument(p)
+        self.namespace = vars(_runtime)  # the runtime calls emit() through its globals
+        self.emit = self.namespace["emit"]
+
+    def switches(self) -> list[tuple[str, Callable[[], None], Callable[[], None], str]]:
+        def strip() -> None:
+            for n, fn in self.stripped.items():
+                setattr(_runtime.Runtime, n, fn)
+
+        def restore() -> None:
+            for n, fn in self.original.items():
+                setattr(_runtime.Runtime, n, fn)
+
+        def nothing() -> None:
+            pass
+
+        def attach(inst: Any) -> Callable[[], None]:
+            return lambda: dataflow.add_instrument(inst)
+
+        def detach(inst: Any) -> Callable[[], None]:
+            return lambda: dataflow.remove_instrument(inst)
+
+        def per_hook_on() -> None:
+            dataflow.add_instrument(self.profiles[1])
+            self.namespace["emit"] = _per_hook_emit()
+
+        def per_hook_off() -> None:
+            self.namespace["emit"] = self.emit
+            dataflow.remove_instrument(self.profiles[1])
+
+        return [
+            ("compiled out", strip, restore, ""),
+            ("off", nothing, nothing, "compiled out"),
+            ("no-op instrument", attach(self.noop), detach(self.noop), "off"),
+            ("profile", attach(self.profiles[0]), detach(self.profiles[0]), "off"),
+            ("profile, per-hook emit", per_hook_on, per_hook_off, "off"),
+        ]
 
 
-CONTENDERS: list[tuple[str, Callable[[], Any], str]] = [
-    ("compiled out", compiled_out, ""),
-    ("off", nothing, "compiled out"),
-    ("no-op instrument", lambda: instrument(NoOp), "off"),
-    ("profile", profiling, "off"),
-    ("profile, per-hook emit", profiling_per_hook_emit, "off"),
-]
+def one_round(ops: int, chunk: int) -> tuple[dict[str, float], dict[str, float], Round]:
+    """Microseconds per op (wall, CPU) for each contender, over one dataflow.run."""
+    rnd = Round()
+    switches = rnd.switches()
+    wall = {name: 0 for name, *_ in switches}
+    cpu = {name: 0 for name, *_ in switches}
+
+    async def main() -> None:
+        x = 1.0
+        op = tiny
+        for c in range(ops // chunk):
+            k = c % len(switches)
+            for name, on, off, _ in switches[k:] + switches[:k]:
+                on()
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                for _ in range(chunk):
+                    op(x)
+                c1, t1 = time.thread_time_ns(), time.perf_counter_ns()
+                off()
+                wall[name] += t1 - t0
+                cpu[name] += c1 - c0
+
+    dataflow.run(main, interop_threads=1)
+    n = (ops // chunk) * chunk * 1e3
+    return {k: v / n for k, v in wall.items()}, {k: v / n for k, v in cpu.items()}, rnd
 
 
-# -- the run ------------------------------------------------------------------------------------
+def run(ops: int, rounds: int, chunk: int) -> dict[str, Any]:
+    one_round(min(ops, 10 * chunk), chunk)  # warm up: imports, caches
+    walls: list[dict[str, float]] = []
+    cpus: list[dict[str, float]] = []
+    for _ in range(rounds):
+        w, c, rnd = one_round(ops, chunk)
+        walls.append(w)
+        cpus.append(c)
+    names = [(name, ref) for name, _, _, ref in rnd.switches()]
 
+    def overhead(values: list[dict[str, float]], name: str, ref: str) -> float | None:
+        return statistics.median(v[name] / v[ref] for v in values) - 1 if ref else None
 
-def run(ops: int, rounds: int) -> dict[str, Any]:
-    wall: dict[str, list[float]] = {name: [] for name, _, _ in CONTENDERS}
-    cpu: dict[str, list[float]] = {name: [] for name, _, _ in CONTENDERS}
-    measure(min(ops, 10_000))  # warm up: imports, the pool, caches
-    for r in range(rounds):
-        k = r % len(CONTENDERS)
-        for name, setup, _ in CONTENDERS[k:] + CONTENDERS[:k]:
-            with setup():
-                w, c = measure(ops)
-            wall[name].append(w)
-            cpu[name].append(c)
-
-    def overhead(values: dict[str, list[float]], name: str, ref: str) -> float | None:
-        if not ref:
-            return None
-        return statistics.median(a / b for a, b in zip(values[name], values[ref], strict=True)) - 1
-
-    rows = []
-    for name, _, ref in CONTENDERS:
-        rows.append(
-            {
-                "contender": name,
-                "us_per_op": statistics.median(wall[name]),
-                "min_us_per_op": min(wall[name]),
-                "cpu_us_per_op": statistics.median(cpu[name]),
-                "vs": ref or None,
-                "overhead": overhead(wall, name, ref),
-                "cpu_overhead": overhead(cpu, name, ref),
-            }
-        )
-    export = _export_seconds(ops)
+    rows = [
+        {
+            "contender": name,
+            "us_per_op": statistics.median(w[name] for w in walls),
+            "min_us_per_op": min(w[name] for w in walls),
+            "cpu_us_per_op": statistics.median(c[name] for c in cpus),
+            "vs": ref or None,
+            "overhead": overhead(walls, name, ref),
+            "cpu_overhead": overhead(cpus, name, ref),
+        }
+        for name, ref in names
+    ]
     return {
         "benchmark": "trace_overhead",
         "ops": ops,
+        "chunk": chunk,
         "rounds": rounds,
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
         "rows": rows,
-        "export_s": export,
+        "export_s": _export_seconds(rnd.profiles[0]),
     }
 
 
-def _export_seconds(ops: int) -> dict[str, float]:
-    """One-off: building and writing the trace of ``ops`` tasks (not on the hot path)."""
-    import tempfile
-
-    with dataflow.profile() as prof:
-        measure(ops)
+def _export_seconds(prof: dataflow.Profiler) -> dict[str, float]:
+    """One-off: building and writing the trace of a round's recording (not on the hot path)."""
+    prof.stop()
     t0 = time.perf_counter()
-    prof.trace()
+    tasks = len(prof.trace().tasks)
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(os.path.join(tmp, "t.json"))
-        size = os.path.getsize(os.path.join(tmp, "t.json"))
+        path = os.path.join(tmp, "t.json")
+        prof.export_chrome_trace(path)
+        size = os.path.getsize(path)
     t2 = time.perf_counter()
-    return {"build": t1 - t0, "write": t2 - t1, "mb": size / 1e6}
+    return {"tasks": tasks, "build": t1 - t0, "write": t2 - t1, "mb": size / 1e6}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", type=int, default=100_000, help="ops per round")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds (>= 5)")
+    parser.add_argument("--ops", type=int, default=100_000, help="ops per contender per round")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds (at least 5)")
+    parser.add_argument("--chunk", type=int, default=2_000, help="ops per turn")
     args = parser.parse_args()
-    result = run(args.ops, max(args.rounds, 5))
-    print(f"{args.ops} tiny inline ops per round, {result['rounds']} rounds, median per op")
+    result = run(args.ops, max(args.rounds, 5), args.chunk)
     print(
-        "(cpu: the dispatching thread's CPU time, less disturbed by other tenants of the machine)"
+        f"{args.ops} tiny inline ops per contender per round, in turns of {args.chunk}; "
+        f"{result['rounds']} rounds; medians"
     )
+    print("(cpu: the dispatching thread's CPU time, less disturbed by other tenants)")
     head = (
         f"{'contender':<24} {'us/op':>7} {'min':>7} {'cpu us':>7}  {'overhead':>8} {'(cpu)':>8}  vs"
     )
@@ -268,8 +269,8 @@ def main() -> None:
         )
     e = result["export_s"]
     print(
-        f"trace of {args.ops} tasks: built in {e['build']:.2f} s, written in {e['write']:.2f} s "
-        f"({e['mb']:.1f} MB)"
+        f"trace of {e['tasks']} tasks: built in {e['build']:.2f} s, written in "
+        f"{e['write']:.2f} s ({e['mb']:.1f} MB)"
     )
     print(json.dumps(result))
 

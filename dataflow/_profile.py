@@ -3,10 +3,12 @@
 ``with dataflow.profile() as prof:`` (or ``async with``) attaches a :class:`Profiler` to the
 event stream (see ``_instrument``) for the duration of the block. Recording is kept cheap, as
 measured by ``benchmarks/bench_trace_overhead.py``: each hook extends one flat list by a record
-(kind, timestamp, task name, and for a kernel start its thread, op, spec, cost and inputs'
-names). The list holds no tuple per event (the garbage collector would scan every one) and no
-task (values stay free to be released). The thread's native id is cached per thread, as
-reading it is a system call. Everything else happens when a result is asked for:
+(kind, timestamp, task id; for a kernel start also its thread, op, spec, flops, bytes and its
+inputs' ids). The list keeps no tuple per event and no Cost (the garbage collector would scan
+each one), no task (values stay free to be released), and task ids rather than names (keeping
+each name string alive measured dearer; names are rebuilt as ``op#id``). The thread's native
+id is cached per thread: reading it is a system call. The rest waits for a result to be asked
+for:
 
 * :meth:`Profiler.export_chrome_trace` writes the timeline for ui.perfetto.dev or
   chrome://tracing (format in ``_trace``);
@@ -49,11 +51,12 @@ __all__ = [
 ]
 
 # Record kinds (the first item of each record), named after the hooks, and record lengths:
-#   READY, FINISHED, FAILED, CANCELLED, FORK_END, WAIT_END: kind, ts, name
-#   STARTED: kind, ts, name, thread, op, spec, cost, input names (or None)
+#   READY, FINISHED, FAILED, CANCELLED: kind, ts, task id
+#   STARTED: kind, ts, task id, thread, op, spec, flops, bytes, input ids (or None)
+#   FORK_END, WAIT_END: kind, ts, name
 #   FORK: kind, ts, name, thread, parent          WAIT: kind, ts, name, thread
 _READY, _STARTED, _FINISHED, _FAILED, _CANCELLED, _FORK, _FORK_END, _WAIT, _WAIT_END = range(9)
-_LENGTHS = (3, 8, 3, 3, 3, 5, 3, 4, 3)
+_LENGTHS = (3, 9, 3, 3, 3, 5, 3, 4, 3)
 _KINDS = (
     "task_ready",
     "task_started",
@@ -72,7 +75,7 @@ class Event(NamedTuple):
 
     kind: str  # the hook's name: "task_started", "fork", ...
     ts: int  # time.perf_counter_ns() when it happened
-    name: str  # the task's (or forked coroutine's, or awaited future's) name
+    task: int | str  # the task's id; for forks and waits, the coroutine's or future's name
     thread: int | None  # native id of the thread it happened on, where recorded
     op: str | None  # the task's op, for task_started
 
@@ -145,7 +148,7 @@ class Profiler:
     # -- hooks (called on the thread where the event happens; keep them short) -------------------
 
     def task_ready(self, ts: int, task: Task) -> None:
-        self._add((_READY, ts, task.name))
+        self._add((_READY, ts, task.id))
 
     def task_started(self, ts: int, task: Task) -> None:
         try:
@@ -153,17 +156,22 @@ class Profiler:
         except AttributeError:
             tid = self._register_thread()
         inputs = task.inputs
-        names = [t.name for t in inputs] if inputs else None
-        self._add((_STARTED, ts, task.name, tid, task.op, task.spec, task.cost, names))
+        ids = [t.id for t in inputs] if inputs else None
+        # The cost's two floats, not the Cost: a tuple kept alive per task costs GC time.
+        cost = task.cost
+        if cost is None:
+            self._add((_STARTED, ts, task.id, tid, task.op, task.spec, None, None, ids))
+        else:
+            self._add((_STARTED, ts, task.id, tid, task.op, task.spec, cost[0], cost[1], ids))
 
     def task_finished(self, ts: int, task: Task) -> None:
-        self._add((_FINISHED, ts, task.name))
+        self._add((_FINISHED, ts, task.id))
 
     def task_failed(self, ts: int, task: Task) -> None:
-        self._add((_FAILED, ts, task.name))
+        self._add((_FAILED, ts, task.id))
 
     def task_cancelled(self, ts: int, task: Task) -> None:
-        self._add((_CANCELLED, ts, task.name))
+        self._add((_CANCELLED, ts, task.id))
 
     def fork(self, ts: int, name: str, parent: str | None) -> None:
         try:
@@ -257,11 +265,12 @@ def _records(raw: list[Any]) -> list[tuple[Any, ...]]:
 def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int) -> Trace:
     """Turn recorded tuples into task spans; corrects for events reported slightly late."""
     stop = (t1 or time.perf_counter_ns()) - t0
-    ready: dict[str, int] = {}
+    ready: dict[int, int] = {}
     for rec in raw:
         if rec[0] == _READY:
             ready.setdefault(rec[2], rec[1] - t0)
-    tasks: dict[str, TaskSpan] = {}
+    tasks: dict[int, TaskSpan] = {}
+    input_ids: dict[int, list[int]] = {}
     forks: dict[str, tuple[int, int, str | None]] = {}
     waits: dict[str, list[tuple[int, int]]] = {}
     spans: list[Span] = []
@@ -269,14 +278,17 @@ def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int
     for rec in raw:
         kind, ts = rec[0], rec[1] - t0
         if kind == _STARTED:
-            _, _, name, tid, op, spec, cost, inputs = rec
+            _, _, task_id, tid, op, spec, flops, nbytes, inputs = rec
             args = describe_spec(spec)
-            if cost is not None:
-                args["flops"] = cost.flops
-                args["bytes"] = cost.bytes
-            tasks[name] = TaskSpan(
-                name, op, tid, ts, -1, ready.get(name, ts), tuple(inputs or ()), args
+            if flops is not None:
+                args["flops"] = flops
+                args["bytes"] = nbytes
+            # Task names are "op#id" (see Task.__init__).
+            tasks[task_id] = TaskSpan(
+                f"{op}#{task_id}", op, tid, ts, -1, ready.get(task_id, ts), (), args
             )
+            if inputs:
+                input_ids[task_id] = inputs
         elif kind in (_FINISHED, _FAILED):
             span = tasks.get(rec[2])
             if span is not None and span.end < 0:
@@ -303,6 +315,8 @@ def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int
         spans.append(Span("fork", name, tid, ts, stop, parent))
     for name, pending in waits.items():
         spans.extend(Span("wait", name, tid, ts, stop) for ts, tid in pending)
+    for task_id, ids in input_ids.items():  # inputs that ran before profiling have no op
+        tasks[task_id].inputs = tuple(tasks[i].name if i in tasks else f"?#{i}" for i in ids)
     for span in tasks.values():
         if span.end < 0:  # still running when profiling stopped
             span.end = stop
@@ -310,10 +324,10 @@ def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int
     # A kernel's end and a task's readiness are reported just after the runtime publishes
     # them, so a dependent can be seen starting a few ns before its input's end, or before it
     # was reported ready. Clamp those, so every dependency edge points forward in time.
-    for span in tasks.values():
+    for task_id, span in tasks.items():
         span.ready = min(span.ready, span.start)
-        for src_name in span.inputs:
-            src = tasks.get(src_name)
+        for src_id in input_ids.get(task_id, ()):
+            src = tasks.get(src_id)
             if src is not None and src.end > span.start:
                 src.end = max(src.start, span.start)
     ordered = sorted(tasks.values(), key=lambda t: (t.start, t.id))
