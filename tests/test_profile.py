@@ -167,9 +167,9 @@ def two_chains_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Pat
 
 
 class TestRecording:
-    def test_every_kernel_starts_and_finishes(self) -> None:
+    def test_every_kernel_starts_and_finishes(self, loop: str) -> None:
         """Each task run is recorded as a start (with thread and op) and a finish."""
-        prof = profile_two_chains(loop="asyncio")
+        prof = profile_two_chains(loop=loop)
         kinds = Counter(e.kind for e in prof.events)
         assert kinds["task_started"] == kinds["task_finished"] == 17
         started = [e for e in prof.events if e.kind == "task_started"]
@@ -192,6 +192,15 @@ class TestRecording:
             await (await _chain(a, w, 2))
         assert len(prof.trace().tasks) == 4
         assert prof not in ACTIVE
+
+    def test_every_runtime_while_open(self) -> None:
+        """Two runs in one profile: both recorded; same-named pool threads share a row."""
+        with dataflow.profile() as prof:
+            dataflow.run(two_chains, 32, 1, interop_threads=2)
+            dataflow.run(two_chains, 32, 1, interop_threads=2)
+        trace = prof.trace()
+        assert len(trace.tasks) == 10
+        assert set(prof.summary().busy_s) <= {"loop", "interop-0", "interop-1"}
 
     def test_records_once(self) -> None:
         """A profiler cannot be restarted; the error says what to do."""
@@ -299,6 +308,28 @@ class TestChromeTrace:
         for field in ("wall_s", "profiled_s", "critical_path_s", "total_busy_s", "ready_wait_s"):
             assert getattr(loaded, field) == pytest.approx(getattr(live, field), abs=1e-6)
         assert loaded.busy_s.keys() == live.busy_s.keys()
+
+    def test_inline_op_nests_in_forked_function(self, tmp_path: Path) -> None:
+        """An op run inline inside a forked function is a slice nested in the function's."""
+
+        def outer(x: np.ndarray) -> Any:
+            return ops.negative(x)  # tiny: runs inline, on this worker, inside outer's slice
+
+        async def main() -> Any:
+            return await (await dataflow.fork(outer, np.ones(4)))
+
+        with dataflow.profile() as prof:
+            dataflow.run(main, interop_threads=1)
+        prof.export_chrome_trace(tmp_path / "t.json")
+        data = json.loads((tmp_path / "t.json").read_text())
+        check_chrome_trace(data)
+        xs = {e["name"].rpartition(".")[2]: e for e in x_events(data)}  # outer: a qualname
+        assert xs["negative"]["tid"] == xs["outer"]["tid"]
+        assert xs["outer"]["ts"] <= xs["negative"]["ts"]
+        trace = prof.trace()
+        by_op = {t.op.rpartition(".")[2]: t for t in trace.tasks}
+        busy = prof.summary().busy_s[trace.threads[by_op["outer"].thread]]
+        assert busy == pytest.approx(by_op["outer"].duration / 1e9)
 
     def test_failed_task(self, tmp_path: Path) -> None:
         """A kernel that raises is a slice with status failed; its dependents never ran."""
