@@ -6,8 +6,9 @@ Each round is one ``dataflow.run`` that dispatches ``--ops`` tiny inline ops per
 ``dataflow.op`` whose cost rule makes it run on the calling thread: the hot path at its
 shortest, where instrumentation weighs most), and reports microseconds per op for:
 
-* **compiled out**: ``Runtime.submit``/``execute`` with every ``if ACTIVE:`` block removed
-  (rebuilt from their source with ``ast``): the hot path without instrumentation at all;
+* **compiled out**: every ``Runtime`` method that tests ``ACTIVE`` (``submit``, ``execute``,
+  the inline path...) rebuilt from its source with ``ast``, its ``if ACTIVE:`` blocks removed:
+  the hot path without instrumentation at all;
 * **off**: the library as it is, no instrument attached (the ``if ACTIVE:`` tests only);
 * **no-op instrument**: an instrument whose start/finish hooks do nothing: the price of
   the event stream itself (``emit``: a timestamp, a lookup, a call per event);
@@ -117,7 +118,11 @@ class Round:
     """The contenders' switches for one round (one recording for each profile row)."""
 
     def __init__(self) -> None:
-        self.original = {n: getattr(_runtime.Runtime, n) for n in ("submit", "execute")}
+        self.original = {
+            n: fn
+            for n, fn in vars(_runtime.Runtime).items()
+            if inspect.isfunction(fn) and "ACTIVE" in inspect.getsource(fn)
+        }
         self.stripped = {n: _compiled_out(n) for n in self.original}
         self.noop = NoOp()
         self.profiles = [dataflow.Profiler(), dataflow.Profiler()]

@@ -5,10 +5,10 @@ event stream (see ``_instrument``) for the duration of the block. Recording is k
 measured by ``benchmarks/bench_trace_overhead.py``: each hook extends one flat list by a record
 (kind, timestamp, task id; for a kernel start also its thread, op, spec, flops, bytes and its
 inputs' ids). The list keeps no tuple per event and no Cost (the garbage collector would scan
-each one), no task (values stay free to be released), and task ids rather than names (keeping
-each name string alive measured dearer; names are rebuilt as ``op#id``). The thread's native
-id is cached per thread: reading it is a system call. The rest waits for a result to be asked
-for:
+each one), no task (values stay free to be released), and task ids rather than names (a name
+is formatted on each access; names are rebuilt as ``op#id`` when the trace is built). The
+thread's native id is cached per thread: reading it is a system call. The rest waits for a
+result to be asked for:
 
 * :meth:`Profiler.export_chrome_trace` writes the timeline for ui.perfetto.dev or
   chrome://tracing (format in ``_trace``);
