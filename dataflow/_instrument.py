@@ -67,11 +67,31 @@ class Instrument:
         """A waiting coroutine resumed."""
 
 
+# hook name -> ((instrument, bound method), ...), built on first use and dropped whenever the
+# set of instruments changes, so emitting an event costs no getattr and no copying.
+_hooks: dict[str, tuple[tuple[Any, Any], ...]] = {}
+
+
+def _methods(hook: str) -> tuple[tuple[Any, Any], ...]:
+    found = _hooks.get(hook)
+    if found is None:
+        base = getattr(Instrument, hook, None)
+        pairs = []
+        for inst in tuple(ACTIVE):
+            method = getattr(inst, hook, None)
+            # Skip Instrument's own no-op hooks: a subclass pays only for what it overrides.
+            if method is not None and getattr(type(inst), hook, None) is not base:
+                pairs.append((inst, method))
+        found = _hooks[hook] = tuple(pairs)
+    return found
+
+
 def add_instrument(instrument: Any) -> None:
     """Attach an instrument to every runtime of the process."""
     with _lock:
         if instrument not in ACTIVE:
             ACTIVE.append(instrument)
+            _hooks.clear()
 
 
 def remove_instrument(instrument: Any) -> None:
@@ -79,22 +99,29 @@ def remove_instrument(instrument: Any) -> None:
     with _lock:
         if instrument in ACTIVE:
             ACTIVE.remove(instrument)
+            _hooks.clear()
 
 
 def emit(hook: str, *args: Any) -> None:
     """Call ``hook(ts, *args)`` on every instrument that defines it."""
+    methods = _hooks.get(hook)
+    if methods is None:
+        methods = _methods(hook)
+    if not methods:
+        return
     ts = time.perf_counter_ns()
-    for inst in tuple(ACTIVE):
-        method = getattr(inst, hook, None)
-        if method is None:
-            continue
+    for inst, method in methods:
         try:
             method(ts, *args)
         except Exception as exc:
-            remove_instrument(inst)
-            warnings.warn(
-                f"dataflow: instrument {inst!r} raised in {hook}() and was removed: "
-                f"{type(exc).__name__}: {exc}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            _disable(inst, hook, exc)
+
+
+def _disable(inst: Any, hook: str, exc: Exception) -> None:
+    remove_instrument(inst)
+    warnings.warn(
+        f"dataflow: instrument {inst!r} raised in {hook}() and was removed: "
+        f"{type(exc).__name__}: {exc}",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -416,10 +416,11 @@ class Runtime:
         task, so nobody can be waiting on it or depend on it.
         """
         task.state = RUNNING
-        if ACTIVE:
-            emit("task_started", task)
         fn = task.fn
         assert fn is not None
+        traced = bool(ACTIVE)
+        if traced:
+            emit("task_started", task)
         try:
             if task.inputs:
                 value = fn(*_resolve(task.args), **(_resolve(task.kwargs) or {}))
@@ -436,12 +437,12 @@ class Runtime:
                 self._failures.append(err)
                 self._fail_locked(task, err, counted=False)
             return
+        if traced:
+            emit("task_finished", task)
         task.value = value
         task.state = DONE
         task.fn = task.args = task.kwargs = None
         task.inputs = ()
-        if ACTIVE:
-            emit("task_finished", task)
 
     def execute(self, task: Task, counted: bool = True) -> None:
         """Run a RUNNING task's kernel on this thread and publish the outcome."""
@@ -476,6 +477,9 @@ class Runtime:
                 self._failures.append(err)
                 self._fail_locked(task, err, counted)
             return
+        if ACTIVE:
+            # Before the dependents are made ready, so events stay in causal order.
+            emit("task_finished", task)
         with self._lock:
             task.value = value
             task.state = DONE
@@ -501,8 +505,6 @@ class Runtime:
                 task.waiters = None
             if self._inflight == 0 and self._drained is not None:
                 self._wake_locked([self._drained])
-        if ACTIVE:
-            emit("task_finished", task)
 
     def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
         """Fail ``task`` and, transitively, every task waiting on it. Holds the lock."""
