@@ -7,8 +7,10 @@ Design, measured on 2-vCPU VMs where a thread-to-thread hand-off costs tens of m
   critical section, without a round trip through the event loop.
 * Idle workers park on a private lock each (a binary semaphore). A push wakes one parked
   worker only when one is parked, so a busy pool pays no wake-up at all.
-* The heap is keyed by ``(task.priority, task.id)``: issue order by default, so the oldest
-  ready work runs first; graph runs may set critical-path priorities.
+* The heap is keyed by ``(-task.height, task.priority, task.id)``: the task that starts the
+  longest known chain of remaining work first, then issue order (or a graph run's static
+  critical-path rank). A queued task whose height grows is pushed again; the old entry is
+  recognised as stale when popped and skipped.
 
 The process shares one pool by default (as torch shares its inter-op pool between inference
 requests); it is created when the first runtime opens and its threads are joined when the last
@@ -37,7 +39,7 @@ class InteropPool:
             raise ValueError(f"an inter-op pool needs at least 1 thread, got {num_threads}")
         self.lock = threading.Lock()
         self.num_threads = num_threads
-        self._heap: list[tuple[float, int, Task]] = []
+        self._heap: list[tuple[float, float, int, Task]] = []
         self._idle: list[threading.Lock] = []
         self._closing = False
         self._threads: list[threading.Thread] = []
@@ -68,7 +70,7 @@ class InteropPool:
 
     def push_locked(self, task: Task) -> None:
         """Queue a READY task. The caller holds ``self.lock``."""
-        heapq.heappush(self._heap, (task.priority, task.id, task))
+        heapq.heappush(self._heap, (-task.height, task.priority, task.id, task))
         if self._idle:
             self._idle.pop().release()
 
@@ -89,8 +91,9 @@ class InteropPool:
                 lock.release()
                 wake.acquire()
                 lock.acquire()
-            task = heapq.heappop(heap)[2]
-            if task.state != READY:  # cancelled while queued
+            neg_height, _, _, task = heapq.heappop(heap)
+            if task.state != READY or -neg_height != task.height:
+                # Cancelled while queued, or a stale entry of a task re-queued higher.
                 lock.release()
                 continue
             task.state = RUNNING

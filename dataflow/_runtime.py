@@ -11,9 +11,11 @@ Scheduling policy (the contract the rest of the library relies on):
   whose inputs are now all done as ready and pops the next task, all under the pool's lock, so
   a chain of ops never bounces through the event loop. The loop is only woken (in a batch) for
   coroutines awaiting a value.
-* **Ready order.** Among ready tasks the one with the smallest ``priority`` runs first: issue
-  order by default (the oldest work, which is usually on the chain the program is furthest
-  along), or the longest-path-to-exit priorities a captured graph computes.
+* **Ready order: critical path first.** Among ready tasks, the one that starts the longest
+  chain of known remaining work runs first. Each task's *height* (its estimated time from the
+  cost rule plus the largest height of its dependents) is raised, as dependents are dispatched,
+  through the unfinished tasks they wait for (a bounded walk). Ties go to issue order, or to
+  the static longest-path rank a captured graph run passes as ``priority``.
 * **Failures propagate, never hang.** A kernel that raises fails its task with a
   :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
   on it fails with that same error; independent tasks are not affected. A failure that nobody
@@ -57,6 +59,8 @@ _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
 FLOP_RATE = 2e10
 BYTE_RATE = 1e10
 _inline_threshold = 20e-6
+# How far up a new task's height is propagated through unfinished tasks (see _raise_heights).
+_HEIGHT_DEPTH = 16
 
 
 def set_inline_threshold(seconds: float) -> None:
@@ -375,10 +379,12 @@ class Runtime:
             task.inputs = tuple(inputs)
         if ACTIVE:
             emit("task_created", task)
-        if inline is None:
-            inline = cost is not None and (
-                cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE < _inline_threshold
-            )
+        if cost is not None:
+            task.est = task.height = cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE
+            if inline is None:
+                inline = task.est < _inline_threshold
+        elif inline is None:
+            inline = False
         waiting = [t for t in inputs if t.state != DONE] if inputs else inputs
         if inline and not waiting and not self._cancelling and self.simulate is None:
             self._run_inline(task)
@@ -398,6 +404,8 @@ class Runtime:
                 elif st != DONE and failed is None:
                     failed = t
             task.waiting = n
+            if n and priority is None:
+                self._raise_heights(task)
             if failed is not None:
                 # An input already failed: this task fails with the same error, unrun.
                 self._fail_locked(task, failed.error)
@@ -408,6 +416,26 @@ class Runtime:
         if ACTIVE and task.state == READY:
             emit("task_ready", task)
         return task
+
+    def _raise_heights(self, task: Task) -> None:
+        """Propagate a new task's height to the unfinished tasks it waits for. Holds the lock.
+
+        A task's height is its estimated time plus the largest height among its dependents:
+        the longest chain of known work it starts. The walk stops at tasks already running or
+        done, at heights that do not grow, and after a bounded depth (a chain dispatched step
+        by step would otherwise cost quadratic time); queued tasks that grow are re-queued.
+        """
+        stack = [(t, task.height, 0) for t in task.inputs if t.state <= READY]
+        while stack:
+            t, below, depth = stack.pop()
+            h = t.est + below
+            if h <= t.height or t.state > READY:
+                continue
+            t.height = h
+            if t.state == READY:
+                self._pool.push_locked(t)  # type: ignore[union-attr]
+            elif depth < _HEIGHT_DEPTH:
+                stack.extend((i, h, depth + 1) for i in t.inputs if i.state <= READY)
 
     def _run_inline(self, task: Task) -> None:
         """Run a just-created task whose inputs are done, on this thread.
@@ -437,9 +465,9 @@ class Runtime:
                 self._failures.append(err)
                 self._fail_locked(task, err, counted=False)
             return
+        task.value = value
         if traced:
             emit("task_finished", task)
-        task.value = value
         task.state = DONE
         task.fn = task.args = task.kwargs = None
         task.inputs = ()
@@ -477,11 +505,11 @@ class Runtime:
                 self._failures.append(err)
                 self._fail_locked(task, err, counted)
             return
+        task.value = value  # read by others only once the state is DONE
         if ACTIVE:
             # Before the dependents are made ready, so events stay in causal order.
             emit("task_finished", task)
         with self._lock:
-            task.value = value
             task.state = DONE
             task.fn = task.args = task.kwargs = None
             task.inputs = ()

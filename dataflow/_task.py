@@ -58,7 +58,9 @@ class Task:
         "ctx",
         "dependents",
         "error",
+        "est",
         "fn",
+        "height",
         "id",
         "inputs",
         "kwargs",
@@ -100,8 +102,12 @@ class Task:
         self.dependents: list[Task] | None = None
         self.waiters: list[asyncio.Future[None]] | None = None
         self.waiting = 0
-        # Smaller runs first among ready tasks: issue order by default.
+        # Among ready tasks, the largest height (estimated longest path from this task's start
+        # to the end of the graph known so far) runs first, then the smallest priority (issue
+        # order by default; graph runs set their own).
         self.priority: float = self.id
+        self.est = 0.0
+        self.height = 0.0
 
     @property
     def name(self) -> str:

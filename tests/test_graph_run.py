@@ -113,7 +113,7 @@ class TestPlan:
 
 class TestDispatch:
     def test_critical_path_runs_first(self) -> None:
-        """On one thread the graph runs the long chain before the short ops; eager does not."""
+        """On one thread the graph runs the long chain before the short ops."""
         x = np.zeros(4)
         graph = dataflow.trace(chain_and_shorts, x)
 
@@ -136,7 +136,8 @@ class TestDispatch:
             return [names[i] for i in inst.started]
 
         assert starts(graph) == ["chain"] * 5 + ["short"] * 3
-        assert starts(chain_and_shorts)[:3] == ["short"] * 3  # eager: issue order
+        # (Eager dispatch raises heights as the chain is issued, but a worker may already have
+        # taken a short op before the chain existed, so its order is not asserted here.)
 
     def test_priorities_follow_the_ranks(self) -> None:
         """Each task's priority is the run's base plus its node's rank."""
