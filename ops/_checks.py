@@ -23,7 +23,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
-from dataflow import NotReadyError, OpInputError, OpTypeError
+from dataflow import Future, NotReadyError, OpInputError, OpTypeError
 
 from ._tensor import Tensor
 
@@ -79,7 +79,8 @@ def _check_dtype(op: str, pos: int | str, dtype: np.dtype[Any]) -> None:
         kind = _KIND_NAMES.get(dtype.kind, dtype.kind)
         raise OpTypeError(
             f"{op}: {_label(pos)} has dtype {dtype} ({kind}), which ops do not compute on: "
-            "expected a numeric dtype (bool, integer, floating or complex)"
+            "expected a numeric dtype (bool, integer, floating or complex); convert it first, "
+            "e.g. np.asarray(x, dtype=np.float64)"
         )
 
 
@@ -94,7 +95,8 @@ def _from_sequence(op: str, pos: int | str, x: Sequence[Any]) -> np.ndarray:
         ) from None
     except (ValueError, TypeError) as exc:
         raise OpInputError(
-            f"{op}: {_label(pos)} is a {type(x).__name__} that does not form an array: {exc}"
+            f"{op}: {_label(pos)} is a {type(x).__name__} that does not form an array: {exc}; "
+            "pass a numpy array (nested lists need rows of equal length)"
         ) from exc
 
 
@@ -129,6 +131,12 @@ def operand(op: str, pos: int | str, x: Any) -> tuple[Shape, DtypeKey]:
     for base in (bool, int, float, complex):
         if isinstance(x, base):
             return (), (_BOOL if base is bool else base)
+    if isinstance(x, Future):
+        name = getattr(x, "name", None) or getattr(getattr(x, "task", None), "name", "?")
+        raise OpTypeError(
+            f"{op}: {_label(pos)} is a dataflow future ({name}), not a Tensor: await it first "
+            "(`value = await fut`) and pass the value, or return an ops Tensor from the task"
+        )
     raise OpTypeError(
         f"{op}: {_label(pos)} has type {t.__name__}, which is not an array: expected {ACCEPTED}"
     )
@@ -204,7 +212,10 @@ def broadcast_shapes(op: str, *shapes: Shape) -> Shape:
                     out[j] = d
                 elif d != 1:
                     listed = ", ".join(str(x) for x in shapes[:-1]) + f" and {shapes[-1]}"
-                    raise OpInputError(f"{op}: shapes {listed} cannot be broadcast together")
+                    raise OpInputError(
+                        f"{op}: shapes {listed} cannot be broadcast together (each trailing "
+                        "dimension must be equal or 1): reshape or transpose an operand"
+                    )
     return tuple(out)
 
 
@@ -251,7 +262,10 @@ def normalize_axis(op: str, axis: Any, ndim: int) -> int:
     """One axis in ``[-ndim, ndim)`` as a non-negative int."""
     a = _axis_int(op, axis)
     if not -ndim <= a < ndim:
-        raise OpInputError(f"{op}: axis {a} is out of bounds for an array of dimension {ndim}")
+        valid = f"valid axes are {-ndim}..{ndim - 1}" if ndim else "a 0-d array has no axes"
+        raise OpInputError(
+            f"{op}: axis {a} is out of bounds for an array of dimension {ndim} ({valid})"
+        )
     return a + ndim if a < 0 else a
 
 

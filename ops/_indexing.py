@@ -114,7 +114,10 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     n = shape[axis]
     if isinstance(item, int):
         if not -n <= item < n:
-            raise OpInputError(f"{op}: index {item} is out of bounds for axis {axis} with size {n}")
+            raise OpInputError(
+                f"{op}: index {item} is out of bounds for axis {axis} with size {n} "
+                f"(valid indices are {-n}..{n - 1})"
+            )
         return
     arr = item[0]
     if isinstance(arr, Tensor) or arr.size == 0:
@@ -130,7 +133,10 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     lo, hi = int(arr.min()), int(arr.max())
     bad = lo if lo < -n else hi if hi >= n else None
     if bad is not None:
-        raise OpInputError(f"{op}: index {bad} is out of bounds for axis {axis} with size {n}")
+        raise OpInputError(
+            f"{op}: index {bad} is out of bounds for axis {axis} with size {n} "
+            f"(valid indices are {-n}..{n - 1})"
+        )
 
 
 def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:

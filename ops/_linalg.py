@@ -49,7 +49,11 @@ def _matmul_shape(op: str, sa: Shape, sb: Shape, what: tuple[str, str]) -> Shape
     k1 = sa[-1]
     k2 = sb[-2] if len(sb) > 1 else sb[0]
     if k1 != k2:
-        raise OpInputError(f"{op}: shapes {sa} and {sb} are not aligned: {k1} != {k2}")
+        raise OpInputError(
+            f"{op}: shapes {sa} and {sb} are not aligned: {k1} != {k2} (the last axis of the "
+            "first operand must match the second-to-last of the second): transpose an operand "
+            "(x.T) or check the shapes"
+        )
     ba, bb = sa[:-2], sb[:-2]
     if ba == bb or not bb:
         batch = ba
@@ -71,8 +75,7 @@ def _matmul_meta(a: Any, b: Any) -> TensorSpec:
     sb, kb = operand("matmul", 2, b)
     dtype = ufunc_dtypes("matmul", np.matmul, (ka, kb))[-1]
     shape = _matmul_shape("matmul", sa, sb, ("the first operand", "the second operand"))
-    if len(sa) > 2 or len(sb) > 2:
-        check_output_size("matmul", shape, dtype)
+    check_output_size("matmul", shape, dtype)  # an outer product can be huge even in 2-D
     return TensorSpec(shape, dtype)
 
 

@@ -60,7 +60,8 @@ def _check(kind: str, x: Any, axis: Any, keepdims: Any) -> TensorSpec:
         if empty:
             raise OpInputError(
                 f"{kind}: cannot take the {_NAMES[kind]} over axis {empty[0]} of length 0 "
-                f"(input shape {shape}): a zero-size reduction has no identity"
+                f"(input shape {shape}): a zero-size reduction has no identity; check why "
+                "the input is empty (ops.sum accepts empty inputs)"
             )
     return TensorSpec(out, _result_dtype(kind, dtype_of(key)))
 

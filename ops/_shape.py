@@ -82,13 +82,15 @@ def _new_shape(shape: Any, size: int, old: Shape) -> Shape:
         if known == 0 or size % known:
             raise OpInputError(
                 f"reshape: cannot reshape array of size {size} (shape {old}) into shape "
-                f"{tuple(dims)}"
+                f"{tuple(dims)}; the new shape must hold the same number of elements (-1 "
+                "infers one dimension)"
             )
         dims[unknown[0]] = size // known
     out = tuple(dims)
     if size_of(out) != size:
         raise OpInputError(
-            f"reshape: cannot reshape array of size {size} (shape {old}) into shape {out}"
+            f"reshape: cannot reshape array of size {size} (shape {old}) into shape {out}; "
+            "the new shape must hold the same number of elements (-1 infers one dimension)"
         )
     return out
 
@@ -236,7 +238,8 @@ def _concatenate_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
                     raise OpInputError(
                         f"concatenate: all dimensions except the concatenation axis {ax} must "
                         f"match, but along dimension {d} item 0 has size {first[d]} and item "
-                        f"{i} has size {s[d]} (shapes {first} and {s})"
+                        f"{i} has size {s[d]} (shapes {first} and {s}); make them agree, or "
+                        "concatenate along another axis"
                     )
             total += s[ax]
         shape = (*first[:ax], total, *first[ax + 1 :])
@@ -252,7 +255,8 @@ def _stack_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
         if s != first:
             raise OpInputError(
                 f"stack: all arrays must have the same shape, but item 0 has shape {first} "
-                f"and item {i} has shape {s}"
+                f"and item {i} has shape {s}; reshape them, or use ops.concatenate to join "
+                "along an existing axis"
             )
     ax = normalize_axis("stack", axis, len(first) + 1)
     shape = (*first[:ax], len(items), *first[ax:])

@@ -284,7 +284,10 @@ class TestSpecialValues:
 class TestErrors:
     def test_broadcast_error_names_op_and_shapes(self) -> None:
         """Incompatible shapes raise OpInputError naming the op and both shapes."""
-        expected = r"^add: shapes \(3, 4\) and \(5,\) cannot be broadcast together$"
+        expected = (
+            r"^add: shapes \(3, 4\) and \(5,\) cannot be broadcast together \(each trailing "
+            r"dimension must be equal or 1\): reshape or transpose an operand$"
+        )
         with pytest.raises(OpInputError, match=expected):
             ops.add(np.ones((3, 4)), np.ones(5))
 
