@@ -163,18 +163,23 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         TypeError: ``fn`` is not callable, or is a coroutine object (``fork(f(x))``).
         NoRuntimeError: called outside a runtime.
     """
-    if inspect.iscoroutine(fn) or inspect.isawaitable(fn):
-        name = getattr(getattr(fn, "cr_code", None), "co_name", None) or _fn_name(fn)
-        if inspect.iscoroutine(fn):
-            fn.close()  # silence "coroutine was never awaited"
+    if inspect.iscoroutine(fn):
+        name = fn.cr_code.co_name
+        fn.close()  # silence "coroutine was never awaited"
         raise TypeError(
             f"fork() got a coroutine object ({name}(...)), not a function. Pass the function "
             f"and its arguments separately: you did something like fork({name}(x)), "
             f"you want fork({name}, x)."
         )
+    if inspect.isawaitable(fn):
+        raise TypeError(
+            f"fork() got an awaitable ({type(fn).__name__}), not a function: await it "
+            "directly, or fork the function that produces it: fork(fn, *args)"
+        )
     if not callable(fn):
         raise TypeError(
-            f"fork() needs a callable as its first argument, got {type(fn).__name__}: {fn!r}"
+            f"fork() needs a callable as its first argument, got {type(fn).__name__}: {fn!r}. "
+            "Pass the function to run and its arguments: fork(fn, *args)"
         )
     rt = get_runtime("dataflow.fork()")
     parent = _parent.get()
@@ -227,15 +232,7 @@ async def wait(fut: Future[T]) -> T:
         TypeError: ``fut`` is not a dataflow future.
     """
     if not isinstance(fut, Future):
-        hint = (
-            " (an asyncio future or task: await it directly)"
-            if isinstance(fut, asyncio.Future)
-            else ""
-        )
-        raise TypeError(
-            f"wait() needs a dataflow Future (from fork() or an op), got "
-            f"{type(fut).__name__}: {fut!r}{hint}"
-        )
+        raise TypeError(_wait_misuse(fut))
     if fut.done() or not ACTIVE:
         return await fut
     name = getattr(fut, "name", None) or repr(fut)
@@ -244,6 +241,31 @@ async def wait(fut: Future[T]) -> T:
         return await fut
     finally:
         emit("wait_finished", name)
+
+
+def _wait_misuse(obj: Any) -> str:
+    """The message for ``wait(obj)`` on something that is not a dataflow future."""
+    if inspect.iscoroutine(obj):
+        name = obj.cr_code.co_name
+        obj.close()  # silence "coroutine was never awaited"
+        return (
+            f"wait() got a coroutine object ({name}(...)): await {name}(...) directly, or fork "
+            f"it to run in parallel and wait later: wait(fork({name}, ...))"
+        )
+    if isinstance(obj, (list, tuple, set)):
+        return (
+            f"wait() takes one future, got a {type(obj).__name__}: wait for them one at a time "
+            "([await f for f in futures]), or await dataflow.materialize(futures)"
+        )
+    hint = (
+        "an asyncio future or task: await it directly"
+        if isinstance(obj, asyncio.Future)
+        else "pass the future that fork() or an op returned"
+    )
+    return (
+        f"wait() needs a dataflow Future (from fork() or an op), got "
+        f"{type(obj).__name__}: {obj!r} ({hint})"
+    )
 
 
 async def materialize(value: Any) -> Any:
@@ -298,7 +320,10 @@ def run(
             f"dataflow.run({name}(...)), you want dataflow.run({name}, ...)"
         )
     if not callable(main):
-        raise TypeError(f"dataflow.run() needs an async function, got {type(main).__name__}")
+        raise TypeError(
+            f"dataflow.run() needs an async function, got {type(main).__name__}: pass the "
+            "function and its arguments, dataflow.run(main, *args)"
+        )
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -318,7 +343,14 @@ def run(
 
     async def _main() -> T:
         async with runtime:
-            result = await main(*args)
+            coro = main(*args)
+            if not inspect.isawaitable(coro):
+                raise TypeError(
+                    f"dataflow.run(): {_fn_name(main)} returned {type(coro).__name__}, not a "
+                    "coroutine: declare it `async def` (a plain function can be forked, or "
+                    "called directly)"
+                )
+            result = await coro
             return await materialize(result)  # type: ignore[no-any-return]
 
     with asyncio.Runner(loop_factory=factory) as runner:
