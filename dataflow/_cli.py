@@ -170,17 +170,14 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
     from contextlib import ExitStack
 
     if script is not None:
-        if not os.path.isfile(script):
-            click.echo(f"dataflow run: error: no such script: {script!r}", err=True)
-            return 2
-        try:
-            with open(script, "rb") as f:
-                compile(f.read(), script, "exec")
-        except SyntaxError as exc:
-            click.echo(
-                f"dataflow run: error: {script}:{exc.lineno}: SyntaxError: {exc.msg}", err=True
-            )
-            return 1
+        problem = _script_problem(script)
+        if problem is not None:
+            message, code = problem
+            click.echo(f"dataflow run: error: {message}", err=True)
+            return code
+    elif module is not None and not _module_exists(module):
+        click.echo(f"dataflow run: error: no module named {module!r}", err=True)
+        return 2
     sys.argv = [script if script is not None else str(module), *args]
     try:
         with ExitStack() as stack:
@@ -211,6 +208,31 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         _print_user_traceback(exc)
         return 1
     return 0
+
+
+def _script_problem(script: str) -> tuple[str, int] | None:
+    """Why SCRIPT cannot run, as (one line, exit code), or None when it parses."""
+    if os.path.isdir(script):
+        return f"{script!r} is a directory: give a Python file, or -m PACKAGE", 2
+    if not os.path.isfile(script):
+        return f"no such script: {script!r} (check the path; to run a module use -m MODULE)", 2
+    try:
+        with open(script, "rb") as f:
+            compile(f.read(), script, "exec")
+    except SyntaxError as exc:
+        return f"{script}:{exc.lineno}: SyntaxError: {exc.msg}", 1
+    except (OSError, ValueError) as exc:  # unreadable, or null bytes in the source
+        return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
+    return None
+
+
+def _module_exists(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing, or an empty name
+        return False
 
 
 def _print_user_traceback(exc: BaseException) -> None:
