@@ -17,7 +17,21 @@ __all__ = [
     "OpTimeoutError",
     "TaskError",
     "UnobservedTaskError",
+    "describe",
 ]
+
+
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` for an error message, even when ``str(exc)`` itself raises.
+
+    The scheduler builds a TaskError from whatever a kernel raised; an exception whose
+    ``__str__`` is broken must still fail its task rather than escape from a worker thread.
+    """
+    try:
+        text = str(exc)
+    except BaseException as inner:
+        text = f"<str() of the exception raised {type(inner).__name__}>"
+    return f"{type(exc).__name__}: {text}"
 
 
 class DataflowError(Exception):

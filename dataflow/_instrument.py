@@ -26,6 +26,8 @@ import time
 import warnings
 from typing import Any
 
+from ._errors import describe
+
 __all__ = ["ACTIVE", "Instrument", "add_instrument", "emit", "remove_instrument"]
 
 # The attached instruments. Hot paths test `if ACTIVE:` before building any event.
@@ -118,10 +120,16 @@ def emit(hook: str, *args: Any) -> None:
 
 
 def _disable(inst: Any, hook: str, exc: Exception) -> None:
+    # emit() runs inside the scheduler (on pool threads, under its lock): nothing here may
+    # raise, not even the warning when warnings are errors (-W error), nor the log line.
     remove_instrument(inst)
-    warnings.warn(
-        f"dataflow: instrument {inst!r} raised in {hook}() and was removed: "
-        f"{type(exc).__name__}: {exc}",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    message = f"dataflow: instrument {inst!r} raised in {hook}() and was removed: {describe(exc)}"
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    except Exception:
+        try:
+            from ._log import logger
+
+            logger.error(message)
+        except Exception:
+            pass
