@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
+import importlib
 import os
 import pickle
 import queue
@@ -65,6 +67,7 @@ import numpy as np
 
 from ._errors import CancelledTaskError, DataflowError, TaskError
 from ._instrument import ACTIVE, emit, remove_instrument
+from ._op import lookup_op, op_for_kernel
 from ._runtime import DASK_ADDRESS_ENV, Runtime, _collect, estimate_seconds
 from ._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Cost, Pending, Task
 
@@ -85,6 +88,15 @@ def import_distributed() -> Any:
             f"`{_INSTALL_HINT}` (on the client and on every worker)"
         ) from None
     return distributed
+
+
+def _key_ref() -> Any:
+    """``dask.task_spec.Alias``, which names a key in a graph; None before Dask had it."""
+    try:
+        from dask.task_spec import Alias
+    except ImportError:
+        return None
+    return Alias
 
 
 # -- the worker side -------------------------------------------------------------------------
@@ -117,7 +129,7 @@ class _Call:
 
     def __init__(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
         name: str,
@@ -191,6 +203,17 @@ def _picklable(exc: BaseException) -> BaseException:
     return exc
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernel(qualname: str) -> Callable[..., Any]:
+    """The kernel of the op registered as ``module:name``, importing its module (cached)."""
+    module = qualname.split(":", 1)[0]
+    importlib.import_module(module)
+    op = lookup_op(qualname)
+    if op is None:
+        raise LookupError(f"no op {qualname!r} is declared by module {module!r} on this worker")
+    return op.kernel
+
+
 def run_op(call: _Call, deps: list[Any]) -> Any:
     """Run one op's kernel on a worker (the function every dataflow Dask task calls)."""
     if call.refs:
@@ -198,9 +221,10 @@ def run_op(call: _Call, deps: list[Any]) -> Any:
         kwargs = _fill(call.kwargs, deps) if call.kwargs else None
     else:
         args, kwargs = call.args, call.kwargs
+    fn = _kernel(call.fn) if isinstance(call.fn, str) else call.fn
     start = time.time_ns() if call.topic is not None else 0
     try:
-        value = call.fn(*args, **kwargs) if kwargs else call.fn(*args)
+        value = fn(*args, **kwargs) if kwargs else fn(*args)
     except Exception as exc:
         from distributed import get_worker
 
@@ -231,14 +255,14 @@ def _log_timing(worker: Any, call: _Call, start: int, failed: bool) -> None:
 class _Remote:
     """A cluster task's client-side state, kept in ``task.value`` until the value is fetched."""
 
-    __slots__ = ("computed", "fetching", "future", "key", "timed", "wanted")
+    __slots__ = ("fetching", "future", "key", "settled", "timed", "wanted")
 
     def __init__(self, key: str, timed: bool) -> None:
         self.key = key
         self.timed = timed  # sent while an instrument was attached: the worker reports its span
-        self.future: Any = None
-        self.computed = False  # the cluster holds the value
-        self.wanted = False  # someone waits for it on the client
+        self.future: Any = None  # once sent
+        self.settled = False  # it ended there (finished, failed or cancelled) and was counted
+        self.wanted = False  # someone waits for its value on the client
         self.fetching = False
 
     def __repr__(self) -> str:
@@ -493,7 +517,8 @@ class DaskRuntime(Runtime):
             self._spawn(self._cancel_futures(futures))
 
     async def _cancel_futures(self, futures: list[Any]) -> None:
-        await self.client.cancel(futures)
+        if self.client is not None:
+            await self.client.cancel(futures)
 
     async def _shutdown(self) -> None:
         """After the graph drained: settle the coroutines, timings and the client."""
@@ -514,10 +539,15 @@ class DaskRuntime(Runtime):
         client, self.client = self.client, (None if self._own_client else self.client)
         if client is None:
             return
-        if self._subscribed:
-            client.unsubscribe_topic(self._topic)
-        if self._own_client:
-            await client.close()
+        try:
+            if self._subscribed:
+                client.unsubscribe_topic(self._topic)
+            if self._own_client:
+                await client.close()
+        except Exception as exc:  # the scheduler went away: nothing is left to release
+            from ._log import logger
+
+            logger.warning("closing the Dask client failed", error=repr(exc))
 
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine on the runtime's loop, owned: awaited before the runtime closes."""
@@ -664,6 +694,7 @@ class DaskRuntime(Runtime):
                     raise
 
     async def _send(self, batch: list[Task]) -> None:
+        """Scatter the batch's new arrays, then send its tasks as one ``client.map``."""
         threshold = self.scatter_bytes
         cache = self._scattered
         new: dict[int, np.ndarray[Any, Any]] = {}
@@ -677,8 +708,7 @@ class DaskRuntime(Runtime):
             futures = await self.client.scatter(arrays, hash=False)
             for a, f in zip(arrays, futures, strict=True):
                 cache.put(a, f)
-        distributed = import_distributed()
-        topic = self._topic
+        ref = _key_ref()
         keys: list[str] = []
         calls: list[_Call] = []
         deps: list[list[Any]] = []
@@ -689,24 +719,19 @@ class DaskRuntime(Runtime):
             if self._cancelling:
                 self._cancel_unsent(task)
                 continue
-            failed = next((t for t in task.inputs if t.state > DONE), None)
-            if failed is not None:
-                with self._lock:
-                    self._timed.pop(task.id, None)
-                    self._fail_locked(task, failed.error)
+            if self._input_failed(task):
                 continue
-            timed = task.id in self._timed
-            if timed and not self._subscribed:
-                self.client.subscribe_topic(topic, self._on_timing)
+            rem: _Remote = task.value
+            if rem.timed and not self._subscribed:
+                self.client.subscribe_topic(self._topic, self._on_timing)
                 self._subscribed = True
             try:
-                call, slots = self._encode(task, topic if timed else None)
+                call, slots = self._encode(task, ref)
             except Exception as exc:
                 self._fail_unsent(task, exc)
                 continue
-            rem: _Remote = task.value
-            # Created before the graph is sent, so later tasks of the same batch can name it.
-            rem.future = distributed.Future(rem.key, self.client)
+            if ref is None:  # older Dask: name tasks of this batch by a future made early
+                rem.future = import_distributed().Future(rem.key, self.client)
             keys.append(rem.key)
             calls.append(call)
             deps.append(slots)
@@ -714,54 +739,74 @@ class DaskRuntime(Runtime):
         if not sent:
             return
         try:
-            self.client.map(run_op, calls, deps, key=keys, pure=False)
+            futures = self.client.map(run_op, calls, deps, key=keys, pure=False)
         except Exception:
             # One of them cannot be sent (an argument that does not pickle): send them one
             # by one, so only that one (and what depends on it) fails.
+            ok = []
             for task, call, slots in zip(sent, calls, deps, strict=True):
-                self._send_one(task, call, slots)
+                if self._input_failed(task):
+                    continue
+                try:
+                    (fut,) = self.client.map(
+                        run_op, [call], [slots], key=[task.value.key], pure=False
+                    )
+                except Exception as exc:
+                    self._fail_unsent(task, exc)
+                    continue
+                ok.append((task, fut))
+            pairs = ok
         else:
-            for task in sent:
-                self._sent(task)
+            pairs = list(zip(sent, futures, strict=True))
+        self._sent(pairs)
 
-    def _send_one(self, task: Task, call: _Call, slots: list[Any]) -> None:
+    def _input_failed(self, task: Task) -> bool:
         failed = next((t for t in task.inputs if t.state > DONE), None)
-        if failed is not None:
-            with self._lock:
-                self._timed.pop(task.id, None)
-                self._fail_locked(task, failed.error)
-            return
-        try:
-            self.client.map(run_op, [call], [slots], key=[task.value.key], pure=False)
-        except Exception as exc:
-            self._fail_unsent(task, exc)
-            return
-        self._sent(task)
-
-    def _sent(self, task: Task) -> None:
-        rem: _Remote = task.value
+        if failed is None:
+            return False
         with self._lock:
-            if task.state != READY:
-                return
-            task.state = RUNNING
-            self._remote[task.id] = task
-        self.sent += 1
-        if ACTIVE and task.id not in self._timed:
-            emit("task_ready", task)
-        self._spawn(self._watch(task, rem))
+            self._timed.pop(task.id, None)
+            self._fail_locked(task, failed.error)
+        return True
 
-    def _encode(self, task: Task, topic: str | None) -> tuple[_Call, list[Any]]:
+    def _sent(self, pairs: list[tuple[Task, Any]]) -> None:
+        watched: list[tuple[Task, _Remote]] = []
+        dropped: list[Any] = []
+        with self._lock:
+            for task, fut in pairs:
+                rem: _Remote = task.value
+                rem.future = fut
+                if task.state == READY:
+                    task.state = RUNNING
+                    self._remote[task.id] = task
+                    watched.append((task, rem))
+                else:  # cancelled (and counted) from another thread while being sent
+                    rem.settled = True
+                    dropped.append(fut)
+        if dropped:
+            self._spawn(self._cancel_futures(dropped))
+        self.sent += len(watched)
+        for task, rem in watched:
+            if ACTIVE and not rem.timed:
+                emit("task_ready", task)
+            if rem.wanted and not rem.fetching:
+                self._spawn(self._fetch(task, rem))
+        # One watcher per batch (a coroutine per task would cost more than it saves): it
+        # settles the tasks in dispatch order; a fetch settles an awaited one earlier.
+        self._spawn(self._watch(watched))
+
+    def _encode(self, task: Task, ref: Any) -> tuple[_Call, list[Any]]:
         """The task as a _Call, and its dependencies: cluster inputs and scattered arrays."""
         slots: list[Any] = []
-        index: dict[int, int] = {}
+        index: dict[str, int] = {}
         cache = self._scattered
         threshold = self.scatter_bytes
 
-        def slot(obj_id: int, dep: Any) -> int:
-            i = index.get(obj_id)
+        def slot(key: str, future: Any) -> int:
+            i = index.get(key)
             if i is None:
-                i = index[obj_id] = len(slots)
-                slots.append(dep)
+                i = index[key] = len(slots)
+                slots.append(future if ref is None else ref(key))
             return i
 
         def enc(v: Any) -> Any:
@@ -770,8 +815,8 @@ class DaskRuntime(Runtime):
                 if t.state == DONE:  # on the client: ship the value
                     return enc(v.result())
                 rem = t.value
-                assert type(rem) is _Remote and rem.future is not None, (t, rem)
-                return _Ref(slot(id(rem), rem.future), v._index)
+                assert type(rem) is _Remote, (t, rem)
+                return _Ref(slot(rem.key, rem.future), v._index)
             tv = type(v)
             if tv is list:
                 return [enc(x) for x in v]
@@ -782,50 +827,63 @@ class DaskRuntime(Runtime):
             if isinstance(v, np.ndarray) and v.nbytes >= threshold:
                 fut = cache.get(v)
                 if fut is not None:
-                    return _Ref(slot(id(v), fut), None)
+                    return _Ref(slot(fut.key, fut), None)
             return v
 
         args = tuple(enc(a) for a in task.args)  # type: ignore[union-attr]
         kwargs = {k: enc(v) for k, v in task.kwargs.items()} if task.kwargs else None
-        fn = task.fn
+        fn: Any = task.fn
         assert fn is not None
+        # A declared op's kernel travels as its registry name: it may not pickle by reference
+        # (a closure made by a factory), and by value it costs kilobytes on every task.
+        op = op_for_kernel(fn, task.op)
+        if op is not None and op.module != "__main__":
+            fn = op.qualname
+        topic = self._topic if task.value.timed else None
         call = _Call(fn, args, kwargs, task.name, task.op, task.id, topic, bool(slots))
         return call, slots
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    async def _watch(self, task: Task, rem: _Remote) -> None:
-        """Wait for a sent task's final status and account for it."""
+    async def _watch(self, watched: list[tuple[Task, _Remote]]) -> None:
+        """Settle a batch's tasks as they end: account for them, record failures."""
+        for task, rem in watched:
+            if await self._outcome(task, rem):
+                with self._lock:
+                    self._settle_locked(task, rem)
+                    if task.state < DONE and not rem.timed:
+                        task.inputs = ()
+                self.remote_done += 1
+
+    async def _outcome(self, task: Task, rem: _Remote) -> bool:
+        """Wait until the task's future ends; True when it finished, else fail the task."""
         fut = rem.future
         while fut.status not in _FINAL:
             await fut._state.wait()  # what distributed.wait itself waits on
         status = fut.status
         if status == "finished":
-            with self._lock:
-                if task.state >= DONE:  # cancelled here while it finished there
-                    return
-                rem.computed = True
-                self._settle_locked(task)
-                if task.id not in self._timed:
-                    task.inputs = ()
-            self.remote_done += 1
-            if rem.wanted and not rem.fetching:
-                await self._fetch(task, rem)
-            return
+            return True
         if status == "error":
             exc = await fut.exception()
             tb = await fut.traceback()
-            self._failed(task, exc, tb)
+            self._failed(task, rem, exc, tb)
         else:
-            self._cancelled(task)
+            self._cancelled(task, rem)
+        return False
 
-    def _settle_locked(self, task: Task) -> None:
+    def _settle_locked(self, task: Task, rem: _Remote) -> None:
+        """A sent task ended (once): it no longer holds up the runtime's closing."""
+        if rem.settled:
+            return
+        rem.settled = True
         self._remote.pop(task.id, None)
         self._inflight -= 1
         if self._inflight == 0 and self._drained is not None:
             self._wake_locked([self._drained])
 
-    def _failed(self, task: Task, exc: BaseException, tb: Any) -> None:
+    def _failed(self, task: Task, rem: _Remote, exc: BaseException, tb: Any) -> None:
+        if task.state >= DONE:  # the watcher and a fetch both saw it
+            return
         if isinstance(exc, KernelFailed):
             err = self._errors.get(exc.task)
             if err is None:
@@ -853,36 +911,32 @@ class DaskRuntime(Runtime):
                 op=task.op,
             )
             err.__cause__ = exc.with_traceback(tb) if tb is not None else exc
-            self._errors[task.name] = err
             self._failures.append(err)
             ran = False
-        self._finish_failed(task, err, ran)
+        self._finish_failed(task, rem, err, ran)
 
-    def _cancelled(self, task: Task) -> None:
+    def _cancelled(self, task: Task, rem: _Remote) -> None:
         err: BaseException | None = next(
             (t.error for t in task.inputs if t.state == CANCELLED and t.error is not None), None
         )
         if err is None:
             why = "its runtime was closing" if self._cancelling else "it was cancelled on Dask"
             err = CancelledTaskError(f"{task.name} was not run: {why}")
-        self._finish_failed(task, err, ran=False)
+        self._finish_failed(task, rem, err, ran=False)
 
-    def _finish_failed(
-        self, task: Task, err: BaseException, ran: bool, settled: bool = False
-    ) -> None:
-        """Fail a sent task and what waits for it on the client.
+    def _finish_failed(self, task: Task, rem: _Remote, err: BaseException, ran: bool) -> None:
+        """Fail a sent task, and what waits for it on the client.
 
         A kernel that ran while timed reports its own span (ending in task_failed) through
         the relay, so no event is emitted here for it.
         """
-        rem = task.value
-        reports = ran and type(rem) is _Remote and rem.timed
+        reports = ran and rem.timed
         if not reports:
             self._timed.pop(task.id, None)
         cancelled = isinstance(err, CancelledTaskError)
         with self._lock:
+            self._settle_locked(task, rem)
             if task.state >= DONE:
-                self._remote.pop(task.id, None)
                 return
             task.state = CANCELLED if cancelled else FAILED
             task.error = err
@@ -890,10 +944,6 @@ class DaskRuntime(Runtime):
             task.fn = task.args = task.kwargs = None
             if not reports:
                 task.inputs = ()
-            if settled:
-                self._remote.pop(task.id, None)
-            else:
-                self._settle_locked(task)
             if task.waiters is not None:
                 self._wake_locked(task.waiters)
                 task.waiters = None
@@ -926,16 +976,15 @@ class DaskRuntime(Runtime):
         rem = task.value
         if type(rem) is not _Remote:
             return super().cancel_task(task)
+        err = CancelledTaskError(f"{task.name} was cancelled before it ran")
         with self._lock:
             if task.state == READY:  # still queued here: it is never sent
                 self._timed.pop(task.id, None)
-                err = CancelledTaskError(f"{task.name} was cancelled before it ran")
                 self._fail_locked(task, err)
                 return True
-            if task.state != RUNNING or rem.computed:
+            if task.state != RUNNING or rem.future.status != "pending":
                 return False
-        err = CancelledTaskError(f"{task.name} was cancelled before it ran")
-        self._finish_failed(task, err, ran=False)
+        self._finish_failed(task, rem, err, ran=False)
         self._call_on_loop(self._spawn, self._cancel_futures([rem.future]))
         return True
 
@@ -948,19 +997,21 @@ class DaskRuntime(Runtime):
         return fut
 
     def _want(self, task: Task) -> None:
-        """Fetch the task's value once computed (on the loop thread)."""
+        """Bring the task's value to the client once computed (call on the loop thread)."""
         rem = task.value
-        if type(rem) is not _Remote or task.state >= DONE:
+        if type(rem) is not _Remote or task.state >= DONE or rem.wanted:
             return
         rem.wanted = True
-        if rem.computed and not rem.fetching:
+        if rem.future is not None:  # else _sent starts the fetch
             self._spawn(self._fetch(task, rem))
 
     async def _fetch(self, task: Task, rem: _Remote) -> None:
         rem.fetching = True
+        if not await self._outcome(task, rem):
+            return
         try:
             value = await self.client.gather(rem.future)
-        except Exception as exc:
+        except Exception as exc:  # computed, then lost (its worker died) and not recomputed
             err = TaskError(
                 f"{task.name}: its value could not be fetched from the Dask cluster: "
                 f"{type(exc).__name__}: {exc}",
@@ -969,16 +1020,17 @@ class DaskRuntime(Runtime):
             )
             err.__cause__ = exc
             self._failures.append(err)
-            self._finish_failed(task, err, ran=False, settled=True)
+            self._finish_failed(task, rem, err, ran=False)
             return
         self.fetched += 1
         with self._lock:
+            self._settle_locked(task, rem)
             if task.state >= DONE:
                 return
             task.value = value
             task.state = DONE
             task.fn = task.args = task.kwargs = None
-            if task.id not in self._timed:
+            if not rem.timed:
                 task.inputs = ()
             deps, task.dependents = task.dependents, None
             if deps is not None:
