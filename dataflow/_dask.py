@@ -58,7 +58,6 @@ import threading
 import time
 import traceback
 import uuid
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -66,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import CancelledTaskError, DataflowError, TaskError
-from ._instrument import ACTIVE, emit, remove_instrument
+from ._instrument import ACTIVE, _disable, _methods, emit
 from ._op import lookup_op, op_for_kernel
 from ._runtime import DASK_ADDRESS_ENV, Runtime, _collect, estimate_seconds
 from ._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Cost, Pending, Task
@@ -342,20 +341,11 @@ class _Relay:
 
 def _emit_at(ts: int, hook: str, *args: Any) -> None:
     """``emit`` with a given timestamp (an event that happened elsewhere, reported late)."""
-    for inst in tuple(ACTIVE):
-        method = getattr(inst, hook, None)
-        if method is None:
-            continue
+    for inst, method in _methods(hook):
         try:
             method(ts, *args)
         except Exception as exc:
-            remove_instrument(inst)
-            warnings.warn(
-                f"dataflow: instrument {inst!r} raised in {hook}() and was removed: "
-                f"{type(exc).__name__}: {exc}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            _disable(inst, hook, exc)
 
 
 class DaskRuntime(Runtime):
@@ -372,8 +362,8 @@ class DaskRuntime(Runtime):
         scatter_bytes: numpy arguments of at least this size are scattered once per runtime
             and reused by identity (default 16 KiB); smaller ones travel with each task.
         connect_timeout: seconds to wait for the scheduler (default 10).
-        interop_threads, intraop_threads, private_pool: as for the local runtime; they apply
-            to the work that stays on the client.
+        **local: the local runtime's options (``interop_threads``, ``intraop_threads``,
+            ``private_pool``, ...); they apply to the work that stays on the client.
 
     Counters (for tests and ``repr``): ``sent`` ops shipped, ``remote_done`` computed there,
     ``fetched`` values brought back, ``local_ops`` ops kept on the client.
@@ -382,27 +372,22 @@ class DaskRuntime(Runtime):
     def __init__(
         self,
         *,
-        interop_threads: int | None = None,
-        intraop_threads: int | None = None,
-        private_pool: bool = False,
-        simulate: Callable[[Task], Any] | None = None,
         backend: str | None = None,
         address: Any = None,
         client: Any = None,
         local_threshold: float = 1e-3,
         scatter_bytes: int = 16384,
         connect_timeout: float = 10.0,
+        simulate: Callable[[Task], Any] | None = None,
+        **local: Any,
     ) -> None:
         if simulate is not None:
             raise DataflowError("simulate= is for the local backend; it cannot run on Dask")
         if backend not in (None, "dask"):
             raise ValueError(f"DaskRuntime is the 'dask' backend, got backend={backend!r}")
         import_distributed()
-        super().__init__(
-            interop_threads=interop_threads,
-            intraop_threads=intraop_threads,
-            private_pool=private_pool,
-        )
+        # interop_threads, intraop_threads, private_pool, ...: the client side's, as local.
+        super().__init__(**local)
         if address is not None and client is not None:
             raise ValueError("give the Dask backend address= or client=, not both")
         if address is None and client is None:
@@ -582,11 +567,12 @@ class DaskRuntime(Runtime):
         inline: bool | None = None,
         ctx: contextvars.Context | None = None,
         priority: float | None = None,
+        timeout: float | None = None,
     ) -> Task:
         """Place the task (see the module docstring): on the client, or queue it for Dask.
 
-        ``priority`` orders the task among the client's ready tasks when it stays local;
-        Dask orders the tasks it runs itself.
+        ``priority`` and ``timeout`` apply when the task stays on the client: Dask orders the
+        tasks it runs itself, and a kernel running on a worker is not timed out.
         """
         if self._closed:
             raise DataflowError(f"{op}: this runtime is closed; start a new one")
@@ -606,7 +592,7 @@ class DaskRuntime(Runtime):
                     local_pending = True
         if ctx is not None or local_pending:
             return self._submit_local(
-                fn, args, kwargs, op, spec, cost, inline, ctx, priority, inputs
+                fn, args, kwargs, op, spec, cost, inline, ctx, priority, timeout, inputs
             )
         if not remote_inputs and (
             inline is True
@@ -616,7 +602,9 @@ class DaskRuntime(Runtime):
                 and estimate_seconds(cost) < self.local_threshold
             )
         ):
-            return self._submit_local(fn, args, kwargs, op, spec, cost, None, None, priority, ())
+            return self._submit_local(
+                fn, args, kwargs, op, spec, cost, None, None, priority, timeout, ()
+            )
         return self._submit_remote(fn, args, kwargs, op, spec, cost, inputs)
 
     def _submit_local(
@@ -630,6 +618,7 @@ class DaskRuntime(Runtime):
         inline: bool | None,
         ctx: contextvars.Context | None,
         priority: float | None,
+        timeout: float | None,
         inputs: Any,
     ) -> Task:
         # Inputs still on the cluster are fetched; the local graph parks the task on them.
@@ -638,7 +627,9 @@ class DaskRuntime(Runtime):
             if type(rem) is _Remote and t.state < DONE:
                 self._call_on_loop(self._want, t)
         self.local_ops += 1
-        return super().submit(fn, args, kwargs, op, spec, cost, inline, ctx, priority)
+        if timeout is None:
+            return super().submit(fn, args, kwargs, op, spec, cost, inline, ctx, priority)
+        return super().submit(fn, args, kwargs, op, spec, cost, inline, ctx, priority, timeout)
 
     def _submit_remote(
         self,
