@@ -225,9 +225,9 @@ class _RNNBase(Module):
         hs: list[list[Tensor]] = [[] for _ in range(layers * dirs)]
         if dirs == 1 and layers > 1:
             # The wavefront. Dispatch time-major, so step t of every layer is issued right
-            # after step t of the layer below: the scheduler (issue order among ready ops)
-            # then favours the deepest ready step, and layer l never waits for the dispatch
-            # of layer l-1's later steps.
+            # after step t of the layer below: layer l never waits for the dispatch of layer
+            # l-1's later steps (the dispatching thread competes with the workers for the
+            # GIL, so dispatching a whole layer first can let layer l-1 finish alone).
             xproj = self._project(weights[0][0], x, self.batch_first)
             for t in range(steps):
                 for layer in range(layers):
