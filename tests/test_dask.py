@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -316,6 +317,24 @@ class TestCancellation:
                 await later
             np.testing.assert_array_equal(await slow, [1.0, 1.0])
 
+    @pytest.mark.asyncio
+    async def test_cancel_after_it_was_sent(self, address: str) -> None:
+        """Cancelling a task already on the cluster cancels it there, and its dependents."""
+        async with dask(address) as rt:
+            slow = sleep_op(np.ones(2), 0.5)
+            queued = add(slow, 1.0)
+            later = add(queued, 1.0)
+            while rt.sent < 3:  # wait until the batch has been sent
+                await asyncio.sleep(0.01)
+            assert queued.cancel()
+            with pytest.raises(CancelledTaskError) as first:
+                await queued
+            with pytest.raises(CancelledTaskError) as second:
+                await later
+            assert second.value is first.value
+            assert not queued.cancel()
+            np.testing.assert_array_equal(await slow, [1.0, 1.0])
+
     def test_body_error_cancels_what_was_sent(self, address: str) -> None:
         """When the body raises, tasks still on the cluster are cancelled, not awaited."""
         handles: list[Arr] = []
@@ -326,7 +345,7 @@ class TestCancellation:
                 for _ in range(20):
                     x = add(x, 1.0)
                 handles.append(x)
-                await __import__("asyncio").sleep(0.05)
+                await asyncio.sleep(0.05)
                 raise KeyError("body failed")
 
         with pytest.raises(KeyError):
