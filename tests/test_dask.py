@@ -380,7 +380,7 @@ class TestTimeline:
 
 class TestProcesses:
     def test_ensemble_on_worker_processes(self, tmp_path: Path) -> None:
-        """Worker processes (pickled kernels and results) give the local backend's result."""
+        """Worker processes (pickled kernels, results and errors) behave as in-process ones."""
         ens, x = Ensemble(2, 8, seed=5), small_input(steps=4)
         expected = local_ensemble(ens, x)
         with distributed.LocalCluster(
@@ -395,6 +395,9 @@ class TestProcesses:
             async def main() -> Array:
                 async with dask(cluster.scheduler_address):
                     y: Array = await (await ens(x))
+                    with pytest.raises(TaskError) as info:
+                        await boom(np.ones(2))
+                    assert isinstance(info.value.__cause__, ValueError)
                 return y
 
             np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
