@@ -252,6 +252,19 @@ class TestShipping:
             assert rt.sent == 1 and rt.fetched == 1
 
     @pytest.mark.asyncio
+    async def test_ops_called_from_a_pool_thread(self, address: str) -> None:
+        """A forked plain function's ops (dispatched from a pool thread) are shipped too."""
+
+        def step(v: Any) -> Any:
+            assert threading.current_thread().name.startswith("interop")
+            return add(add(v, 1.0), 1.0)
+
+        async with dask(address) as rt:
+            pending = await dataflow.wait(dataflow.fork(step, np.zeros(3)))
+            np.testing.assert_array_equal(await pending, [2.0, 2.0, 2.0])
+            assert rt.sent == 2 and rt.fetched == 1
+
+    @pytest.mark.asyncio
     async def test_multiple_outputs(self, address: str) -> None:
         """An op with several outputs ships once; each output feeds later ops by index."""
         x = np.arange(12.0, dtype=np.float32).reshape(4, 3)
