@@ -152,6 +152,7 @@ class Tracer(Runtime):
         inline: bool | None = None,
         ctx: Any = None,
         priority: float | None = None,
+        timeout: float | None = None,
     ) -> Task:
         """Record an op call (or hold a forked plain function until its future is awaited)."""
         if ctx is not None:

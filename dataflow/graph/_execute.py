@@ -199,21 +199,25 @@ def dispatch(graph: Graph, inputs: Sequence[Any]) -> Any:
     base = float(_next_id())
     rank = plan.rank
     submit = rt.submit
+    default_timeout = getattr(rt, "op_timeout", None)
     for k, i in enumerate(plan.order):
         node = nodes[i]
         op = node.op
         args = _bind(node.args, env)
         kwargs = _bind(dict(node.kwargs), env) if node.kwargs else None
-        task = submit(
-            op.kernel,
-            args,
-            kwargs,
-            op.name,
-            node.spec,
-            node.cost,
-            op.inline,
-            priority=base + rank[i],
-        )
+        timeout = getattr(op, "timeout", None)
+        if timeout is None:
+            timeout = default_timeout
+        if timeout is None:
+            task = submit(
+                op.kernel, args, kwargs, op.name, node.spec, node.cost, op.inline,
+                priority=base + rank[i],
+            )  # fmt: skip
+        else:  # as Op.__call__ does: an op's timeout, else the runtime's default
+            task = submit(
+                op.kernel, args, kwargs, op.name, node.spec, node.cost, op.inline,
+                priority=base + rank[i], timeout=timeout,
+            )  # fmt: skip
         _publish(env, node, i, task)
         for ref in plan.frees[k]:
             del env[ref]
