@@ -38,8 +38,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import dataflow  # noqa: E402 - after the repository root is on sys.path
-from examples.lstm_ensemble import Ensemble  # noqa: E402
+import dataflow
+from examples.lstm_ensemble import Ensemble
 
 Array = np.ndarray[Any, Any]
 Forward = Callable[[Array], Awaitable[Any]]
