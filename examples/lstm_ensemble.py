@@ -14,6 +14,7 @@ itself. The script runs it three ways and compares:
 
 Run it with ``dataflow run examples/lstm_ensemble.py --small`` or
 ``python examples/lstm_ensemble.py --small``; without ``--small`` it runs the tutorial's size.
+``--trace parallel.json`` also profiles one automatic run and writes its timeline.
 Other code imports the model: ``from examples.lstm_ensemble import Ensemble``.
 """
 
@@ -170,6 +171,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intraop-threads", type=int, default=1, help="BLAS threads per op (default 1)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3; 5 small)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the input")
+    p.add_argument(
+        "--trace",
+        metavar="PATH",
+        default=None,
+        help="also profile one automatic run and write its Chrome trace (ui.perfetto.dev)",
+    )
     args = p.parse_args(argv)
     small = (10, 4, 64) if args.small else (50, 50, 1024)
     args.steps = args.steps or small[0]
@@ -210,6 +217,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     equal = all(np.allclose(ref, y, rtol=1e-5, atol=1e-5) for y in outs.values())
     diff = max(float(np.max(np.abs(ref - y))) for y in outs.values())
     print(f"  outputs equal (np.allclose): {equal} (max abs diff {diff:.2e}), shape {ref.shape}")
+    if args.trace:
+        with dataflow.profile() as prof:
+            timed_run(
+                ensemble_auto,
+                ens,
+                x,
+                interop_threads=args.interop_threads,
+                intraop_threads=args.intraop_threads,
+            )
+        prof.export_chrome_trace(args.trace)
+        print(f"trace of one automatic run written to {args.trace}:")
+        print(prof.summary())
     return 0 if equal else 1
 
 

@@ -98,14 +98,16 @@ def _check_summary(summary: dict[str, Any], expected: Array) -> None:
 class TestLSTMEnsembleScript:
     """examples/lstm_ensemble.py runs from the shell and its model is importable."""
 
-    def test_runs_small(self) -> None:
-        """`--small` runs the three ways and reports equal outputs."""
+    def test_runs_small(self, tmp_path: Path) -> None:
+        """`--small` runs the three ways, reports equal outputs and writes a trace."""
         cli = ROOT / "dataflow" / "_cli.py"
         script = str(EXAMPLES / "lstm_ensemble.py")
+        trace = tmp_path / "parallel.json"
+        args = ["--small", "--rounds", "2", "--trace", str(trace)]
         if cli.exists():
-            cmd = [sys.executable, "-m", "dataflow", "run", script, "--small", "--rounds", "2"]
+            cmd = [sys.executable, "-m", "dataflow", "run", script, *args]
         else:
-            cmd = [sys.executable, script, "--small", "--rounds", "2"]
+            cmd = [sys.executable, script, *args]
         env = {**os.environ, "PYTHONWARNINGS": "error"}
         proc = subprocess.run(
             cmd, cwd=ROOT, capture_output=True, text=True, timeout=100, env=env, check=False
@@ -115,6 +117,7 @@ class TestLSTMEnsembleScript:
         assert "manual forks (2 threads)" in proc.stdout
         assert "automatic (2 threads)" in proc.stdout
         assert "outputs equal (np.allclose): True" in proc.stdout
+        assert trace.stat().st_size > 0
 
     def test_three_ways_agree(self, examples: tuple[ModuleType, ModuleType]) -> None:
         """Sequential, forked and automatic give the numpy reference's output."""
