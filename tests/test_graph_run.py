@@ -244,6 +244,55 @@ class TestDispatch:
             graph.run(_rand(2, 2))
 
 
+class TestFusedDispatch:
+    def test_group_of_tiny_ops_runs_inline(self) -> None:
+        """A fused group whose steps would each run inline runs inline too."""
+        import threading
+
+        from dataflow.graph import fuse_elementwise
+
+        async def f(x: Any) -> Any:
+            return ops.exp(ops.negative(ops.tanh(ops.multiply(x, 2.0))))
+
+        graph = fuse_elementwise(dataflow.trace(f, _rand(8)))
+        threads: list[str] = []
+
+        class Where(dataflow.Instrument):
+            def task_started(self, ts: int, task: dataflow.Task) -> None:
+                threads.append(threading.current_thread().name)
+
+        inst = Where()
+        dataflow.add_instrument(inst)
+        try:
+            graph.run(_rand(8))
+        finally:
+            dataflow.remove_instrument(inst)
+        assert threads == [threading.current_thread().name]
+
+
+class TestBenchmark:
+    def test_bench_graph_quick(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """benchmarks/bench_graph.py --quick runs, checks outputs equal, prints its JSON line."""
+        import importlib.util
+        import json
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_graph.py"
+        spec = importlib.util.spec_from_file_location("bench_graph", path)
+        assert spec is not None and spec.loader is not None
+        bench_graph = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench_graph)
+        assert bench_graph.main(["--quick", "--rounds", "1", "--models", "2"]) == 0
+        last = capsys.readouterr().out.strip().splitlines()[-1]
+        assert last.startswith("BENCH_JSON ")
+        doc = json.loads(last[len("BENCH_JSON ") :])
+        assert {c for r in doc["results"] for c in r["contenders"]} == {
+            "eager",
+            "graph",
+            "optimized",
+        }
+
+
 class _Broken:
     """An op stand-in with another kernel (to make a node fail)."""
 

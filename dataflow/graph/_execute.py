@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import OpInputError, OpTypeError
 from .._runtime import estimate_seconds, get_runtime
 from .._task import Pending, _next_id
+from ._fusion import FusedOp
 from ._ir import ConstRef, InputRef, NodeRef, Ref, iter_refs, type_of
 
 if TYPE_CHECKING:
@@ -205,17 +206,20 @@ def dispatch(graph: Graph, inputs: Sequence[Any]) -> Any:
         op = node.op
         args = _bind(node.args, env)
         kwargs = _bind(dict(node.kwargs), env) if node.kwargs else None
+        inline = op.inline
+        if inline is None and type(op) is FusedOp:
+            inline = op.runs_inline()
         timeout = getattr(op, "timeout", None)
         if timeout is None:
             timeout = default_timeout
         if timeout is None:
             task = submit(
-                op.kernel, args, kwargs, op.name, node.spec, node.cost, op.inline,
+                op.kernel, args, kwargs, op.name, node.spec, node.cost, inline,
                 priority=base + rank[i],
             )  # fmt: skip
         else:  # as Op.__call__ does: an op's timeout, else the runtime's default
             task = submit(
-                op.kernel, args, kwargs, op.name, node.spec, node.cost, op.inline,
+                op.kernel, args, kwargs, op.name, node.spec, node.cost, inline,
                 priority=base + rank[i], timeout=timeout,
             )  # fmt: skip
         _publish(env, node, i, task)

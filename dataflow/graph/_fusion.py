@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .._runtime import estimate_seconds, get_inline_threshold
 from .._task import Cost, Task
 from ._ir import (
     Builder,
@@ -244,14 +245,28 @@ class FusedOp:
     qualname = "dataflow.graph:fused"
     inline: bool | None = None
 
-    def __init__(self, steps: Sequence[FusedStep], engine: str = "numpy") -> None:
+    def __init__(
+        self,
+        steps: Sequence[FusedStep],
+        engine: str = "numpy",
+        step_seconds: float | None = None,
+    ) -> None:
         if engine not in ENGINES:
             raise ValueError(f"fusion engine must be one of {ENGINES}, got {engine!r}")
         if not steps:
             raise ValueError("a fused op needs at least one step")
         self.steps = tuple(steps)
         self.engine = engine
+        # The estimated time of the slowest step: where the steps would each have run inline,
+        # the group runs inline too (see `runs_inline`), however long their sum.
+        self.step_seconds = step_seconds
         self.kernel: Callable[..., Any] = self._build()
+
+    def runs_inline(self) -> bool | None:
+        """True when every step alone would run inline at dispatch (else: decide by cost)."""
+        if self.step_seconds is not None and self.step_seconds < get_inline_threshold():
+            return True
+        return None
 
     @property
     def handle(self) -> Callable[[Task, int | None, Any], Any]:
@@ -284,10 +299,10 @@ class FusedOp:
 
         return numexpr_kernel
 
-    def _abstract(self, args: Sequence[Any]) -> tuple[Any, Cost]:
-        """(spec, cost) by running the steps' meta and cost rules on stand-in handles."""
+    def _abstract(self, args: Sequence[Any]) -> tuple[Any, Cost, float]:
+        """(spec, cost, slowest step's seconds) from the steps' rules on stand-in handles."""
         handles: list[Any] = []
-        flops = nbytes = 0.0
+        flops = nbytes = slowest = 0.0
         spec: Any = None
         for step in self.steps:
             op = step.op
@@ -297,20 +312,22 @@ class FusedOp:
             ]
             spec = op.meta(*values)
             cost = op.cost(*values) if op.cost is not None else None
+            slowest = max(slowest, estimate_seconds(cost))
             if cost is not None:
                 flops += cost.flops
                 nbytes += cost.bytes
             stand_in = Task(op.kernel, (), None, op.name, None, spec, cost)
             handles.append(op.handle(stand_in, None, spec))
-        return spec, Cost(flops, nbytes)
+        return spec, Cost(flops, nbytes), slowest
 
     def meta(self, *args: Any) -> Any:
         """The last step's spec, from the steps' meta rules (raises as they do)."""
         return self._abstract(args)[0]
 
     def cost(self, *args: Any) -> Cost:
-        """The sum of the steps' costs."""
-        return self._abstract(args)[1]
+        """The sum of the steps' costs (and, as a side effect, ``step_seconds``)."""
+        _, cost, self.step_seconds = self._abstract(args)
+        return cost
 
 
 # -- the pass --------------------------------------------------------------------------------
@@ -355,8 +372,9 @@ def fuse_elementwise(graph: Graph, *, engine: str = "numpy") -> Graph:
             b.keep(i)
             continue
         steps, external, cost = _group(nodes, i, absorbed)
+        slowest = max(estimate_seconds(nodes[k].cost) for k in _members(i, absorbed))
         fused = Node(
-            FusedOp(steps, engine),
+            FusedOp(steps, engine, slowest),
             tuple(b.remap(external)),
             {},
             node.spec,
@@ -367,6 +385,17 @@ def fuse_elementwise(graph: Graph, *, engine: str = "numpy") -> Graph:
         )
         b.add(fused, replaces=i)
     return b.finish()
+
+
+def _members(root: int, absorbed: dict[int, int]) -> list[int]:
+    """The nodes of the group rooted at ``root`` (root included)."""
+    out = [root]
+    out.extend(p for p, c in absorbed.items() if c == root)
+    k = 1
+    while k < len(out):
+        out.extend(p for p, c in absorbed.items() if c == out[k])
+        k += 1
+    return out
 
 
 def _group(
