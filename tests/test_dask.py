@@ -17,7 +17,7 @@ import pytest
 import dataflow
 import ops
 from dataflow import CancelledTaskError, DataflowError, OpInputError, TaskError
-from dataflow._dask import DaskRuntime
+from dataflow._dask import DaskRuntime, _Call, _fill, _Ref, run_op
 from examples.lstm_ensemble import Ensemble, ensemble_forked
 from tests._helpers import Arr, add, boom, neg_inline, sleep_op, where_run
 
@@ -273,6 +273,27 @@ class TestShipping:
             y = await (b - a)
             assert rt.fetched == 1
         np.testing.assert_array_equal(y, np.full((2, 3), 12.0, dtype=np.float32))
+
+
+class TestWorkerSide:
+    def test_unaligned_inputs_are_realigned_once(self) -> None:
+        """An unaligned array (as the network delivers some) reaches kernels aligned, once."""
+        raw = np.frombuffer(bytearray(4 * 64 + 1), dtype=np.float32, count=64, offset=1)
+        assert not raw.flags.aligned
+        call = _Call(np.sum, (_Ref(0, None),), None, "sum#1", "sum", 1, None, True)
+        first = _fill(call.args, [raw])[0]
+        assert first.flags.aligned and first is not raw
+        assert _fill(call.args, [raw])[0] is first, "the copy is made once per array"
+        assert run_op(call, [raw]) == 0.0
+        embedded = _fill((raw,), [])[0]  # inside the task: copied each time, it is not shared
+        assert embedded.flags.aligned
+
+    def test_declared_ops_travel_by_name(self) -> None:
+        """A declared op's kernel is found on the worker by its registry name."""
+        call = _Call(
+            "ops._elementwise:add", (np.ones(2), 1.0), None, "add#1", "add", 1, None, False
+        )
+        np.testing.assert_array_equal(run_op(call, []), [2.0, 2.0])
 
 
 class TestErrors:
