@@ -172,9 +172,9 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
     if script is not None:
         problem = _script_problem(script)
         if problem is not None:
-            message, code = problem
+            message, status = problem
             click.echo(f"dataflow run: error: {message}", err=True)
-            return code
+            return status
     elif module is not None and not _module_exists(module):
         click.echo(f"dataflow run: error: no module named {module!r}", err=True)
         return 2
@@ -197,6 +197,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         return 1
     except KeyboardInterrupt:
         click.echo("dataflow run: interrupted", err=True)
+        _forget_keyboard_interrupt()
         return 130
     except ImportError as exc:
         if module is not None and getattr(exc, "name", None) == module:
@@ -208,6 +209,16 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         _print_user_traceback(exc)
         return 1
     return 0
+
+
+def _forget_keyboard_interrupt() -> None:
+    """Keep ``python -m dataflow run`` exiting with 130 once Ctrl-C has been handled.
+
+    CPython remembers a KeyboardInterrupt that ended any string ``exec``/``eval`` (library code
+    may be inside one when a second Ctrl-C lands) and, under ``python -m``, kills the process
+    with SIGINT at exit although the interrupt was caught. Each string eval resets that flag.
+    """
+    exec("None", {})
 
 
 def _script_problem(script: str) -> tuple[str, int] | None:
