@@ -20,7 +20,7 @@ import structlog
 from ._errors import CancelledTaskError, DataflowError, NotReadyError, TaskError
 from ._instrument import ACTIVE, emit
 from ._logging import name_plain_fork
-from ._runtime import Runtime, get_runtime, resolve_loop_factory
+from ._runtime import DEFAULT_MAX_PENDING, Runtime, get_runtime, resolve_loop_factory
 from ._task import Future, Pending, _next_id
 
 __all__ = ["fork", "materialize", "run", "wait"]
@@ -292,6 +292,8 @@ def run(
     loop: str = "auto",
     backend: str | None = None,
     address: str | None = None,
+    max_pending: int | None = DEFAULT_MAX_PENDING,
+    op_timeout: float | None = None,
 ) -> T:
     """Run ``main(*args)`` in a new runtime on a new event loop and return its value.
 
@@ -307,6 +309,8 @@ def run(
         backend: "local" or "dask" (see :class:`Runtime`; default: "dask" when ``address``
             is given or ``$DATAFLOW_DASK_ADDRESS`` is set, else "local").
         address: the Dask scheduler's address, e.g. ``"tcp://host:8786"`` (docs/dask.md).
+        max_pending, op_timeout: backpressure limit and default op timeout (see
+            :class:`Runtime` and docs/hardening.md).
 
     Raises:
         TypeError: ``main`` is a coroutine object or not callable.
@@ -334,11 +338,18 @@ def run(
             "Inside async code use `async with dataflow.Runtime(): ...` and await your function."
         )
     factory = resolve_loop_factory(loop)
+    # Passed only when set, so a backend without them (Dask) is not handed unknown options.
+    limits: dict[str, Any] = {}
+    if max_pending != DEFAULT_MAX_PENDING:
+        limits["max_pending"] = max_pending
+    if op_timeout is not None:
+        limits["op_timeout"] = op_timeout
     runtime = Runtime(
         interop_threads=interop_threads,
         intraop_threads=intraop_threads,
         backend=backend,
         address=address,
+        **limits,
     )
 
     async def _main() -> T:

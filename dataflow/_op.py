@@ -30,9 +30,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._errors import NotReadyError, TaskError
+from ._errors import NotReadyError, TaskError, describe
 from ._runtime import _current, _resolve
 from ._task import DONE, Cost, Pending, Task
+from ._timeout import check_timeout
 
 __all__ = ["Op", "lookup_op", "op", "op_for_kernel"]
 
@@ -54,6 +55,7 @@ class Op(Generic[H]):
         "meta",
         "module",
         "name",
+        "timeout",
     )
 
     def __init__(
@@ -64,7 +66,9 @@ class Op(Generic[H]):
         handle: HandleFactory[H],
         cost: Callable[..., Cost] | None = None,
         inline: bool | None = None,
+        timeout: float | None = None,
     ) -> None:
+        self.timeout = check_timeout(timeout, f"op {name!r}: timeout")
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -94,7 +98,24 @@ class Op(Generic[H]):
         if rt is None:
             task = _run_eagerly(self, args, kwargs, spec, cost)
         else:
-            task = rt.submit(self.kernel, args, kwargs or None, self.name, spec, cost, self.inline)
+            timeout = self.timeout
+            if timeout is None:
+                timeout = rt.op_timeout
+            if timeout is None:
+                task = rt.submit(
+                    self.kernel, args, kwargs or None, self.name, spec, cost, self.inline
+                )
+            else:
+                task = rt.submit(
+                    self.kernel,
+                    args,
+                    kwargs or None,
+                    self.name,
+                    spec,
+                    cost,
+                    self.inline,
+                    timeout=timeout,
+                )
         if type(spec) is tuple:
             make = self.handle
             return tuple(make(task, i, s) for i, s in enumerate(spec))
@@ -147,9 +168,7 @@ def _run_eagerly(
     except NotReadyError:
         raise
     except Exception as exc:
-        raise TaskError(
-            f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=op.name
-        ) from exc
+        raise TaskError(f"{task.name} failed: {describe(exc)}", task=task.name, op=op.name) from exc
     task.value = value
     task.state = DONE
     task.fn = task.args = task.kwargs = None
@@ -163,6 +182,7 @@ def op(
     handle: HandleFactory[H],
     cost: Callable[..., Cost] | None = None,
     inline: bool | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Op[H]]:
     """Declare an op from a numpy kernel (decorator).
 
@@ -172,6 +192,11 @@ def op(
         handle: ``handle(task, index, spec) -> Pending`` builds the returned handle(s).
         cost: ``cost(*args, **kwargs) -> Cost``; without it the op always goes to the pool.
         inline: force inline (True) or pool (False) execution instead of deciding by cost.
+        timeout: seconds the kernel may run in a runtime before its task (and every task
+            depending on it) fails with :class:`~dataflow.OpTimeoutError`; overrides the
+            runtime's ``op_timeout``. A timed op always runs on the pool. The kernel itself
+            cannot be interrupted: it runs on, its result is discarded (docs/hardening.md).
+            Outside a runtime (eager mode) the timeout does not apply.
 
     Example:
         >>> @dataflow.op("scale", meta=lambda x, k: ops.TensorSpec(x.shape, x.dtype),
@@ -180,9 +205,9 @@ def op(
         ...     return x * k
     """
 
+    checked = check_timeout(timeout, f"op {name!r}: timeout")
+
     def decorate(kernel: Callable[..., Any]) -> Op[H]:
-        return Op(name, kernel, meta, handle, cost, inline)
+        return Op(name, kernel, meta, handle, cost, inline, checked)
 
     return decorate
-
-

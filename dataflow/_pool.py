@@ -12,6 +12,11 @@ Design, measured on 2-vCPU VMs where a thread-to-thread hand-off costs tens of m
   critical-path rank). A queued task whose height grows is pushed again; the old entry is
   recognised as stale when popped and skipped.
 
+A kernel that outlives its timeout (see ``_timeout``) cannot be interrupted: its worker is
+*abandoned* (no longer joined, it exits once the kernel returns) and a replacement is started,
+so the pool keeps its size. Threads that dispatch over a runtime's ``max_pending`` limit help
+run queued tasks (:meth:`InteropPool.take_locked`), as a worker would.
+
 The process shares one pool by default (as torch shares its inter-op pool between inference
 requests); it is created when the first runtime opens and its threads are joined when the last
 one closes, so nothing outlives a ``dataflow.run``. A runtime may ask for a private pool.
@@ -28,7 +33,17 @@ from ._errors import DataflowError
 if TYPE_CHECKING:
     from ._task import Task
 
-__all__ = ["InteropPool", "acquire_shared_pool", "release_shared_pool", "shared_pool_size"]
+__all__ = [
+    "InteropPool",
+    "acquire_shared_pool",
+    "on_shared_pool_thread",
+    "release_shared_pool",
+    "shared_pool_size",
+]
+
+# Which pool the current thread works for (set once per worker thread, read by runtimes that
+# must not open on a thread of the pool they would wait for).
+_local = threading.local()
 
 
 class InteropPool:
@@ -42,15 +57,21 @@ class InteropPool:
         self._heap: list[tuple[float, float, int, Task]] = []
         self._idle: list[threading.Lock] = []
         self._closing = False
+        self._name = name
         self._threads: list[threading.Thread] = []
+        # Workers stuck in a timed-out kernel: not joined; each exits when its kernel returns.
+        self._abandoned: set[threading.Thread] = set()
         for i in range(num_threads):
-            wake = threading.Lock()
-            wake.acquire()
-            t = threading.Thread(
-                target=self._work, args=(wake,), name=f"{name}-{i}", daemon=True
-            )
-            self._threads.append(t)
-            t.start()
+            self._start_worker(i)
+
+    def _start_worker(self, index: int) -> None:
+        wake = threading.Lock()
+        wake.acquire()
+        t = threading.Thread(
+            target=self._work, args=(wake,), name=f"{self._name}-{index}", daemon=True
+        )
+        self._threads.append(t)
+        t.start()
 
     def __repr__(self) -> str:
         return (
@@ -79,6 +100,9 @@ class InteropPool:
         # (Runtime.execute) re-takes the lock to publish the result and queue dependents.
         from ._task import READY, RUNNING
 
+        _local.pool = self
+        me = threading.current_thread()
+        abandoned = self._abandoned
         lock = self.lock
         heap = self._heap
         while True:
@@ -104,6 +128,46 @@ class InteropPool:
                 rt.peak_running = rt.running
             lock.release()
             rt.execute(task)
+            if abandoned and me in abandoned:  # replaced while stuck in a timed-out kernel
+                with lock:
+                    abandoned.discard(me)
+                return
+
+    def take_locked(self) -> Task | None:
+        """Pop the next ready task for a helping (dispatching) thread, marked RUNNING.
+
+        None when nothing is queued, or when the next task has a timeout: a helper may be the
+        event loop's thread, which must not get stuck in a kernel it cannot give up on.
+        """
+        from ._task import READY, RUNNING
+        from ._timeout import TimedKernel
+
+        heap = self._heap
+        while heap:
+            neg_height, _, _, task = heap[0]
+            if task.state != READY or -neg_height != task.height:
+                heapq.heappop(heap)  # cancelled, or a stale entry (as in _work)
+                continue
+            if type(task.fn) is TimedKernel:
+                return None
+            heapq.heappop(heap)
+            task.state = RUNNING
+            rt = task.runtime
+            assert rt is not None
+            rt.running += 1
+            if rt.running > rt.peak_running:
+                rt.peak_running = rt.running
+            return task
+        return None
+
+    def abandon_locked(self, thread: threading.Thread) -> None:
+        """``thread`` is stuck in a kernel past its timeout: stop counting on it, replace it."""
+        if thread not in self._threads:
+            return  # not one of our workers (a helping dispatcher), or already abandoned
+        self._threads.remove(thread)
+        self._abandoned.add(thread)
+        if not self._closing:
+            self._start_worker(self.num_threads + len(self._abandoned) - 1)
 
     def close(self) -> None:
         """Let the workers finish what is queued, then join them."""
@@ -112,7 +176,7 @@ class InteropPool:
             while self._idle:
                 self._idle.pop().release()
         current = threading.current_thread()
-        for t in self._threads:
+        for t in list(self._threads):
             if t is not current:
                 t.join()
 
@@ -148,6 +212,12 @@ def release_shared_pool() -> None:
             return
         pool, _shared = _shared, None
     pool.close()
+
+
+def on_shared_pool_thread() -> bool:
+    """Whether the calling thread is a worker of the running shared pool."""
+    pool = getattr(_local, "pool", None)
+    return pool is not None and pool is _shared
 
 
 def shared_pool_size() -> int | None:

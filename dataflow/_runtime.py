@@ -24,22 +24,48 @@ Scheduling policy (the contract the rest of the library relies on):
   and for the graph to drain. If the body raised or was cancelled, forked tasks are cancelled
   and queued kernels are dropped without running (a running kernel cannot be interrupted and
   is allowed to finish). The pool's threads are joined when the last runtime using it closes.
+* **Timeouts.** An op with a timeout (``dataflow.op(timeout=)``, ``Runtime(op_timeout=)``)
+  always runs on the pool; if its kernel outlives the timeout, a watchdog thread fails the
+  task and its dependents with :class:`~dataflow.OpTimeoutError`, the stuck worker is replaced,
+  and the kernel's late outcome is discarded (see ``_timeout``).
+* **Backpressure.** Dispatch is synchronous, so the dispatcher is slowed down where it
+  dispatches: past ``max_pending`` tasks in flight, ``submit`` makes the calling thread help,
+  running queued tasks itself (never one with a timeout), until the count is 10% under the
+  limit; with nothing to run it waits for the pool, unless all that is in flight waits on
+  dispatching threads themselves (then it lets the dispatch through rather than deadlock).
+  On the loop thread, a cancelled dispatching task stops at its next op (CancelledError).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import CancelledTaskError, DataflowError, NoRuntimeError, TaskError
+from ._errors import (
+    CancelledTaskError,
+    DataflowError,
+    NoRuntimeError,
+    OpTimeoutError,
+    TaskError,
+    describe,
+)
 from ._instrument import ACTIVE, emit
-from ._pool import InteropPool, acquire_shared_pool, release_shared_pool
+from ._pool import (
+    InteropPool,
+    acquire_shared_pool,
+    on_shared_pool_thread,
+    release_shared_pool,
+)
 from ._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Cost, Pending, Task
 from ._threads import _check_count, default_interop_threads
+from ._timeout import TimedKernel, Watchdog, check_timeout
 
 __all__ = [
     "Runtime",
@@ -53,6 +79,11 @@ __all__ = [
 _current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
     "dataflow_runtime", default=None
 )
+
+#: Tasks in flight (queued, waiting or running) past which dispatch is held back.
+DEFAULT_MAX_PENDING = 100_000
+# Set on a thread while it helps run tasks for backpressure (helping never nests).
+_helping = threading.local()
 
 # Rates used to turn an op's Cost into seconds for the inline decision. Deliberately
 # conservative (small numpy ops run far below peak), so only really small ops run inline.
@@ -189,6 +220,13 @@ class Runtime:
         simulate: for scheduling studies: ``simulate(task)`` replaces every graph task's kernel
             (e.g. a GIL-free ``time.sleep`` of the op's estimated time, see
             :func:`estimate_seconds`) and its return value stands for the result.
+        max_pending: tasks in flight (queued, waiting for inputs or running) past which the
+            dispatching thread is held back and helps run queued tasks (docs/hardening.md);
+            default 100,000, about 100 MB of small tasks; None for no limit.
+        op_timeout: the timeout in seconds of every op without one of its own
+            (``dataflow.op(timeout=)``); default None, no timeout. A kernel past it fails its
+            task with :class:`~dataflow.OpTimeoutError`; it cannot be interrupted, so it runs
+            on (its thread replaced in the pool) and its late result is discarded.
         backend: ``"local"`` (this process's pool) or ``"dask"`` (ops run on a Dask cluster;
             needs ``pip install 'dataflow[dask]'``; see docs/dask.md). Default: ``"dask"`` when
             ``address``/``client`` is given or ``$DATAFLOW_DASK_ADDRESS`` is set (as
@@ -216,6 +254,8 @@ class Runtime:
         backend: str | None = None,
         address: Any = None,
         client: Any = None,
+        max_pending: int | None = DEFAULT_MAX_PENDING,
+        op_timeout: float | None = None,
         **options: Any,
     ) -> None:
         if address is not None or client is not None or options:
@@ -225,7 +265,8 @@ class Runtime:
             )
             raise TypeError(
                 f"Runtime(): {given} are options of the Dask backend; the local backend "
-                "takes interop_threads, intraop_threads, private_pool and simulate"
+                "takes interop_threads, intraop_threads, private_pool, simulate, max_pending "
+                "and op_timeout"
             )
         self.simulate = simulate
         self.interop_threads = (
@@ -237,6 +278,17 @@ class Runtime:
             None if intraop_threads is None else _check_count(intraop_threads, "intraop_threads")
         )
         self.private_pool = private_pool
+        if max_pending is not None and (
+            isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1
+        ):
+            raise ValueError(f"max_pending must be a positive int or None, got {max_pending!r}")
+        self.max_pending = max_pending
+        limit = sys.maxsize if max_pending is None else max_pending
+        self._pending_limit = limit
+        self._low_water = limit - limit // 10
+        self._blocked = 0  # threads other than the loop's held back in _throttle
+        self.op_timeout = check_timeout(op_timeout, "op_timeout")
+        self._watchdog: Watchdog | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._pool: InteropPool | None = None
         self._lock: threading.Lock = threading.Lock()  # replaced by the pool's lock on entry
@@ -272,6 +324,13 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         if self.loop is not None:
             raise DataflowError("a Runtime can be entered only once; create a new one")
+        if not self.private_pool and on_shared_pool_thread():
+            raise DataflowError(
+                "a Runtime cannot run on an inter-op pool thread (inside a kernel or a forked "
+                "plain function, e.g. dataflow.run() there): it would wait for the pool it is "
+                "running on. Make the function `async def` and fork it (it runs on the event "
+                "loop and can await ops), or give this Runtime private_pool=True."
+            )
         self.loop = asyncio.get_running_loop()
         self._loop_tid = threading.get_ident()
         if self.private_pool:
@@ -306,8 +365,10 @@ class Runtime:
             raise err from unobserved[0]
         from ._log import logger
 
-        for e in unobserved:
-            logger.error("task failed and was never awaited", error=repr(e), exc_info=e)
+        # A broken log consumer must not replace the body's own error.
+        with contextlib.suppress(Exception):
+            for e in unobserved:
+                logger.error("task failed and was never awaited", error=repr(e), exc_info=e)
 
     def _cancel_everything(self) -> None:
         self._cancelling = True
@@ -328,6 +389,9 @@ class Runtime:
 
     def _close(self) -> None:
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         if self._token is not None:
             try:
                 _current.reset(self._token)
@@ -356,10 +420,12 @@ class Runtime:
         inline: bool | None = None,
         ctx: contextvars.Context | None = None,
         priority: float | None = None,
+        timeout: float | None = None,
     ) -> Task:
         """Add a task to the graph; run it inline, queue it, or park it on its inputs.
 
         ``priority`` orders it among ready tasks (smaller first; default: its issue order).
+        ``timeout`` (seconds) bounds its kernel's run time; such a task never runs inline.
         """
         if self._closed:
             raise DataflowError(f"{op}: this runtime is closed; start a new one")
@@ -384,6 +450,9 @@ class Runtime:
             if inline is None:
                 inline = task.est < _inline_threshold
         elif inline is None:
+            inline = False
+        if timeout is not None:
+            task.fn = TimedKernel(fn, task, timeout)
             inline = False
         waiting = [t for t in inputs if t.state != DONE] if inputs else inputs
         if inline and not waiting and not self._cancelling and self.simulate is None:
@@ -415,6 +484,8 @@ class Runtime:
                 self._pool.push_locked(task)  # type: ignore[union-attr]
         if ACTIVE and task.state == READY:
             emit("task_ready", task)
+        if self._inflight > self._pending_limit:
+            self._throttle()
         return task
 
     def _raise_heights(self, task: Task) -> None:
@@ -457,9 +528,7 @@ class Runtime:
             else:
                 value = fn(*task.args)  # type: ignore[misc]
         except BaseException as exc:
-            err = TaskError(
-                f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=task.op
-            )
+            err = TaskError(f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op)
             err.__cause__ = exc
             with self._lock:
                 self._failures.append(err)
@@ -497,11 +566,11 @@ class Runtime:
             else:
                 value = fn(*args)
         except BaseException as exc:
-            err = TaskError(
-                f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=task.op
-            )
+            err = TaskError(f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op)
             err.__cause__ = exc
             with self._lock:
+                if task.state != RUNNING:  # timed out while it ran: the outcome is dropped
+                    return
                 self._failures.append(err)
                 self._fail_locked(task, err, counted)
             return
@@ -510,6 +579,8 @@ class Runtime:
             # Before the dependents are made ready, so events stay in causal order.
             emit("task_finished", task)
         with self._lock:
+            if task.state != RUNNING:  # timed out while it ran: the result is dropped
+                return
             task.state = DONE
             task.fn = task.args = task.kwargs = None
             task.inputs = ()
@@ -567,6 +638,74 @@ class Runtime:
         err = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
         with self._lock:
             self._fail_locked(task, err)
+
+    # -- timeouts and backpressure ------------------------------------------------------
+
+    def _watchdog_arm(self, task: Task, seconds: float) -> list[Any]:
+        """Start ``task``'s deadline (called by its TimedKernel on the thread running it)."""
+        wd = self._watchdog
+        if wd is None:
+            with self._lock:
+                wd = self._watchdog
+                if wd is None:
+                    name = f"dataflow-watchdog-{id(self) & 0xFFFF:x}"
+                    wd = self._watchdog = Watchdog(self._timed_out, name)
+        return wd.arm(task, seconds)
+
+    def _timed_out(self, task: Task, seconds: float, thread: threading.Thread) -> None:
+        """``task``'s kernel outlived its timeout: fail it and its dependents (watchdog thread)."""
+        with self._lock:
+            if task.state != RUNNING:
+                return  # it finished in the meantime
+            err = OpTimeoutError(
+                f"{task.name} timed out: its kernel ran longer than the {seconds:g} s timeout "
+                f"of op {task.op!r}. A running kernel cannot be interrupted: its thread is "
+                "left to finish in the background (the pool starts a replacement) and its "
+                "result will be discarded. Raise the timeout (dataflow.op(..., timeout=) or "
+                "Runtime(op_timeout=)) if the op is just slow, or find out why it hangs.",
+                task=task.name,
+                op=task.op,
+            )
+            self._failures.append(err)
+            self._fail_locked(task, err)
+            self._pool.abandon_locked(thread)  # type: ignore[union-attr]
+
+    def _throttle(self) -> None:
+        """Over ``max_pending``: help run queued tasks until 10% under it (module docstring)."""
+        if getattr(_helping, "active", False):
+            return  # a task this thread runs as a helper dispatches: let it through
+        _helping.active = True
+        on_loop = threading.get_ident() == self._loop_tid
+        lock = self._lock
+        pool = self._pool
+        assert pool is not None
+        if not on_loop:
+            with lock:
+                self._blocked += 1
+        try:
+            while True:
+                with lock:
+                    if self._inflight <= self._low_water or self._cancelling or self._closed:
+                        return
+                    task = pool.take_locked()
+                    # Waiting is only useful while a kernel runs that is not itself a
+                    # dispatcher held back here (such as a plain fork dispatching ops).
+                    stuck = task is None and self.running <= self._blocked
+                if task is not None:
+                    task.runtime.execute(task)  # type: ignore[union-attr]
+                    continue
+                if stuck:
+                    return
+                if on_loop:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise asyncio.CancelledError
+                time.sleep(0.0005)
+        finally:
+            _helping.active = False
+            if not on_loop:
+                with lock:
+                    self._blocked -= 1
 
     def cancel_task(self, task: Task) -> bool:
         """Cancel a task that has not started; its dependents fail with CancelledTaskError."""
@@ -641,4 +780,3 @@ def _unobserved_error(errors: list[BaseException]) -> BaseException:
     from ._errors import UnobservedTaskError
 
     return UnobservedTaskError(errors)
-
