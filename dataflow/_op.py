@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ._errors import NotReadyError, TaskError, describe
-from ._runtime import _current, _resolve
+from ._runtime import _current, _resolve, loop_runtime
 from ._task import DONE, Cost, Pending, Task
 from ._timeout import check_timeout
 
@@ -94,7 +94,7 @@ class Op(Generic[H]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         spec = self.meta(*args, **kwargs)
         cost = self.cost(*args, **kwargs) if self.cost is not None else None
-        rt = _current.get()
+        rt = _current.get() or loop_runtime()
         if rt is None:
             task = _run_eagerly(self, args, kwargs, spec, cost)
         else:

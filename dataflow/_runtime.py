@@ -72,6 +72,7 @@ __all__ = [
     "current_runtime",
     "estimate_seconds",
     "get_runtime",
+    "loop_runtime",
     "resolve_loop_factory",
     "set_inline_threshold",
 ]
@@ -118,14 +119,33 @@ def estimate_seconds(cost: Cost | None) -> float:
     return cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE
 
 
+# The runtimes open on each event loop, oldest first. Code on the loop that did not inherit the
+# context a Runtime was entered in (the handler tasks of a server started elsewhere) still
+# finds the loop's runtime through this; the context variable wins where it is set.
+_by_loop: dict[asyncio.AbstractEventLoop, list[Runtime]] = {}
+
+
+def loop_runtime() -> Runtime | None:
+    """The oldest runtime open on the running event loop, if any (None off the loop)."""
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        return None
+    rts = _by_loop.get(loop)
+    return rts[0] if rts else None
+
+
 def current_runtime() -> Runtime | None:
-    """The runtime of the calling context, or None outside of one."""
-    return _current.get()
+    """The runtime of the calling context, or None outside of one.
+
+    That is the innermost ``Runtime`` entered in this context (inherited by the tasks and
+    threads it starts) or, failing that, the oldest one open on the running event loop.
+    """
+    return _current.get() or loop_runtime()
 
 
 def get_runtime(what: str) -> Runtime:
     """The current runtime, or a NoRuntimeError that says how to start one."""
-    rt = _current.get()
+    rt = _current.get() or loop_runtime()
     if rt is None:
         raise NoRuntimeError(
             f"{what} needs a running dataflow runtime. Start one with "
@@ -343,6 +363,7 @@ class Runtime:
 
             self._limits = threadpool_limits(limits=self.intraop_threads, user_api="blas")
         self._token = _current.set(self)
+        _by_loop.setdefault(self.loop, []).append(self)
         return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -389,6 +410,11 @@ class Runtime:
 
     def _close(self) -> None:
         self._closed = True
+        rts = _by_loop.get(self.loop)  # type: ignore[arg-type]
+        if rts is not None and self in rts:
+            rts.remove(self)
+            if not rts:
+                del _by_loop[self.loop]  # type: ignore[arg-type]
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None

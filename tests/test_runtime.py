@@ -461,3 +461,32 @@ class TestMemory:
             return result
 
         assert dataflow.run(main, loop=loop) == 1
+
+
+class TestLoopRuntime:
+    @pytest.mark.asyncio
+    async def test_tasks_outside_the_context_find_the_loops_runtime(self) -> None:
+        """A task created outside the Runtime's context (a server handler) still finds it."""
+        outside = contextvars.Context()  # an empty context: no runtime variable set
+
+        async def handler() -> Any:
+            assert dataflow.current_runtime() is rt
+            x = np.arange(3.0)
+            return await dataflow.fork(lambda a: a * 2, neg_pool(x))
+
+        async with dataflow.Runtime(interop_threads=2) as rt:
+            task = asyncio.get_running_loop().create_task(handler(), context=outside)
+            np.testing.assert_array_equal(await task, [0.0, -2.0, -4.0])
+        assert dataflow.current_runtime() is None
+
+    def test_threads_without_a_loop_find_none(self) -> None:
+        """Off the loop, with no inherited context, there is no runtime."""
+        found: list[object] = []
+
+        async def main() -> None:
+            t = threading.Thread(target=lambda: found.append(dataflow.current_runtime()))
+            t.start()
+            t.join()
+
+        dataflow.run(main)
+        assert found == [None]
