@@ -1,0 +1,49 @@
+"""The public API: __all__ matches what the packages export, and everything is documented."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import dataflow
+import ops
+
+
+@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+class TestExports:
+    def test_all_matches_public_names(self, module: types.ModuleType) -> None:
+        """__all__ lists exactly the public names the package defines (no drift)."""
+        public = {n for n in vars(module) if not n.startswith("_")}
+        public -= {"annotations"}  # from __future__
+        public -= {n for n, v in vars(module).items() if isinstance(v, types.ModuleType)}
+        assert sorted(public - set(module.__all__)) == []
+        assert sorted(set(module.__all__) - set(vars(module))) == []
+
+    def test_all_is_a_tuple_without_duplicates(self, module: types.ModuleType) -> None:
+        """__all__ is a tuple and names each export once."""
+        assert isinstance(module.__all__, tuple)
+        assert len(set(module.__all__)) == len(module.__all__)
+
+    def test_every_export_has_a_docstring(self, module: types.ModuleType) -> None:
+        """Every exported function and class carries a docstring."""
+        missing = [
+            n
+            for n in module.__all__
+            if callable(getattr(module, n)) and not (getattr(module, n).__doc__ or "").strip()
+        ]
+        assert missing == []
+
+
+def test_dataflow_never_imports_ops() -> None:
+    """The runtime knows no specific op: no dataflow module imports ops."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(dataflow.__file__).parent
+    offenders = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if re.search(r"^\s*(from ops\b|import ops\b)", p.read_text(), re.MULTILINE)
+    ]
+    assert offenders == []
