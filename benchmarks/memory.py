@@ -9,7 +9,9 @@ reports:
 * ``forward_mib``: that peak minus the RSS just before the forward, i.e. what the forward
   itself needed on top of the weights and the input (activations, temporaries, and for
   dataflow the runtime's graph and pending values);
-* ``ru_maxrss``: the peak over the child's whole life (``getrusage``), setup included.
+
+(``getrusage``'s ``ru_maxrss`` is no use here: Linux carries the parent's high-water mark over
+``fork``/``exec``, so every child would report the benchmark process's own peak.)
 
 Both children import the same modules (numpy, dataflow, ops) so import costs cancel out.
 """
@@ -93,13 +95,13 @@ def child_main(argv: list[str]) -> int:
         with threadpool_limits(limits=n, user_api="blas"):
             out = ref.ensemble_forward(x, weights)
     peak = _status_kib("VmHWM") if reset else None
+    # Without clear_refs, fall back to the lifetime peak (may include the parent's: see above).
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {
         "mode": args.child,
         "rss_before_kib": before,
         "peak_kib": peak if peak is not None else maxrss,
         "peak_exact": reset,
-        "ru_maxrss_kib": maxrss,
         "output_shape": list(np.shape(out)),
     }
     print(json.dumps(result), flush=True)
@@ -152,7 +154,6 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
             (d["peak_kib"] - d["rss_before_kib"]) / 1024 for d in ds
         )
         row.extra["before_mib"] = statistics.median(d["rss_before_kib"] / 1024 for d in ds)
-        row.extra["ru_maxrss_mib"] = statistics.median(d["ru_maxrss_kib"] / 1024 for d in ds)
     base = next((r for r in rows if r.name == names["numpy"]), None)
     if base is not None and "forward_mib" in base.extra:
         for row in rows:
@@ -167,7 +168,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
             "numpy sequential",
             rows,
             params={"size": list(size)},
-            columns=("before_mib", "forward_mib", "forward_vs_numpy", "ru_maxrss_mib"),
+            columns=("before_mib", "forward_mib", "forward_vs_numpy"),
             notes=[
                 "each value from a fresh process; before = RSS with weights and input built; "
                 "forward = peak during the forward minus before",
