@@ -135,6 +135,14 @@ class Workload:
         n = cores()
         return self.contender("numpy sequential", f"BLAS {n}", run, blas=n)
 
+    def numpy_sequential_1(self) -> Contender:
+        """The same with one BLAS thread: faster than all cores at the small sizes."""
+
+        def run(k: int) -> tuple[float, Any]:
+            return _timed(k, lambda: ref.ensemble_forward(self.x, self.weights))
+
+        return self.contender("numpy sequential, BLAS 1", "BLAS 1", run, blas=1)
+
     def numpy_threads(self) -> Contender:
         """The 8 directions hand-threaded on a ThreadPoolExecutor (REFERENCE.md's "numpy with
         the 8 directions on a 2-thread pool")."""
@@ -231,6 +239,7 @@ class Workload:
         n = cores()
         return [
             self.numpy_sequential(),
+            self.numpy_sequential_1(),
             self.numpy_threads(),
             self.dataflow("dataflow, 1 inter-op thread", 1, n, forked=False),
             self.dataflow("dataflow, automatic", n, 1, forked=False),
