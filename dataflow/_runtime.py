@@ -710,6 +710,12 @@ class Runtime:
                 self._blocked += 1
         try:
             while True:
+                # Ctrl-C cancels the task that is dispatching (asyncio.Runner's handler runs
+                # between any two bytecodes): stop here, as it would at its next await.
+                if on_loop:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise asyncio.CancelledError
                 with lock:
                     if self._inflight <= self._low_water or self._cancelling or self._closed:
                         return
@@ -722,10 +728,6 @@ class Runtime:
                     continue
                 if stuck:
                     return
-                if on_loop:
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
-                        raise asyncio.CancelledError
                 time.sleep(0.0005)
         finally:
             _helping.active = False
