@@ -70,6 +70,18 @@ def _blas() -> list[dict[str, Any]]:
     return [{k: info.get(k) for k in keep} for info in threadpool_info()]
 
 
+def _torch_threads() -> str | None:
+    """torch's own view of its threads and BLAS (MKL, OpenMP), when torch is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    info: str = torch.__config__.parallel_info()
+    return info
+
+
 def describe(argv: list[str] | None = None) -> dict[str, Any]:
     """Cores, CPU model, BLAS (via threadpoolctl), library versions, date and command."""
     import numpy as np
@@ -101,6 +113,7 @@ def describe(argv: list[str] | None = None) -> dict[str, Any]:
         "threadpoolctl": _version("threadpoolctl"),
         "dataflow": _version("dataflow"),
         "dataflow_git_commit": _git_commit(),
+        "torch_parallel_info": _torch_threads(),
         "blas": _blas(),
         "env": {
             k: os.environ[k]
