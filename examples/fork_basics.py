@@ -12,7 +12,8 @@ import ops
 
 
 def foo(x: np.ndarray) -> ops.Tensor:
-    return ops.negative(x)  # returns a pending ops.Tensor at once
+    y: ops.Tensor = ops.negative(x)  # a pending ops.Tensor, returned at once
+    return y
 
 
 async def example(x: np.ndarray) -> tuple[ops.Tensor, ops.Tensor]:
@@ -29,7 +30,8 @@ async def example_loop(x: np.ndarray) -> ops.Tensor:
     # Launch 100 forks, wait for them all, then stack and sum: -100.
     futures = [dataflow.fork(foo, x) for _ in range(100)]
     results = [await dataflow.wait(f) for f in futures]
-    return ops.sum(ops.stack(results))
+    total: ops.Tensor = ops.sum(ops.stack(results))
+    return total
 
 
 if __name__ == "__main__":
