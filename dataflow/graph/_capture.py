@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import DataflowError, TaskError
+from .._errors import DataflowError, TaskError, describe
 from .._op import op_for_kernel
 from .._runtime import Runtime, _current, resolve_loop_factory
 from .._task import DONE, FAILED, Cost, Future, Pending, Task
@@ -307,7 +307,7 @@ class Tracer(Runtime):
             value = ctx.run(fn, *args, **kwargs) if ctx is not None else fn(*args, **kwargs)
         except Exception as exc:
             err = TaskError(
-                f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=task.op
+                f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op
             )
             err.__cause__ = exc
             task.error = err
@@ -357,7 +357,7 @@ class Tracer(Runtime):
                 value = record.op.kernel(*self._bind(record.args), **self._bind(record.kwargs))
             except Exception as exc:
                 err = TaskError(
-                    f"{task.name} failed: {type(exc).__name__}: {exc}", task=task.name, op=task.op
+                    f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op
                 )
                 err.__cause__ = exc
                 task.error = err
