@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 
 import structlog
 
-from ._errors import CancelledTaskError, DataflowError, NotReadyError, TaskError
+from ._errors import CancelledTaskError, DataflowError, NotReadyError, TaskError, task_failed
 from ._instrument import ACTIVE, emit
 from ._logging import name_plain_fork
 from ._runtime import DEFAULT_MAX_PENDING, Runtime, get_runtime, resolve_loop_factory
@@ -124,12 +124,7 @@ async def _run_forked(
     try:
         return await fn(*args, **kwargs)
     except Exception as exc:
-        err = TaskError(
-            f"forked task {fut.name} failed: {type(exc).__name__}: {exc}",
-            task=fut.name,
-            op=_fn_name(fn),
-        )
-        raise err from exc
+        raise task_failed(fut.name, _fn_name(fn), exc, what="forked task ") from exc
     finally:
         if ACTIVE:
             emit("fork_finished", fut.name)

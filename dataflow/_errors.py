@@ -18,6 +18,7 @@ __all__ = [
     "TaskError",
     "UnobservedTaskError",
     "describe",
+    "task_failed",
 ]
 
 
@@ -72,6 +73,17 @@ class TaskError(DataflowError):
         # Set once the error reached user code (raised by an await, result() or exception()).
         # A runtime reports failures nobody observed when it closes, so none is lost.
         self.observed = False
+
+
+def task_failed(name: str, op: str, exc: BaseException, what: str = "") -> TaskError:
+    """The TaskError for task ``name`` whose kernel (or function) raised ``exc``, chained to it.
+
+    ``what`` prefixes the task's name (``"forked task "``). The message stays printable even
+    when ``str(exc)`` raises (see :func:`describe`).
+    """
+    err = TaskError(f"{what}{name} failed: {describe(exc)}", task=name, op=op)
+    err.__cause__ = exc
+    return err
 
 
 class OpTimeoutError(TaskError, TimeoutError):

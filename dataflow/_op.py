@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._errors import NotReadyError, TaskError, describe
+from ._errors import NotReadyError, task_failed
 from ._runtime import _current, _resolve, loop_runtime
 from ._task import DONE, Cost, Pending, Task
 from ._timeout import check_timeout
@@ -168,7 +168,7 @@ def _run_eagerly(
     except NotReadyError:
         raise
     except Exception as exc:
-        raise TaskError(f"{task.name} failed: {describe(exc)}", task=task.name, op=op.name) from exc
+        raise task_failed(task.name, op.name, exc) from exc
     task.value = value
     task.state = DONE
     task.fn = task.args = task.kwargs = None

@@ -54,7 +54,7 @@ from ._errors import (
     NoRuntimeError,
     OpTimeoutError,
     TaskError,
-    describe,
+    task_failed,
 )
 from ._instrument import ACTIVE, emit
 from ._pool import (
@@ -554,8 +554,7 @@ class Runtime:
             else:
                 value = fn(*task.args)  # type: ignore[misc]
         except BaseException as exc:
-            err = TaskError(f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op)
-            err.__cause__ = exc
+            err = task_failed(task.name, task.op, exc)
             with self._lock:
                 self._failures.append(err)
                 self._fail_locked(task, err, counted=False)
@@ -592,8 +591,7 @@ class Runtime:
             else:
                 value = fn(*args)
         except BaseException as exc:
-            err = TaskError(f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op)
-            err.__cause__ = exc
+            err = task_failed(task.name, task.op, exc)
             with self._lock:
                 if task.state != RUNNING:  # timed out while it ran: the outcome is dropped
                     return

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import DataflowError, TaskError, describe
+from .._errors import DataflowError, task_failed
 from .._op import op_for_kernel
 from .._runtime import Runtime, _current, resolve_loop_factory
 from .._task import DONE, FAILED, Cost, Future, Pending, Task
@@ -306,10 +306,7 @@ class Tracer(Runtime):
         try:
             value = ctx.run(fn, *args, **kwargs) if ctx is not None else fn(*args, **kwargs)
         except Exception as exc:
-            err = TaskError(
-                f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op
-            )
-            err.__cause__ = exc
+            err = task_failed(task.name, task.op, exc)
             task.error = err
             task.state = FAILED
             self._failures.append(err)
@@ -356,10 +353,7 @@ class Tracer(Runtime):
             try:
                 value = record.op.kernel(*self._bind(record.args), **self._bind(record.kwargs))
             except Exception as exc:
-                err = TaskError(
-                    f"{task.name} failed: {describe(exc)}", task=task.name, op=task.op
-                )
-                err.__cause__ = exc
+                err = task_failed(task.name, task.op, exc)
                 task.error = err
                 task.state = FAILED
                 raise err from exc
