@@ -653,8 +653,6 @@ class DaskRuntime(Runtime):
             if type(rem) is _Remote and t.state < DONE:
                 self._call_on_loop(self._want, t)
         self.local_ops += 1
-        if timeout is None:
-            return super().submit(fn, args, kwargs, op, spec, cost, inline, ctx, priority)
         return super().submit(fn, args, kwargs, op, spec, cost, inline, ctx, priority, timeout)
 
     def _submit_remote(

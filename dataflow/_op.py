@@ -98,24 +98,17 @@ class Op(Generic[H]):
         if rt is None:
             task = _run_eagerly(self, args, kwargs, spec, cost)
         else:
-            timeout = self.timeout
-            if timeout is None:
-                timeout = rt.op_timeout
-            if timeout is None:
-                task = rt.submit(
-                    self.kernel, args, kwargs or None, self.name, spec, cost, self.inline
-                )
-            else:
-                task = rt.submit(
-                    self.kernel,
-                    args,
-                    kwargs or None,
-                    self.name,
-                    spec,
-                    cost,
-                    self.inline,
-                    timeout=timeout,
-                )
+            timeout = self.timeout if self.timeout is not None else rt.op_timeout
+            task = rt.submit(
+                self.kernel,
+                args,
+                kwargs or None,
+                self.name,
+                spec,
+                cost,
+                self.inline,
+                timeout=timeout,
+            )
         if type(spec) is tuple:
             make = self.handle
             return tuple(make(task, i, s) for i, s in enumerate(spec))
