@@ -67,8 +67,14 @@ import numpy as np
 from ._errors import CancelledTaskError, DataflowError, TaskError
 from ._instrument import ACTIVE, _disable, _methods, emit
 from ._op import lookup_op, op_for_kernel
-from ._runtime import DASK_ADDRESS_ENV, Runtime, _collect, estimate_seconds
-from ._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Cost, Pending, Task
+from ._runtime import (
+    DASK_ADDRESS_ENV,
+    Runtime,
+    _collect,
+    _ready_dependents_locked,
+    estimate_seconds,
+)
+from ._task import CANCELLED, DONE, FAILED, READY, RUNNING, Cost, Pending, Task
 
 __all__ = ["DASK_ADDRESS_ENV", "DaskRuntime", "KernelFailed", "run_op"]
 
@@ -1049,14 +1055,7 @@ class DaskRuntime(Runtime):
                 task.inputs = ()
             deps, task.dependents = task.dependents, None
             if deps is not None:
-                push = self._pool.push_locked  # type: ignore[union-attr]
-                for d in deps:
-                    d.waiting -= 1
-                    if d.waiting == 0 and d.state == PENDING:
-                        d.state = READY
-                        push(d)
-                        if ACTIVE:
-                            emit("task_ready", d)
+                _ready_dependents_locked(deps)
             if task.waiters is not None:
                 self._wake_locked(task.waiters)
                 task.waiters = None

@@ -2,9 +2,11 @@
 
 Design, measured on 2-vCPU VMs where a thread-to-thread hand-off costs tens of microseconds:
 
-* One lock guards the ready heap *and* the graph state of every runtime using the pool, so a
-  worker that finishes a kernel can mark its dependents ready and pop the next task in the same
-  critical section, without a round trip through the event loop.
+* One lock, process-wide (:data:`GRAPH_LOCK`), guards every pool's ready heap *and* the graph
+  state of every runtime, so a worker that finishes a kernel can mark its dependents ready and
+  pop the next task in the same critical section, without a round trip through the event loop,
+  and so a task of one runtime may depend on a task of another (nested runtimes, runtimes in
+  two threads) with every transition made under the same lock.
 * Idle workers park on a private lock each (a binary semaphore). A push wakes one parked
   worker only when one is parked, so a busy pool pays no wake-up at all.
 * The heap is keyed by ``(-task.height, task.priority, task.id)``: the task that starts the
@@ -41,6 +43,9 @@ __all__ = [
     "shared_pool_size",
 ]
 
+#: The lock of all scheduling state: every pool's heap and every runtime's graph (see above).
+GRAPH_LOCK = threading.Lock()
+
 # Which pool the current thread works for (set once per worker thread, read by runtimes that
 # must not open on a thread of the pool they would wait for).
 _local = threading.local()
@@ -52,7 +57,7 @@ class InteropPool:
     def __init__(self, num_threads: int, *, name: str = "interop") -> None:
         if num_threads < 1:
             raise ValueError(f"an inter-op pool needs at least 1 thread, got {num_threads}")
-        self.lock = threading.Lock()
+        self.lock = GRAPH_LOCK
         self.num_threads = num_threads
         self._heap: list[tuple[float, float, int, Task]] = []
         self._idle: list[threading.Lock] = []

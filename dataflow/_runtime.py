@@ -615,14 +615,7 @@ class Runtime:
             deps = task.dependents
             if deps is not None:
                 task.dependents = None
-                push = self._pool.push_locked  # type: ignore[union-attr]
-                for d in deps:
-                    d.waiting -= 1
-                    if d.waiting == 0 and d.state == PENDING:
-                        d.state = READY
-                        push(d)
-                        if ACTIVE:
-                            emit("task_ready", d)
+                _ready_dependents_locked(deps)
             if task.waiters is not None:
                 self._wake_locked(task.waiters)
                 task.waiters = None
@@ -630,33 +623,43 @@ class Runtime:
                 self._wake_locked([self._drained])
 
     def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
-        """Fail ``task`` and, transitively, every task waiting on it. Holds the lock."""
+        """Fail ``task`` and, transitively, every task waiting on it. Holds the lock.
+
+        A dependent may belong to another runtime (nested runtimes, or runtimes in two
+        threads): each task is accounted to, and its waiters woken through, its own runtime.
+        """
         stack = [task]
         first = True
+        owners: list[Runtime] = []
         while stack:
             t = stack.pop()
             if t.state >= DONE:
                 continue
+            rt = t.runtime
+            assert rt is not None  # only runtime tasks are ever unfinished
             was_running = t.state == RUNNING
             t.state = CANCELLED if isinstance(err, CancelledTaskError) else FAILED
             t.error = err
             t.fn = t.args = t.kwargs = None
             t.inputs = ()
             if counted or not first:
-                self._inflight -= 1
+                rt._inflight -= 1
                 if was_running and counted:
-                    self.running -= 1
+                    rt.running -= 1
+                if rt not in owners:
+                    owners.append(rt)
             first = False
             if t.waiters is not None:
-                self._wake_locked(t.waiters)
+                rt._wake_locked(t.waiters)
                 t.waiters = None
             if t.dependents is not None:
                 stack.extend(t.dependents)
                 t.dependents = None
             if ACTIVE:
                 emit("task_failed" if t.state == FAILED else "task_cancelled", t)
-        if self._inflight == 0 and self._drained is not None:
-            self._wake_locked([self._drained])
+        for rt in owners:
+            if rt._inflight == 0 and rt._drained is not None:
+                rt._wake_locked([rt._drained])
 
     def _cancel_running(self, task: Task) -> None:
         err = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
@@ -800,6 +803,20 @@ class Runtime:
             exc = task.exception()  # also marks it retrieved, so asyncio logs nothing
             if isinstance(exc, TaskError):
                 self._failures.append(exc)
+
+
+def _ready_dependents_locked(deps: list[Task]) -> None:
+    """A task finished: queue each dependent that has no other input left, on its own pool.
+
+    Holds the lock. A dependent may belong to another runtime than the finished task.
+    """
+    for d in deps:
+        d.waiting -= 1
+        if d.waiting == 0 and d.state == PENDING:
+            d.state = READY
+            d.runtime._pool.push_locked(d)  # type: ignore[union-attr]
+            if ACTIVE:
+                emit("task_ready", d)
 
 
 def _unobserved_error(errors: list[BaseException]) -> BaseException:

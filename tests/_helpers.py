@@ -53,6 +53,16 @@ def _boom_kernel(x: Any) -> Any:
     raise ValueError("boom in kernel")
 
 
+def _gated_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+def _fail_after_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    raise ValueError("boom after the gate")
+
+
 def _thread_kernel(x: Any) -> Any:
     return threading.current_thread().name
 
@@ -63,3 +73,5 @@ add = dataflow.op("add", meta=_same, handle=Arr, cost=_big)(_add_kernel)
 sleep_op = dataflow.op("sleep", meta=_same, handle=Arr, cost=_big)(_sleep_kernel)
 boom = dataflow.op("boom", meta=_same, handle=Arr, cost=_big)(_boom_kernel)
 where_run = dataflow.op("where_run", meta=_same, handle=Arr, inline=False)(_thread_kernel)
+gated = dataflow.op("gated", meta=_same, handle=Arr, inline=False)(_gated_kernel)
+fail_after = dataflow.op("fail_after", meta=_same, handle=Arr, inline=False)(_fail_after_kernel)

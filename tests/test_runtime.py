@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import queue
 import threading
 from typing import Any
 
@@ -19,7 +20,16 @@ from dataflow import (
     TaskError,
     UnobservedTaskError,
 )
-from tests._helpers import add, boom, neg_inline, neg_pool, sleep_op, where_run
+from tests._helpers import (
+    add,
+    boom,
+    fail_after,
+    gated,
+    neg_inline,
+    neg_pool,
+    sleep_op,
+    where_run,
+)
 
 
 def foo(x: Any) -> Any:
@@ -490,3 +500,68 @@ class TestLoopRuntime:
 
         dataflow.run(main)
         assert found == [None]
+
+
+class TestCrossRuntime:
+    """A task of one runtime depending on a task of another: each accounts for its own."""
+
+    @pytest.mark.asyncio
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("private", [True, False])
+    async def test_failure_crossing_nested_runtimes(self, private: bool) -> None:
+        """An input failing in runtime A fails B's dependent; both exit, neither hangs."""
+        gate = threading.Event()
+        async with dataflow.Runtime(private_pool=private) as a:
+            bad = fail_after(np.ones(3), gate)
+            async with dataflow.Runtime(private_pool=private) as b:
+                y = add(bad, 1.0)
+                assert y.task.runtime is b
+                gate.set()
+                with pytest.raises(TaskError, match="boom after the gate"):
+                    await asyncio.wait_for(y, 10)
+                assert b._inflight == 0
+            with pytest.raises(TaskError):
+                await bad
+            assert a._inflight == 0
+
+    @pytest.mark.asyncio
+    @pytest.mark.timeout(30)
+    async def test_success_crossing_private_pools(self) -> None:
+        """A dependent in another runtime's private pool runs there once its input is done."""
+        gate = threading.Event()
+        async with dataflow.Runtime(private_pool=True):
+            slow = gated(np.full(3, 2.0), gate)
+            async with dataflow.Runtime(private_pool=True) as b:
+                y = where_run(add(slow, 1.0))
+                gate.set()
+                name = await asyncio.wait_for(y, 10)
+                assert name.startswith(f"interop-p{id(b) & 0xFFFF:x}")
+
+    @pytest.mark.timeout(30)
+    def test_failure_crossing_runtimes_in_two_threads(self) -> None:
+        """Runtime B (another thread, another loop) is woken when A's input fails."""
+        gate = threading.Event()
+        handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        got: list[str] = []
+
+        async def body_a() -> None:
+            bad = fail_after(np.ones(3), gate)
+            handoff.put(bad)
+            with pytest.raises(TaskError):
+                await bad
+
+        async def body_b() -> None:
+            bad = handoff.get(timeout=10)
+            y = add(bad, 1.0)
+            gate.set()
+            try:
+                await y
+            except TaskError as exc:
+                got.append(str(exc))
+
+        t = threading.Thread(target=dataflow.run, args=(body_b,), kwargs={"interop_threads": 2})
+        t.start()
+        dataflow.run(body_a, interop_threads=2)
+        t.join(20)
+        assert not t.is_alive()
+        assert got and "boom after the gate" in got[0]
