@@ -35,7 +35,7 @@ from ._runtime import _current, _resolve, loop_runtime
 from ._task import DONE, Cost, Pending, Task
 from ._timeout import check_timeout
 
-__all__ = ["Op", "lookup_op", "op", "op_for_kernel"]
+__all__ = ["Op", "declaring_modules", "lookup_op", "op", "op_for_kernel"]
 
 H = TypeVar("H", bound=Pending[Any])
 
@@ -138,6 +138,11 @@ def _declaring_module() -> str:
 def _register(op: Op[Any]) -> None:
     _by_qualname[op.qualname] = op
     _by_kernel[id(op.kernel), op.name] = op
+
+
+def declaring_modules() -> set[str]:
+    """The modules that declared the ops now registered (each took part in dataflow on purpose)."""
+    return {op.module for op in list(_by_qualname.values())}
 
 
 def lookup_op(qualname: str) -> Op[Any] | None:

@@ -384,3 +384,87 @@ class TestSaveErrors:
         with pytest.raises(TypeError, match="not the one registered"):
             graph.save(str(tmp_path / "g.dfg"))
         del second
+
+
+def _gadget_graph(tmp_path: Path, namedtuple: str, fields: list[Any]) -> Path:
+    """A valid graph file whose getitem node's index is a NamedTuple of that name."""
+
+    async def f(x: Any) -> Any:
+        return ops.getitem(x, (slice(0, 2), Ellipsis))
+
+    path = tmp_path / "gadget.dfg"
+    dataflow.trace(f, _rand(3, 4)).save(str(path))
+
+    def edit(doc: dict[str, Any]) -> None:
+        (node,) = [n for n in doc["nodes"] if n["op"] == "ops._indexing:getitem"]
+        node["args"][1] = {"namedtuple": namedtuple, "fields": fields}
+
+    _edit_json(path, edit)
+    return path
+
+
+class TestNamedTupleAllowList:
+    def test_gadget_class_is_never_built(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """platform:uname_result (iterating it runs `uname -p`) is refused unbuilt: no marker."""
+        marker = tmp_path / "ran"
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        (fake / "uname").write_text(f"#!/bin/sh\necho pwned > {marker}\necho x86_64\n")
+        (fake / "uname").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ.get('PATH', '')}")
+        path = _gadget_graph(tmp_path, "platform:uname_result", ["a", "b", "c", "d", "e"])
+        with pytest.raises(GraphFormatError, match="NamedTuple platform:uname_result is not"):
+            dataflow.load(str(path))
+        assert not marker.exists()
+
+    def test_lazy_module_attributes_are_not_walked(self, tmp_path: Path) -> None:
+        """numpy:testing.X is refused before numpy.testing (and what it imports) is imported."""
+        path = _gadget_graph(tmp_path, "numpy:testing.X", [1])
+        code = textwrap.dedent(
+            f"""
+            import sys, dataflow, ops
+            try:
+                dataflow.load({str(path)!r})
+            except dataflow.GraphFormatError as exc:
+                print("refused:", exc)
+            print("numpy.testing imported:", "numpy.testing" in sys.modules)
+            """
+        )
+        import subprocess
+
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        assert "refused:" in out and "is not allowed" in out
+        assert "numpy.testing imported: False" in out
+
+    def test_trusted_module_still_walks_only_its_namespace(self, tmp_path: Path) -> None:
+        """Trusting numpy does not make numpy's lazy __getattr__ import numpy.testing."""
+        path = _gadget_graph(tmp_path, "numpy:testing.X", [1])
+        code = textwrap.dedent(
+            f"""
+            import sys, dataflow, ops
+            try:
+                dataflow.load({str(path)!r}, trust=["numpy"])
+            except dataflow.GraphFormatError as exc:
+                print("refused:", exc)
+            print("numpy.testing imported:", "numpy.testing" in sys.modules)
+            """
+        )
+        import subprocess
+
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        assert "is not a NamedTuple class of module numpy" in out
+        assert "numpy.testing imported: False" in out
+
+    def test_namedtuples_of_op_packages_load(self, tmp_path: Path) -> None:
+        """ops._tensor:TensorSpec is allowed: its package declares ops."""
+        path = _gadget_graph(tmp_path, "ops._tensor:TensorSpec", [[2], {"dtype": "<f4"}])
+        try:
+            dataflow.load(str(path))
+        except GraphFormatError as exc:  # built; getitem's own rule may then refuse the index
+            assert "is not allowed" not in str(exc)

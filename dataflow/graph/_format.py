@@ -19,12 +19,20 @@ A graph file is a zip archive with two members:
 * ``params.npz``: every constant, by name, as ``np.savez`` writes them (``.npy`` members).
 
 Loading never unpickles (``np.load(..., allow_pickle=False)``: an array of Python objects is
-refused) and never runs code a file names: ops and NamedTuple classes are looked up in this
-process's op registry (:func:`dataflow.Op` records every op by ``module:name``); a module that
-is not imported yet is imported only when the caller trusts it (``trust=["ops"]`` trusts
-``ops`` and its submodules). Every node's spec and cost are then recomputed by its op's meta
-and cost rules on stand-in inputs (zero-stride arrays of the recorded shapes), which checks the
-file against the ops as they are now. Any problem is a :class:`~dataflow.GraphFormatError`
+refused) and never runs code a file names. Ops are looked up in this process's op registry
+(:func:`dataflow.Op` records every op by ``module:name``); a module that is not imported yet is
+imported only when the caller trusts it (``trust=["ops"]`` trusts ``ops`` and its
+submodules). A NamedTuple class is built only from an allow-list: classes defined by dataflow
+itself, by a package that declared one of the registered ops (``ops``, ``ops._tensor``), or by a
+trusted module. It is
+found in that module's own namespace (``vars``, never ``getattr``, so no module-level
+``__getattr__`` runs and nothing is imported along the way), and must be a NamedTuple class
+defined in that module; any other name (``platform:uname_result``, ``numpy:testing.X``) is
+refused before anything is imported or built.
+
+Every node's spec and cost are then recomputed by its op's meta and cost rules on stand-in
+inputs (zero-stride arrays of the recorded shapes), which checks the file against the ops as
+they are now. Any problem is a :class:`~dataflow.GraphFormatError`
 naming the file and the problem.
 
 A reader refuses a file whose ``version`` is newer than its own; a later version that adds
@@ -40,6 +48,7 @@ import math
 import os
 import sys
 import tempfile
+import types
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -47,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from .._op import lookup_op
+from .._op import declaring_modules, lookup_op
 from .._task import Task
 from ._errors import GraphFormatError
 from ._fusion import ENGINES, Arg, FusedOp, FusedStep, Tmp
@@ -311,11 +320,31 @@ class _Decoder:
         if not self.resolve:
             return Opaque(qualname, fields)
         module_name, _, path = qualname.partition(":")
+        allowed = (
+            _trusted(module_name, self.trust)
+            or _trusted(module_name, ("dataflow",))
+            or _trusted(module_name, tuple({m.split(".")[0] for m in declaring_modules()}))
+        )
+        if not allowed:
+            root = module_name.split(".")[0]
+            raise _Bad(
+                f"{where}: NamedTuple {qualname} is not allowed: a graph file may only build "
+                "NamedTuples defined by dataflow, by a module that declares ops, or by a "
+                f"trusted module; pass trust=[{root!r}] to dataflow.load (--trust {root}) "
+                "if you trust it"
+            )
         obj: Any = _import(module_name, f"{where}: {qualname}", self.trust)
+        # vars(), not getattr(): a module's __getattr__ (numpy's lazy submodules) must not run.
         for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
-            raise _Bad(f"{where}: {qualname} is not a NamedTuple class")
+            space = vars(obj) if isinstance(obj, (types.ModuleType, type)) else {}
+            obj = space.get(part)
+        if not (
+            isinstance(obj, type)
+            and issubclass(obj, tuple)
+            and hasattr(obj, "_fields")
+            and obj.__module__ == module_name
+        ):
+            raise _Bad(f"{where}: {qualname} is not a NamedTuple class of module {module_name}")
         try:
             return obj(*fields)
         except TypeError as exc:
