@@ -81,13 +81,13 @@ def _dataflow_timed(body: Callable[[int], Coroutine[Any, Any, None]], n: int) ->
     return dataflow.run(main, interop_threads=cores())
 
 
-async def _op_batched(op: dataflow.Op[Any], n: int) -> None:
+async def _op_batched(op: dataflow.Op[..., Any], n: int) -> None:
     handles = [op(i) for i in range(n)]
     for h in handles:
         await h
 
 
-async def _op_one(op: dataflow.Op[Any], n: int) -> None:
+async def _op_one(op: dataflow.Op[..., Any], n: int) -> None:
     for i in range(n):
         await op(i)
 

@@ -13,9 +13,12 @@ from ._api import run as run
 from ._api import wait as wait
 from ._errors import CancelledTaskError as CancelledTaskError
 from ._errors import DataflowError as DataflowError
+from ._errors import DataflowTypeError as DataflowTypeError
+from ._errors import DataflowValueError as DataflowValueError
 from ._errors import NoRuntimeError as NoRuntimeError
 from ._errors import NotReadyError as NotReadyError
 from ._errors import OpInputError as OpInputError
+from ._errors import OpOutputError as OpOutputError
 from ._errors import OpTimeoutError as OpTimeoutError
 from ._errors import OpTypeError as OpTypeError
 from ._errors import TaskError as TaskError
@@ -31,13 +34,14 @@ from ._profile import Summary as Summary
 from ._profile import profile as profile
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
-from ._runtime import estimate_seconds as estimate_seconds
-from ._runtime import get_inline_threshold as get_inline_threshold
-from ._runtime import set_inline_threshold as set_inline_threshold
+from ._scheduler import get_inline_threshold as get_inline_threshold
+from ._scheduler import set_inline_threshold as set_inline_threshold
 from ._task import Cost as Cost
 from ._task import Future as Future
 from ._task import Pending as Pending
+from ._task import Signature as Signature
 from ._task import Task as Task
+from ._task import estimate_seconds as estimate_seconds
 from ._threads import get_num_interop_threads as get_num_interop_threads
 from ._threads import get_num_threads as get_num_threads
 from ._threads import parallel_info as parallel_info
@@ -60,6 +64,7 @@ __all__ = (
     "Future",
     "Pending",
     "Task",
+    "Signature",
     # ops
     "op",
     "Op",
@@ -89,10 +94,13 @@ __all__ = (
     "TracerWarning",
     # errors
     "DataflowError",
+    "DataflowTypeError",
+    "DataflowValueError",
     "NoRuntimeError",
     "NotReadyError",
     "OpInputError",
     "OpTypeError",
+    "OpOutputError",
     "OpTimeoutError",
     "TaskError",
     "CancelledTaskError",

@@ -1,10 +1,10 @@
-"""The user-facing API: fork, wait and run.
+"""The user-facing API: fork, wait, run and materialize.
 
 ``fork`` mirrors ``torch.jit.fork``: it starts ``fn(*args, **kwargs)`` and returns a
 :class:`~dataflow.Future` at once. An ``async def`` function (or a callable object whose
-``__call__`` is one, such as an ``ops.nn.Module``) runs as a task on the event loop; a plain
-function runs on an inter-op pool thread, after any pending values among its arguments are
-ready, and receives their arrays.
+``__call__`` is one, such as an ``ops.nn.Module``) runs as a task on the event loop, owned by
+the runtime (see ``_loop``); a plain function runs on an inter-op pool thread, after any
+pending values among its arguments are ready, and receives their arrays.
 """
 
 from __future__ import annotations
@@ -17,13 +17,23 @@ from typing import Any, TypeVar, overload
 
 import structlog
 
-from ._errors import CancelledTaskError, DataflowError, NotReadyError, TaskError, task_failed
+from . import _loop
+from ._errors import (
+    CancelledTaskError,
+    DataflowError,
+    DataflowTypeError,
+    NotReadyError,
+    TaskError,
+    task_failed,
+)
 from ._instrument import ACTIVE, emit
 from ._logging import name_plain_fork
 from ._runtime import DEFAULT_MAX_PENDING, Runtime, get_runtime, resolve_loop_factory
-from ._task import Future, Pending, _next_id
+from ._scheduler import scan
+from ._task import Future, Pending, Signature, _next_id
+from ._walk import leaves, replace
 
-__all__ = ["fork", "materialize", "run", "wait"]
+__all__ = ["TaskFuture", "fork", "materialize", "run", "wait"]
 
 T = TypeVar("T")
 
@@ -32,32 +42,59 @@ _parent: contextvars.ContextVar[TaskFuture[Any] | None] = contextvars.ContextVar
     "dataflow_parent_fork", default=None
 )
 
+_RUNNING, _DONE, _FAILED, _CANCELLED = range(4)
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    return type(exc).__name__ == "Cancelled" and type(exc).__module__.startswith("trio")
+
 
 class TaskFuture(Future[T]):
-    """The future of a forked ``async def`` function: a handle on its ``asyncio.Task``."""
+    """The future of a forked ``async def`` function, owned by its runtime."""
 
-    __slots__ = ("_children", "_task", "name")
+    __slots__ = ("_children", "_handle", "_host", "_outcome", "_rt", "_state", "_waiters", "name")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, rt: Runtime) -> None:
         self.name = name
-        self._task: asyncio.Task[T] | None = None
+        self._rt = rt
+        self._host: _loop.HostLoop = rt.host  # type: ignore[assignment]
+        self._state = _RUNNING
+        self._outcome: Any = None
+        self._waiters: list[Any] = []
         self._children: list[Future[Any]] = []
+        self._handle: Any = None
+
+    # Outcomes are set on the loop thread, by the forked coroutine's wrapper.
+
+    def _settle(self, state: int, outcome: Any) -> None:
+        if self._state != _RUNNING:
+            return
+        self._state = state
+        self._outcome = outcome
+        waiters, self._waiters = self._waiters, []
+        self._host.wake(waiters)
+        if state == _CANCELLED:  # a cancelled task's children are cancelled too
+            for child in self._children:
+                child.cancel()
 
     def done(self) -> bool:
-        return self._task is not None and self._task.done()
+        return self._state != _RUNNING
 
     def result(self) -> T:
-        task = self._task
-        if task is None or not task.done():
+        state = self._state
+        if state == _DONE:
+            return self._outcome  # type: ignore[no-any-return]
+        if state == _RUNNING:
             raise NotReadyError(f"forked task {self.name} is still running: await it first")
-        if task.cancelled():
+        if state == _CANCELLED:
             raise CancelledTaskError(f"forked task {self.name} was cancelled")
-        exc = task.exception()
-        if exc is not None:
-            if isinstance(exc, TaskError):
-                exc.observed = True
-            raise exc
-        return task.result()
+        exc = self._outcome
+        if isinstance(exc, TaskError):
+            exc.observed = True
+        raise exc
 
     def exception(self) -> BaseException | None:
         try:
@@ -69,37 +106,21 @@ class TaskFuture(Future[T]):
         return None
 
     def cancel(self) -> bool:
-        return self._task is not None and self._task.cancel()
+        if self._state != _RUNNING or self._handle is None:
+            return False
+        return self._host.cancel(self._handle)
 
     def __await__(self) -> Generator[Any, None, T]:
-        task = self._task
-        assert task is not None
-        if not task.done():
-            try:
-                # Awaiting the task itself: cancelling the waiter cancels the child too,
-                # as a parent's cancellation should.
-                yield from task.__await__()
-            except asyncio.CancelledError:
-                if not task.cancelled():
-                    raise
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-                # The child was cancelled (not us): report it as an error, not as our cancel.
-            except Exception:
-                pass  # re-raised by result(), which also marks it observed
+        if self._state == _RUNNING:
+            waiter = self._host.waiter()
+            self._waiters.append(waiter)
+            yield from waiter.__await__()
         return self.result()
 
     def __repr__(self) -> str:
-        task = self._task
-        if task is None or not task.done():
-            state = "running"
-        elif task.cancelled():
-            state = "cancelled"
-        elif task.exception() is not None:
-            state = f"failed {type(task.exception()).__name__}"
-        else:
-            state = "done"
+        state = ("running", "done", "failed", "cancelled")[self._state]
+        if self._state == _FAILED:
+            state = f"failed {type(self._outcome).__name__}"
         return f"<Future {self.name} {state}>"
 
 
@@ -117,23 +138,27 @@ def _fn_name(fn: Any) -> str:
 
 async def _run_forked(
     fut: TaskFuture[T], fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
-) -> T:
+) -> None:
+    """The forked coroutine, as its runtime runs it: the outcome goes to its future."""
     _parent.set(fut)
     # Log lines inside the task carry its name; this context is the task's own copy.
     structlog.contextvars.bind_contextvars(dataflow_task=fut.name)
     try:
-        return await fn(*args, **kwargs)
-    except Exception as exc:
-        raise task_failed(fut.name, _fn_name(fn), exc, what="forked task ") from exc
+        value = await fn(*args, **kwargs)
+    except BaseException as exc:
+        if _is_cancellation(exc):
+            fut._settle(_CANCELLED, None)
+            raise
+        err = task_failed(fut.name, _fn_name(fn), exc, what="forked task ")
+        fut._rt.failures.append(err)
+        fut._settle(_FAILED, err)
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise  # the process is being stopped: let the loop see it, as asyncio does
+    else:
+        fut._settle(_DONE, value)
     finally:
         if ACTIVE:
             emit("fork_finished", fut.name)
-
-
-def _on_parent_done(task: asyncio.Task[Any], children: list[Future[Any]]) -> None:
-    if task.cancelled():
-        for child in children:
-            child.cancel()
 
 
 @overload
@@ -161,18 +186,18 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
     if inspect.iscoroutine(fn):
         name = fn.cr_code.co_name
         fn.close()  # silence "coroutine was never awaited"
-        raise TypeError(
+        raise DataflowTypeError(
             f"fork() got a coroutine object ({name}(...)), not a function. Pass the function "
             f"and its arguments separately: you did something like fork({name}(x)), "
             f"you want fork({name}, x)."
         )
     if inspect.isawaitable(fn):
-        raise TypeError(
+        raise DataflowTypeError(
             f"fork() got an awaitable ({type(fn).__name__}), not a function: await it "
             "directly, or fork the function that produces it: fork(fn, *args)"
         )
     if not callable(fn):
-        raise TypeError(
+        raise DataflowTypeError(
             f"fork() needs a callable as its first argument, got {type(fn).__name__}: {fn!r}. "
             "Pass the function to run and its arguments: fork(fn, *args)"
         )
@@ -183,7 +208,9 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
     else:
         ctx = contextvars.copy_context()
         call, set_name = name_plain_fork(fn)  # binds the task's name for log lines
-        task = rt.submit(call, args, kwargs or None, _fn_name(fn), inline=False, ctx=ctx)
+        inputs, ready = scan(args, kwargs or None)
+        sig = Signature(_fn_name(fn), inline=False)
+        task = rt.dispatch(sig, _in_context(ctx, call), args, kwargs or None, inputs, ready)
         set_name(task.name)
         fut = Pending(task)
     if parent is not None:
@@ -191,27 +218,33 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
     return fut
 
 
+def _in_context(ctx: contextvars.Context, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def in_context(*args: Any, **kwargs: Any) -> Any:
+        return ctx.run(fn, *args, **kwargs)
+
+    return in_context
+
+
 def _fork_async(
     rt: Runtime, fn: Callable[..., Any], args: Any, kwargs: Any, parent: TaskFuture[Any] | None
 ) -> TaskFuture[Any]:
-    loop = rt.loop
-    assert loop is not None
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is not loop:
+    host = rt.host
+    assert host is not None
+    if _loop.loop_key() is not host.key:
         raise DataflowError(
             f"fork({_fn_name(fn)}): an async function can only be forked from a coroutine on "
             "the runtime's event loop (not from a worker thread or another loop); fork a plain "
             "function there instead"
         )
-    fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}")
-    task = loop.create_task(_run_forked(fut, fn, args, kwargs), name=fut.name)
-    fut._task = task
-    rt.track_fork(task)
-    children = fut._children
-    task.add_done_callback(lambda t: _on_parent_done(t, children))
+    fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}", rt)
+    fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
+    if host.library == "asyncio":
+        # Cancelled before it started, the coroutine never ran to settle its future.
+        def cancelled_early(t: asyncio.Task[Any]) -> None:
+            if t.cancelled():
+                fut._settle(_CANCELLED, None)
+
+        fut._handle.add_done_callback(cancelled_early)
     if ACTIVE:
         emit("fork", fut.name, parent.name if parent is not None else None)
     return fut
@@ -227,7 +260,7 @@ async def wait(fut: Future[T]) -> T:
         TypeError: ``fut`` is not a dataflow future.
     """
     if not isinstance(fut, Future):
-        raise TypeError(_wait_misuse(fut))
+        raise DataflowTypeError(_wait_misuse(fut))
     if fut.done() or not ACTIVE:
         return await fut
     name = getattr(fut, "name", None) or repr(fut)
@@ -247,7 +280,7 @@ def _wait_misuse(obj: Any) -> str:
             f"wait() got a coroutine object ({name}(...)): await {name}(...) directly, or fork "
             f"it to run in parallel and wait later: wait(fork({name}, ...))"
         )
-    if isinstance(obj, (list, tuple, set)):
+    if isinstance(obj, list | tuple | set):
         return (
             f"wait() takes one future, got a {type(obj).__name__}: wait for them one at a time "
             "([await f for f in futures]), or await dataflow.materialize(futures)"
@@ -264,18 +297,32 @@ def _wait_misuse(obj: Any) -> str:
 
 
 async def materialize(value: Any) -> Any:
-    """Await every pending value inside ``value`` (nested tuples, lists and dicts)."""
-    if isinstance(value, Future):
-        return await materialize(await value)
-    t = type(value)
-    if t is list:
-        return [await materialize(v) for v in value]
-    if isinstance(value, tuple):
-        items = [await materialize(v) for v in value]
-        return t(*items) if hasattr(value, "_fields") else t(items)
-    if t is dict:
-        return {k: await materialize(v) for k, v in value.items()}
-    return value
+    """``value`` with every future and pending value in it awaited (containers walked).
+
+    Lists, tuples, NamedTuples and dicts are looked into (see ``dataflow._walk``), however
+    deeply nested; a future whose value holds more futures is materialized in turn.
+    """
+    while isinstance(value, Future):
+        value = await value
+    while True:
+        futures = [v for v in leaves(value) if isinstance(v, Future)]
+        if not futures:
+            return value
+        done: dict[int, Any] = {}
+        for f in futures:
+            if id(f) not in done:
+                got = await f
+                while isinstance(got, Future):
+                    got = await got
+                done[id(f)] = got
+        value = replace(value, _swap(done))
+
+
+def _swap(done: dict[int, Any]) -> Callable[[Any], Any]:
+    def swap(v: Any) -> Any:
+        return done[id(v)] if isinstance(v, Future) else v
+
+    return swap
 
 
 def run(
@@ -314,44 +361,43 @@ def run(
     if inspect.iscoroutine(main):
         name = main.cr_code.co_name
         main.close()
-        raise TypeError(
+        raise DataflowTypeError(
             f"dataflow.run() got a coroutine object; you did something like "
             f"dataflow.run({name}(...)), you want dataflow.run({name}, ...)"
         )
     if not callable(main):
-        raise TypeError(
+        raise DataflowTypeError(
             f"dataflow.run() needs an async function, got {type(main).__name__}: pass the "
             "function and its arguments, dataflow.run(main, *args)"
         )
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
+    running = _loop.running_library()
+    if running is not None:
         raise DataflowError(
-            "dataflow.run() cannot be called from a running event loop (it would block it). "
-            "Inside async code use `async with dataflow.Runtime(): ...` and await your function."
+            f"dataflow.run() cannot be called from a running event loop (here {running}'s: it "
+            "would block it). Inside async code use `async with dataflow.Runtime(): ...` and "
+            "await your function."
         )
     factory = resolve_loop_factory(loop)
     # Passed only when set, so a backend without them (Dask) is not handed unknown options.
-    limits: dict[str, Any] = {}
+    options: dict[str, Any] = {}
     if max_pending != DEFAULT_MAX_PENDING:
-        limits["max_pending"] = max_pending
+        options["max_pending"] = max_pending
     if op_timeout is not None:
-        limits["op_timeout"] = op_timeout
+        options["op_timeout"] = op_timeout
+    if address is not None:
+        options["address"] = address
     runtime = Runtime(
         interop_threads=interop_threads,
         intraop_threads=intraop_threads,
         backend=backend,
-        address=address,
-        **limits,
+        **options,
     )
 
     async def _main() -> T:
         async with runtime:
             coro = main(*args)
             if not inspect.isawaitable(coro):
-                raise TypeError(
+                raise DataflowTypeError(
                     f"dataflow.run(): {_fn_name(main)} returned {type(coro).__name__}, not a "
                     "coroutine: declare it `async def` (a plain function can be forked, or "
                     "called directly)"

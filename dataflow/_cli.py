@@ -161,7 +161,7 @@ def _use_dask(address: str) -> None:
         raise click.UsageError(
             "--dask needs dask.distributed, which is not installed: pip install 'dataflow[dask]'"
         )
-    from ._runtime import DASK_ADDRESS_ENV
+    from ._backend import DASK_ADDRESS_ENV
 
     os.environ[DASK_ADDRESS_ENV] = address
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 __all__ = [
     "CancelledTaskError",
     "DataflowError",
+    "DataflowTypeError",
+    "DataflowValueError",
     "NoRuntimeError",
     "NotReadyError",
     "OpInputError",
     "OpTypeError",
+    "OpOutputError",
     "OpTimeoutError",
     "TaskError",
     "UnobservedTaskError",
@@ -39,6 +42,14 @@ class DataflowError(Exception):
     """Base class of every error raised by ``dataflow`` on purpose."""
 
 
+class DataflowTypeError(DataflowError, TypeError):
+    """An argument of the wrong type was passed to dataflow (names the argument)."""
+
+
+class DataflowValueError(DataflowError, ValueError):
+    """An argument of the right type but a wrong value was passed to dataflow."""
+
+
 class NoRuntimeError(DataflowError, RuntimeError):
     """An API that needs a running runtime was called outside of one."""
 
@@ -53,6 +64,10 @@ class OpInputError(DataflowError, ValueError):
 
 class OpTypeError(DataflowError, TypeError):
     """An op was called with inputs of the wrong type or dtype (raised at the call site)."""
+
+
+class OpOutputError(DataflowError, TypeError):
+    """A kernel returned a value that does not match what its op's meta rule declared."""
 
 
 class TaskError(DataflowError):

@@ -8,12 +8,23 @@ An op is three plain functions:
   (for ``ops``: shape and dtype) or a tuple of specs for an op with several outputs, without
   running the kernel. It validates the inputs and raises (``OpInputError``, ``OpTypeError``) at
   the call site, in the caller's frame, naming the op and what was expected;
-* the optional **cost rule** returns a :class:`~dataflow.Cost` (flops, bytes), used to decide
-  whether a ready op runs inline or on the pool, and by the profiler.
+* the optional **cost rule** returns a :class:`~dataflow.Cost` (flops, bytes): the first
+  estimate of the kernel's time, until the scheduler has timed it.
+
+**Signatures.** Both rules run once per *argument signature*: for each argument, a pending
+handle's producing signature and output index, an array's shape and dtype, a Python scalar's
+type and value, containers (list, tuple, NamedTuple, dict) element by element. The result (a
+:class:`~dataflow._task.Signature`: spec, cost, measured kernel time) is cached on the op, so a
+repeated call costs one dictionary lookup. A bad call is never cached: it raises again, from
+the meta rule, every time. So a meta rule must depend only on its arguments' shapes, dtypes
+and types and on the values of non-array arguments (never on array contents); arguments of
+other types (and unhashable values) make the call uncacheable, and the rules run every time.
 
 Calling the op returns handles at once, built by the ``handle`` factory from the task, the
 output's index (None for a single output) and its spec. Outside a runtime an op runs eagerly on
-the calling thread, so the same code also works as plain synchronous numpy.
+the calling thread, so the same code also works as plain synchronous numpy. ``check(spec,
+value)``, when given, verifies that a kernel's value matches its declared spec (it returns an
+error message, or None); a mismatch fails the task on every path.
 
 Example:
     >>> import numpy as np, dataflow
@@ -28,26 +39,80 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
-from ._errors import NotReadyError, task_failed
-from ._runtime import _current, _resolve, loop_runtime
-from ._task import DONE, Cost, Pending, Task
+import numpy as np
+
+from ._errors import DataflowTypeError, NotReadyError, task_failed
+from ._runtime import _current, loop_runtime
+from ._scheduler import resolve
+from ._task import DONE, Cost, Pending, Signature, Task
 from ._timeout import check_timeout
+from ._walk import is_container, items, leaves
 
 __all__ = ["Op", "declaring_modules", "lookup_op", "op", "op_for_kernel"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
 H = TypeVar("H", bound=Pending[Any])
 
 HandleFactory = Callable[[Task, "int | None", Any], H]
 
+# Argument types whose (type, value) goes into a signature key as it is.
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None), slice, type(Ellipsis)})
+_ndarray = np.ndarray
+# An op keeps at most this many signatures; past it the cache starts over.
+_MAX_SIGNATURES = 4096
+# Nested arguments deeper than this are not keyed (the call is not cached).
+_MAX_KEY_DEPTH = 32
 
-class Op(Generic[H]):
+
+def _nested_key(value: Any, inputs: list[Task], depth: int) -> tuple[Any, ...] | None:
+    """The key of a container argument, collecting the pending inputs inside it.
+
+    None when the container (or something in it) cannot be keyed; the inputs are then still
+    all collected (by the iterative walk), so dispatch stays right.
+    """
+    if depth > _MAX_KEY_DEPTH:
+        inputs.extend(v._task for v in leaves(value) if isinstance(v, Pending))
+        return None
+    out: list[Any] = [type(value)]
+    if type(value) is dict:
+        out.extend(value.keys())
+    ok = True
+    for v in items(value):
+        if isinstance(v, Pending):
+            inputs.append(v._task)
+            k = v._task.sig.keys[v._index or 0]
+            if k is None:
+                ok = False
+            out.append(k)
+            continue
+        t = type(v)
+        if t is _ndarray:
+            out.append(v.shape)
+            out.append(v.dtype)
+        elif t in _ATOMS:
+            out.append(t)
+            out.append(v)
+        elif is_container(v):
+            sub = _nested_key(v, inputs, depth + 1)
+            if sub is None:
+                ok = False
+            out.append(sub)
+        else:
+            ok = False
+    return tuple(out) if ok else None
+
+
+class Op(Generic[P, R]):
     """A declared op. Call it like the kernel; it returns pending handle(s) at once."""
 
     __slots__ = (
         "__dict__",
         "__weakref__",
+        "_sigs",
+        "check",
         "cost",
         "handle",
         "inline",
@@ -62,12 +127,36 @@ class Op(Generic[H]):
         self,
         name: str,
         kernel: Callable[..., Any],
-        meta: Callable[..., Any],
-        handle: HandleFactory[H],
+        meta: Callable[P, Any],
+        handle: HandleFactory[Any],
         cost: Callable[..., Cost] | None = None,
         inline: bool | None = None,
         timeout: float | None = None,
+        check: Callable[[Any, Any], str | None] | None = None,
     ) -> None:
+        if not isinstance(name, str) or not name:
+            raise DataflowTypeError(
+                f"dataflow.op(name): the op's name must be a non-empty str, got "
+                f"{type(name).__name__}: {name!r}"
+            )
+        for what, fn, optional in (
+            ("kernel", kernel, False),
+            ("meta", meta, False),
+            ("handle", handle, False),
+            ("cost", cost, True),
+            ("check", check, True),
+        ):
+            if not (callable(fn) or (optional and fn is None)):
+                none = " (or None)" if optional else ""
+                raise DataflowTypeError(
+                    f"op {name!r}: {what} must be a function{none}, got "
+                    f"{type(fn).__name__}: {fn!r}"
+                )
+        if inline is not None and type(inline) is not bool:
+            raise DataflowTypeError(
+                f"op {name!r}: inline must be True, False or None, got "
+                f"{type(inline).__name__}: {inline!r}"
+            )
         self.timeout = check_timeout(timeout, f"op {name!r}: timeout")
         self.name = name
         self.kernel = kernel
@@ -75,6 +164,8 @@ class Op(Generic[H]):
         self.cost = cost
         self.handle = handle
         self.inline = inline
+        self.check = check
+        self._sigs: dict[Any, Signature] = {}
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = kernel.__doc__
@@ -91,28 +182,110 @@ class Op(Generic[H]):
     def __repr__(self) -> str:
         return f"<dataflow.Op {self.name}>"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Signature:
+        """The signature of a call (meta and cost rules run now, uncached)."""
         spec = self.meta(*args, **kwargs)
         cost = self.cost(*args, **kwargs) if self.cost is not None else None
+        return Signature(self.name, spec, cost, self.inline, self)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        # One pass over the arguments: the call's signature key, its pending inputs, whether
+        # all of them are done, and the argument values for a kernel run right away.
+        key: list[Any] | None = []
+        inputs: list[Task] = []
+        values: list[Any] | None = []
+        ready = True
+        positional: tuple[Any, ...] = args
+        for a in positional:
+            if isinstance(a, Pending):
+                t = a._task
+                inputs.append(t)
+                if t.state != DONE:
+                    ready = False
+                elif values is not None:
+                    values.append(t.value if a._index is None else t.value[a._index])
+                if key is not None:
+                    k = t.sig.keys[a._index or 0]
+                    if k is None:
+                        key = None
+                    else:
+                        key.append(k)
+                continue
+            if values is not None:
+                values.append(a)
+            ta = type(a)
+            if ta is _ndarray:
+                if key is not None:
+                    key.append(a.shape)
+                    key.append(a.dtype)
+            elif ta in _ATOMS:
+                if key is not None:
+                    key.append(ta)
+                    key.append(a)
+            elif is_container(a):
+                n = len(inputs)
+                sub = _nested_key(a, inputs, 0)
+                if sub is None:
+                    key = None
+                elif key is not None:
+                    key.append(sub)
+                if len(inputs) > n:  # pending values inside: resolved by the scheduler
+                    values = None
+                    for t in inputs[n:]:
+                        if t.state != DONE:
+                            ready = False
+            else:
+                key = None
+        if kwargs:
+            values = None
+            if key is not None:
+                key.append(None)  # a marker: keywords follow
+            for name, a in kwargs.items():
+                if key is not None:
+                    key.append(name)
+                n = len(inputs)
+                sub = _nested_key([a], inputs, 0)
+                if sub is None:
+                    key = None
+                elif key is not None:
+                    key.append(sub)
+                for t in inputs[n:]:
+                    if t.state != DONE:
+                        ready = False
+        if key is None:
+            sig = self.signature(args, kwargs)
+        else:
+            full = tuple(key)
+            try:
+                sig = self._sigs[full]
+            except KeyError:
+                sig = self.signature(args, kwargs)
+                if len(self._sigs) >= _MAX_SIGNATURES:
+                    self._sigs.clear()
+                self._sigs[full] = sig
+            except TypeError:  # an unhashable value in the key (an argument's own type)
+                sig = self.signature(args, kwargs)
         rt = _current.get() or loop_runtime()
         if rt is None:
-            task = _run_eagerly(self, args, kwargs, spec, cost)
+            task = _run_eagerly(self, sig, args, kwargs)
         else:
             timeout = self.timeout if self.timeout is not None else rt.op_timeout
-            task = rt.submit(
+            task = rt.dispatch(
+                sig,
                 self.kernel,
                 args,
                 kwargs or None,
-                self.name,
-                spec,
-                cost,
-                self.inline,
-                timeout=timeout,
+                tuple(inputs),
+                ready,
+                None,
+                timeout,
+                values if ready else None,
             )
+        spec = sig.spec
         if type(spec) is tuple:
             make = self.handle
-            return tuple(make(task, i, s) for i, s in enumerate(spec))
-        return self.handle(task, None, spec)
+            return tuple(make(task, i, s) for i, s in enumerate(spec))  # type: ignore[return-value]
+        return self.handle(task, None, spec)  # type: ignore[no-any-return]
 
 
 # -- the registry: every declared op, by qualified name and by kernel -------------------------
@@ -121,8 +294,10 @@ class Op(Generic[H]):
 # The graph tracer finds the op behind a submitted kernel here, and `dataflow.load` resolves
 # the ops a saved graph names: it never imports anything a file names, only looks ops up.
 
-_by_qualname: weakref.WeakValueDictionary[str, Op[Any]] = weakref.WeakValueDictionary()
-_by_kernel: weakref.WeakValueDictionary[tuple[int, str], Op[Any]] = weakref.WeakValueDictionary()
+_by_qualname: weakref.WeakValueDictionary[str, Op[..., Any]] = weakref.WeakValueDictionary()
+_by_kernel: weakref.WeakValueDictionary[tuple[int, str], Op[..., Any]] = (
+    weakref.WeakValueDictionary()
+)
 
 
 def _declaring_module() -> str:
@@ -135,7 +310,7 @@ def _declaring_module() -> str:
     return str(frame.f_globals.get("__name__", "__main__"))
 
 
-def _register(op: Op[Any]) -> None:
+def _register(op: Op[..., Any]) -> None:
     _by_qualname[op.qualname] = op
     _by_kernel[id(op.kernel), op.name] = op
 
@@ -145,24 +320,26 @@ def declaring_modules() -> set[str]:
     return {op.module for op in list(_by_qualname.values())}
 
 
-def lookup_op(qualname: str) -> Op[Any] | None:
+def lookup_op(qualname: str) -> Op[..., Any] | None:
     """The live op registered under ``module:name`` (the latest declared), or None."""
     return _by_qualname.get(qualname)
 
 
-def op_for_kernel(kernel: Callable[..., Any], name: str) -> Op[Any] | None:
+def op_for_kernel(kernel: Callable[..., Any], name: str) -> Op[..., Any] | None:
     """The op whose kernel is ``kernel`` and whose name is ``name`` (as ``submit`` sees it)."""
     found = _by_kernel.get((id(kernel), name))
     return found if found is not None and found.kernel is kernel else None
 
 
 def _run_eagerly(
-    op: Op[Any], args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, cost: Cost | None
+    op: Op[..., Any], sig: Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Task:
     """Outside a runtime: run the kernel now, on this thread, raising its error here."""
-    task = Task(op.kernel, args, kwargs or None, op.name, None, spec, cost)
+    task = Task(sig, op.kernel, args, kwargs or None, None)
     try:
-        value = op.kernel(*_resolve(args), **_resolve(kwargs))
+        value = op.kernel(*resolve(args), **{k: resolve((v,))[0] for k, v in kwargs.items()})
+        if sig.check is not None:
+            sig.check_value(value)
     except NotReadyError:
         raise
     except Exception as exc:
@@ -176,25 +353,29 @@ def _run_eagerly(
 def op(
     name: str,
     *,
-    meta: Callable[..., Any],
+    meta: Callable[P, Any],
     handle: HandleFactory[H],
     cost: Callable[..., Cost] | None = None,
     inline: bool | None = None,
     timeout: float | None = None,
-) -> Callable[[Callable[..., Any]], Op[H]]:
+    check: Callable[[Any, Any], str | None] | None = None,
+) -> Callable[[Callable[..., Any]], Op[P, H]]:
     """Declare an op from a numpy kernel (decorator).
 
     Args:
         name: the op's name, used in errors, traces and the profiler's table.
         meta: ``meta(*args, **kwargs) -> spec | tuple[spec, ...]``; validates and raises.
         handle: ``handle(task, index, spec) -> Pending`` builds the returned handle(s).
-        cost: ``cost(*args, **kwargs) -> Cost``; without it the op always goes to the pool.
-        inline: force inline (True) or pool (False) execution instead of deciding by cost.
+        cost: ``cost(*args, **kwargs) -> Cost``: the kernel time's first estimate; without
+            it the op goes to the pool until its kernel has been timed.
+        inline: force inline (True) or pool (False) execution instead of deciding by time.
         timeout: seconds the kernel may run in a runtime before its task (and every task
             depending on it) fails with :class:`~dataflow.OpTimeoutError`; overrides the
-            runtime's ``op_timeout``. A timed op always runs on the pool. The kernel itself
-            cannot be interrupted: it runs on, its result is discarded (docs/hardening.md).
-            Outside a runtime (eager mode) the timeout does not apply.
+            runtime's ``op_timeout``. A timed op never runs inline on the event loop. The
+            kernel itself cannot be interrupted: it runs on, its result is discarded
+            (docs/hardening.md). Outside a runtime (eager mode) the timeout does not apply.
+        check: ``check(spec, value) -> str | None``: an error message when the kernel's value
+            does not match the declared spec (``ops.Tensor``'s compares shape and dtype).
 
     Example:
         >>> @dataflow.op("scale", meta=lambda x, k: ops.TensorSpec(x.shape, x.dtype),
@@ -202,10 +383,19 @@ def op(
         ... def scale(x, k):
         ...     return x * k
     """
-
+    if not isinstance(name, str) or not name:
+        raise DataflowTypeError(
+            f"dataflow.op(name): the op's name must be a non-empty str, got "
+            f"{type(name).__name__}: {name!r}"
+        )
     checked = check_timeout(timeout, f"op {name!r}: timeout")
 
-    def decorate(kernel: Callable[..., Any]) -> Op[H]:
-        return Op(name, kernel, meta, handle, cost, inline, checked)
+    def decorate(kernel: Callable[..., Any]) -> Op[P, H]:
+        if not callable(kernel):
+            raise DataflowTypeError(
+                f"dataflow.op({name!r}) decorates the kernel function, got "
+                f"{type(kernel).__name__}: {kernel!r}"
+            )
+        return Op(name, kernel, meta, handle, cost, inline, checked, check)
 
     return decorate

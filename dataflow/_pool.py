@@ -1,23 +1,23 @@
-"""The bounded inter-op thread pool.
+"""The bounded inter-op thread pool: worker threads and their ready queue, nothing more.
 
-Design, measured on 2-vCPU VMs where a thread-to-thread hand-off costs tens of microseconds:
+A worker takes the next ready task and hands it to the scheduler of the runtime that owns it
+(``task.runtime._sched.execute``), which runs the kernel, publishes the outcome and may go on
+with a dependent on the same thread (see ``_scheduler``). Design, measured on 2-vCPU VMs where
+waking a thread costs tens of microseconds:
 
-* One lock, process-wide (:data:`GRAPH_LOCK`), guards every pool's ready heap *and* the graph
-  state of every runtime, so a worker that finishes a kernel can mark its dependents ready and
-  pop the next task in the same critical section, without a round trip through the event loop,
-  and so a task of one runtime may depend on a task of another (nested runtimes, runtimes in
-  two threads) with every transition made under the same lock.
+* One lock, process-wide (:data:`GRAPH_LOCK`), guards every pool's queue *and* the graph state
+  of every runtime, so a worker that finishes a kernel marks its dependents ready and takes the
+  next task in one critical section, and a task of one runtime may depend on a task of another
+  (nested runtimes, runtimes in two threads) with every transition made under the same lock.
 * Idle workers park on a private lock each (a binary semaphore). A push wakes one parked
   worker only when one is parked, so a busy pool pays no wake-up at all.
-* The heap is keyed by ``(-task.height, task.priority, task.id)``: the task that starts the
-  longest known chain of remaining work first, then issue order (or a graph run's static
-  critical-path rank). A queued task whose height grows is pushed again; the old entry is
-  recognised as stale when popped and skipped.
+* The queue is a heap keyed by ``(task.priority, task.id)``: issue order, or a graph run's
+  static critical-path rank. A task taken by someone else (the awaiting thread) or cancelled
+  while queued stays in the heap and is skipped when popped.
 
 A kernel that outlives its timeout (see ``_timeout``) cannot be interrupted: its worker is
 *abandoned* (no longer joined, it exits once the kernel returns) and a replacement is started,
-so the pool keeps its size. Threads that dispatch over a runtime's ``max_pending`` limit help
-run queued tasks (:meth:`InteropPool.take_locked`), as a worker would.
+so the pool keeps its size.
 
 The process shares one pool by default (as torch shares its inter-op pool between inference
 requests); it is created when the first runtime opens and its threads are joined when the last
@@ -31,35 +31,38 @@ import threading
 from typing import TYPE_CHECKING
 
 from ._errors import DataflowError
+from ._task import READY, RUNNING
 
 if TYPE_CHECKING:
     from ._task import Task
 
 __all__ = [
+    "GRAPH_LOCK",
     "InteropPool",
     "acquire_shared_pool",
+    "current_pool",
+    "on_pool_thread",
     "on_shared_pool_thread",
     "release_shared_pool",
     "shared_pool_size",
 ]
 
-#: The lock of all scheduling state: every pool's heap and every runtime's graph (see above).
+#: The lock of all scheduling state: every pool's queue and every runtime's graph.
 GRAPH_LOCK = threading.Lock()
 
-# Which pool the current thread works for (set once per worker thread, read by runtimes that
-# must not open on a thread of the pool they would wait for).
+# Which pool the current thread works for (set once per worker thread).
 _local = threading.local()
 
 
 class InteropPool:
-    """A fixed number of worker threads running graph tasks from a priority heap."""
+    """A fixed number of worker threads running ready tasks, lowest priority first."""
 
     def __init__(self, num_threads: int, *, name: str = "interop") -> None:
         if num_threads < 1:
-            raise ValueError(f"an inter-op pool needs at least 1 thread, got {num_threads}")
+            raise DataflowError(f"an inter-op pool needs at least 1 thread, got {num_threads}")
         self.lock = GRAPH_LOCK
         self.num_threads = num_threads
-        self._heap: list[tuple[float, float, int, Task]] = []
+        self._heap: list[tuple[float, int, Task]] = []
         self._idle: list[threading.Lock] = []
         self._closing = False
         self._name = name
@@ -86,8 +89,13 @@ class InteropPool:
 
     @property
     def queued(self) -> int:
-        """Tasks ready and waiting for a thread."""
+        """Entries in the ready queue (stale ones included until they are popped)."""
         return len(self._heap)
+
+    @property
+    def idle(self) -> int:
+        """Workers parked, waiting for work."""
+        return len(self._idle)
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -95,16 +103,13 @@ class InteropPool:
         return list(self._threads)
 
     def push_locked(self, task: Task) -> None:
-        """Queue a READY task. The caller holds ``self.lock``."""
-        heapq.heappush(self._heap, (-task.height, task.priority, task.id, task))
+        """Queue a READY task, waking a parked worker if there is one. Holds the lock."""
+        heapq.heappush(self._heap, (task.priority, task.id, task))
         if self._idle:
             self._idle.pop().release()
 
     def _work(self, wake: threading.Lock) -> None:
-        # This loop is the whole worker: pop the best ready task, run it, repeat. Running it
-        # (Runtime.execute) re-takes the lock to publish the result and queue dependents.
-        from ._task import READY, RUNNING
-
+        # This loop is the whole worker: take the best ready task, let its scheduler run it.
         _local.pool = self
         me = threading.current_thread()
         abandoned = self._abandoned
@@ -120,48 +125,44 @@ class InteropPool:
                 lock.release()
                 wake.acquire()
                 lock.acquire()
-            neg_height, _, _, task = heapq.heappop(heap)
-            if task.state != READY or -neg_height != task.height:
-                # Cancelled while queued, or a stale entry of a task re-queued higher.
+            task = heapq.heappop(heap)[2]
+            if task.state != READY:  # taken by another thread, or cancelled, while queued
                 lock.release()
                 continue
             task.state = RUNNING
-            rt = task.runtime
-            assert rt is not None
-            rt.running += 1
-            if rt.running > rt.peak_running:
-                rt.peak_running = rt.running
+            sched = task.runtime._sched  # type: ignore[union-attr]
+            sched.running += 1
+            if sched.running > sched.peak_running:
+                sched.peak_running = sched.running
             lock.release()
-            rt.execute(task)
+            sched.execute(task)
+            # Hold nothing while parked: the task's value must be freed with its last reader.
+            task = sched = None  # type: ignore[assignment]
             if abandoned and me in abandoned:  # replaced while stuck in a timed-out kernel
                 with lock:
                     abandoned.discard(me)
                 return
 
-    def take_locked(self) -> Task | None:
-        """Pop the next ready task for a helping (dispatching) thread, marked RUNNING.
+    def take_locked(self, timed: type | None = None) -> Task | None:
+        """Pop the next ready task for a helping thread, marked RUNNING; None if there is none.
 
-        None when nothing is queued, or when the next task has a timeout: a helper may be the
-        event loop's thread, which must not get stuck in a kernel it cannot give up on.
+        A task whose kernel is of type ``timed`` (a timed kernel) is left for the workers: the
+        helper may be the event loop's thread, which must not get stuck in a kernel.
         """
-        from ._task import READY, RUNNING
-        from ._timeout import TimedKernel
-
         heap = self._heap
         while heap:
-            neg_height, _, _, task = heap[0]
-            if task.state != READY or -neg_height != task.height:
-                heapq.heappop(heap)  # cancelled, or a stale entry (as in _work)
+            task = heap[0][2]
+            if task.state != READY:
+                heapq.heappop(heap)
                 continue
-            if type(task.fn) is TimedKernel:
+            if timed is not None and type(task.fn) is timed:
                 return None
             heapq.heappop(heap)
             task.state = RUNNING
-            rt = task.runtime
-            assert rt is not None
-            rt.running += 1
-            if rt.running > rt.peak_running:
-                rt.peak_running = rt.running
+            sched = task.runtime._sched  # type: ignore[union-attr]
+            sched.running += 1
+            if sched.running > sched.peak_running:
+                sched.peak_running = sched.running
             return task
         return None
 
@@ -217,6 +218,16 @@ def release_shared_pool() -> None:
             return
         pool, _shared = _shared, None
     pool.close()
+
+
+def current_pool() -> InteropPool | None:
+    """The pool the calling thread is a worker of (None off the pools)."""
+    return getattr(_local, "pool", None)
+
+
+def on_pool_thread() -> bool:
+    """Whether the calling thread is a worker of any inter-op pool."""
+    return getattr(_local, "pool", None) is not None
 
 
 def on_shared_pool_thread() -> bool:

@@ -1,4 +1,4 @@
-"""Tasks and the handles user code holds on them.
+"""Tasks, the signature records dispatch keeps per op call shape, and the handles users hold.
 
 A :class:`Task` is one node of the dataflow graph: an op's kernel or a forked plain function,
 with the tasks it waits for and the tasks waiting for it. Its state only moves forward::
@@ -6,31 +6,28 @@ with the tasks it waits for and the tasks waiting for it. Its state only moves f
     PENDING (inputs not ready) -> READY (queued) -> RUNNING -> DONE | FAILED
     PENDING | READY -> CANCELLED
 
-Every transition after creation happens under the pool's lock (see ``_runtime``), so a task
-can be completed on any thread: a worker that finishes a kernel marks its dependents ready and
-picks the next one itself, with no round trip through the event loop.
+The transitions themselves are the pure functions of ``_graphstate``; the scheduler makes them
+under its lock. A :class:`Signature` is what dispatch knows about one way of calling an op (its
+output spec, its cost, its measured kernel time): ops cache one per argument signature, so a
+repeated call costs a dictionary lookup, and every task points at the signature it came from.
 
 :class:`Future` is the public handle type. :class:`Pending` is the handle on a graph task
 (``ops.Tensor`` derives from it); ``fork`` of an ``async def`` function returns a future over
-an ``asyncio.Task`` (in ``_api``).
+the forked coroutine (in ``_api``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
-from ._errors import CancelledTaskError, NotReadyError, TaskError
+from ._errors import CancelledTaskError, NotReadyError, OpOutputError, TaskError
 
 if TYPE_CHECKING:
-    import contextvars
-    from collections.abc import Callable
-
     from ._runtime import Runtime
 
-__all__ = ["Cost", "Future", "Pending", "Task"]
+__all__ = ["Cost", "Future", "Pending", "Signature", "Task"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -49,25 +46,141 @@ class Cost(NamedTuple):
     bytes: float = 0.0
 
 
+# Rates that turn a Cost into seconds before a kernel has been timed. Deliberately
+# conservative (small numpy ops run far below peak), so only really small ops run inline.
+FLOP_RATE = 2e10
+BYTE_RATE = 1e10
+
+
+def estimate_seconds(cost: Cost | None) -> float:
+    """The time the scheduler assumes an op with this cost takes (0 without a cost rule)."""
+    if cost is None:
+        return 0.0
+    return cost.flops / FLOP_RATE + cost.bytes / BYTE_RATE
+
+
+# Interned specs: spec -> a small int standing for it in signature keys (an int hashes at once;
+# a shape tuple would be hashed again on every call). Restarted (with new ints) past its limit.
+_spec_ids: dict[Any, int] = {}
+_spec_counter = itertools.count(1).__next__
+_MAX_SPECS = 1 << 16
+
+
+def spec_key(spec: Any) -> int | None:
+    """The interned int of a spec (None for an unhashable one)."""
+    try:
+        found = _spec_ids.get(spec)
+    except TypeError:
+        return None
+    if found is None:
+        if len(_spec_ids) >= _MAX_SPECS:
+            _spec_ids.clear()
+        found = _spec_ids[spec] = _spec_counter()
+    return found
+
+
+def spec_keys(spec: Any) -> tuple[int | None, ...]:
+    """The interned ints of an op's output specs (one per output)."""
+    if type(spec) is tuple:
+        return tuple(spec_key(s) for s in spec)
+    return (spec_key(spec),)
+
+
+class Signature:
+    """One way of calling an op: its output spec(s), cost, and kernel time as measured.
+
+    Dispatch looks this up by the call's argument signature (see ``_op``), so the meta and
+    cost rules run once per signature. ``seconds`` starts as the cost rule's estimate
+    (:func:`estimate_seconds`) and becomes a running average of measured kernel times
+    (sampled), which is what the scheduler places tasks by (see ``_scheduler``).
+
+    Attributes:
+        name: the op's name (``"matmul"``), or a forked function's qualified name.
+        spec: the output's spec, or a tuple of specs for an op with several outputs.
+        cost: the cost rule's estimate, or None.
+        seconds: estimated (then measured) kernel time in seconds; infinite (the pool) when
+            there is no cost rule and the kernel has not been timed yet.
+        runs: how many times a kernel with this signature was timed.
+        inline: the op's declared placement: True (always inline when ready), False (always
+            on the pool) or None (decided by ``seconds``).
+        op: the declared op (``dataflow.Op``), or None for forked functions.
+    """
+
+    __slots__ = (
+        "calls",
+        "check",
+        "cost",
+        "inline",
+        "keys",
+        "name",
+        "op",
+        "runs",
+        "seconds",
+        "spec",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        spec: Any = None,
+        cost: Cost | None = None,
+        inline: bool | None = None,
+        op: Any = None,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.cost = cost
+        self.inline = inline
+        self.op = op
+        # No cost rule: unknown, so the pool until a kernel has been timed.
+        self.seconds = estimate_seconds(cost) if cost is not None else float("inf")
+        self.runs = 0
+        self.calls = 0
+        # check(spec, value) -> error message | None (the op's; see dataflow.op).
+        self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)
+        # Each output spec as a small int (equal specs, equal ints): what a handle on this
+        # task's output puts in the signature key of the ops it is passed to.
+        self.keys = spec_keys(spec)
+
+    def check_value(self, value: Any) -> None:
+        """Raise OpOutputError when a kernel's value does not match the declared spec(s)."""
+        check = self.check
+        if check is None:
+            return
+        spec = self.spec
+        if type(spec) is tuple:
+            if type(value) not in (tuple, list) or len(value) != len(spec):
+                raise OpOutputError(
+                    f"op {self.name!r}: the kernel returned {type(value).__name__}, but the "
+                    f"meta rule declared a tuple of {len(spec)} outputs"
+                )
+            for i, (s, v) in enumerate(zip(spec, value, strict=True)):
+                problem = check(s, v)
+                if problem is not None:
+                    raise OpOutputError(f"op {self.name!r}: output {i}: {problem}")
+            return
+        problem = check(spec, value)
+        if problem is not None:
+            raise OpOutputError(f"op {self.name!r}: {problem}")
+
+    def __repr__(self) -> str:
+        return f"<Signature {self.name} {self.spec!r} ~{self.seconds * 1e6:.1f}us runs={self.runs}>"
+
+
 class Task:
-    """One node of the dataflow graph. Read-only for instruments; owned by the runtime."""
+    """One node of the dataflow graph. Read-only for instruments; owned by its runtime."""
 
     __slots__ = (
         "args",
-        "cost",
-        "ctx",
         "dependents",
         "error",
-        "est",
         "fn",
-        "height",
         "id",
         "inputs",
         "kwargs",
-        "op",
         "priority",
         "runtime",
-        "spec",
+        "sig",
         "state",
         "value",
         "waiters",
@@ -76,43 +189,73 @@ class Task:
 
     def __init__(
         self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
+        sig: Signature,
+        fn: Callable[..., Any] | None,
+        args: tuple[Any, ...] | None,
         kwargs: dict[str, Any] | None,
-        op: str,
         runtime: Runtime | None,
-        spec: Any = None,
-        cost: Cost | None = None,
-        ctx: contextvars.Context | None = None,
+        inputs: tuple[Task, ...] = (),
     ) -> None:
         self.id: int = _next_id()
-        self.fn: Callable[..., Any] | None = fn
-        self.args: tuple[Any, ...] | None = args
-        self.kwargs: dict[str, Any] | None = kwargs
-        self.op = op
+        self.sig = sig
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
         self.runtime = runtime
-        self.spec = spec
-        self.cost = cost
-        self.ctx = ctx
         self.state = PENDING
         self.value: Any = None
         self.error: BaseException | None = None
         # Tasks whose value this one reads (released once it ran, so values can be freed).
-        self.inputs: tuple[Task, ...] = ()
+        self.inputs = inputs
         self.dependents: list[Task] | None = None
-        self.waiters: list[asyncio.Future[None]] | None = None
+        self.waiters: list[Any] | None = None
         self.waiting = 0
-        # Among ready tasks, the largest height (estimated longest path from this task's start
-        # to the end of the graph known so far) runs first, then the smallest priority (issue
-        # order by default; graph runs set their own).
+        # Among ready tasks the smallest priority runs first: issue order by default, the
+        # static critical-path rank in graph runs.
         self.priority: float = self.id
-        self.est = 0.0
-        self.height = 0.0
+
+    @classmethod
+    def done(cls, sig: Signature, value: Any, runtime: Runtime | None) -> Task:
+        """A task that ran inline at dispatch: DONE with ``value``, no inputs, no dependents.
+
+        Only the fields a finished task is read by are set; the others read as their
+        defaults (``__getattr__``): this is the hot path of small ops.
+        """
+        task = _new_task(cls)
+        task.id = _next_id()
+        task.sig = sig
+        task.state = DONE
+        task.value = value
+        task.runtime = runtime
+        return task
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a slot a done() task left unset.
+        if name in _DEFAULTS:
+            return _DEFAULTS[name]
+        if name == "priority":
+            return self.id
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def op(self) -> str:
+        """The op's name (or the forked function's)."""
+        return self.sig.name
+
+    @property
+    def spec(self) -> Any:
+        """The output spec(s) the op's meta rule gave."""
+        return self.sig.spec
+
+    @property
+    def cost(self) -> Cost | None:
+        """The cost rule's estimate."""
+        return self.sig.cost
 
     @property
     def name(self) -> str:
         """``op#id``: how errors, traces and logs name the task (built only when asked)."""
-        return f"{self.op}#{self.id}"
+        return f"{self.sig.name}#{self.id}"
 
     def __repr__(self) -> str:
         return f"<Task {self.name} {STATE_NAMES[self.state]}>"
@@ -125,6 +268,20 @@ class Task:
         if err is None:
             err = CancelledTaskError(f"{self.name} was cancelled before it ran")
         raise err
+
+
+_new_task = object.__new__
+# What the fields of a task made by Task.done() read as.
+_DEFAULTS: dict[str, Any] = {
+    "args": None,
+    "dependents": None,
+    "error": None,
+    "fn": None,
+    "inputs": (),
+    "kwargs": None,
+    "waiters": None,
+    "waiting": 0,
+}
 
 
 class Future(Generic[T_co]):

@@ -14,6 +14,7 @@ import platform
 import sys
 from typing import Any
 
+from ._errors import DataflowValueError
 from ._pool import shared_pool_size
 
 __all__ = [
@@ -38,7 +39,7 @@ def _cores() -> int:
 
 def _check_count(n: object, what: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{what} must be a positive int, got {n!r}")
+        raise DataflowValueError(f"{what} must be a positive int, got {n!r}")
     return n
 
 

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._errors import DataflowTypeError, DataflowValueError
+from ._pool import GRAPH_LOCK
 from ._task import RUNNING
 
 if TYPE_CHECKING:
@@ -39,11 +41,11 @@ def check_timeout(seconds: object, what: str) -> float | None:
     if seconds is None:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(
+        raise DataflowTypeError(
             f"{what} must be a number of seconds or None, got {type(seconds).__name__}: {seconds!r}"
         )
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(
+        raise DataflowValueError(
             f"{what} must be a positive, finite number of seconds (or None for no timeout), "
             f"got {seconds!r}"
         )
@@ -68,12 +70,12 @@ class TimedKernel:
         task = self.task
         rt = task.runtime
         assert rt is not None
-        entry = rt._watchdog_arm(task, self.seconds)
+        entry = rt._sched.watchdog_arm(task, self.seconds)
         try:
             value = self.fn(*args, **kwargs)
         finally:
             Watchdog.disarm(entry)
-        with rt._lock:
+        with GRAPH_LOCK:
             late = task.state != RUNNING
         if late:  # timed out while it ran: do not publish (nor trace) a finished kernel
             raise LateResult

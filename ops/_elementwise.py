@@ -80,7 +80,7 @@ def _out_size(sx: tuple[int, ...], sy: tuple[int, ...]) -> int:
 # -- binary ------------------------------------------------------------------------------
 
 
-def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> Op[Tensor]:
+def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> Op[..., Tensor]:
     """Declare ``name(x, y)``: the ufunc with broadcasting and numpy's dtype rules."""
 
     def meta(x: Any, y: Any) -> TensorSpec:
@@ -116,28 +116,36 @@ def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> O
     return op
 
 
-add: Op[Tensor] = _binary("add", np.add, "``x + y`` elementwise, with broadcasting (``np.add``).")
-subtract: Op[Tensor] = _binary("subtract", np.subtract, "``x - y`` elementwise (``np.subtract``).")
-multiply: Op[Tensor] = _binary("multiply", np.multiply, "``x * y`` elementwise (``np.multiply``).")
-divide: Op[Tensor] = _binary(
+add: Op[..., Tensor] = _binary(
+    "add", np.add, "``x + y`` elementwise, with broadcasting (``np.add``)."
+)
+subtract: Op[..., Tensor] = _binary(
+    "subtract", np.subtract, "``x - y`` elementwise (``np.subtract``)."
+)
+multiply: Op[..., Tensor] = _binary(
+    "multiply", np.multiply, "``x * y`` elementwise (``np.multiply``)."
+)
+divide: Op[..., Tensor] = _binary(
     "divide", np.true_divide, "``x / y`` elementwise; integers divide to float64 (``np.divide``)."
 )
-maximum: Op[Tensor] = _binary(
+maximum: Op[..., Tensor] = _binary(
     "maximum", np.maximum, "Elementwise maximum; NaN wins (``np.maximum``)."
 )
-minimum: Op[Tensor] = _binary(
+minimum: Op[..., Tensor] = _binary(
     "minimum", np.minimum, "Elementwise minimum; NaN wins (``np.minimum``)."
 )
-greater: Op[Tensor] = _binary("greater", np.greater, "``x > y`` as a bool Tensor.", compare=True)
-less: Op[Tensor] = _binary("less", np.less, "``x < y`` as a bool Tensor.", compare=True)
-equal: Op[Tensor] = _binary("equal", np.equal, "``x == y`` as a bool Tensor.", compare=True)
-not_equal: Op[Tensor] = _binary(
+greater: Op[..., Tensor] = _binary(
+    "greater", np.greater, "``x > y`` as a bool Tensor.", compare=True
+)
+less: Op[..., Tensor] = _binary("less", np.less, "``x < y`` as a bool Tensor.", compare=True)
+equal: Op[..., Tensor] = _binary("equal", np.equal, "``x == y`` as a bool Tensor.", compare=True)
+not_equal: Op[..., Tensor] = _binary(
     "not_equal", np.not_equal, "``x != y`` as a bool Tensor.", compare=True
 )
-greater_equal: Op[Tensor] = _binary(
+greater_equal: Op[..., Tensor] = _binary(
     "greater_equal", np.greater_equal, "``x >= y`` as a bool Tensor.", compare=True
 )
-less_equal: Op[Tensor] = _binary(
+less_equal: Op[..., Tensor] = _binary(
     "less_equal", np.less_equal, "``x <= y`` as a bool Tensor.", compare=True
 )
 
@@ -161,20 +169,22 @@ def _unary_cost(factor: float) -> Any:
     return cost
 
 
-def _unary(name: str, ufunc: np.ufunc, factor: float, doc: str) -> Op[Tensor]:
+def _unary(name: str, ufunc: np.ufunc, factor: float, doc: str) -> Op[..., Tensor]:
     op = define(name, quiet(ufunc), _unary_meta(name, ufunc), _unary_cost(factor))
     op.__doc__ = doc
     return op
 
 
-negative: Op[Tensor] = _unary(
+negative: Op[..., Tensor] = _unary(
     "negative", np.negative, 1, "``-x`` elementwise (not for bool: numpy refuses)."
 )
-exp: Op[Tensor] = _unary("exp", np.exp, 4, "``e**x`` elementwise; overflow gives inf like numpy.")
-log: Op[Tensor] = _unary(
+exp: Op[..., Tensor] = _unary(
+    "exp", np.exp, 4, "``e**x`` elementwise; overflow gives inf like numpy."
+)
+log: Op[..., Tensor] = _unary(
     "log", np.log, 4, "Natural log; ``log(0) = -inf``, negative -> NaN, like numpy."
 )
-tanh: Op[Tensor] = _unary("tanh", np.tanh, 6, "Hyperbolic tangent elementwise.")
+tanh: Op[..., Tensor] = _unary("tanh", np.tanh, 6, "Hyperbolic tangent elementwise.")
 
 
 @functools.cache
@@ -201,7 +211,7 @@ def _sigmoid_meta(x: Any) -> TensorSpec:
     return TensorSpec(shape, ufunc_dtypes("sigmoid", np.exp, (key,))[-1])
 
 
-sigmoid: Op[Tensor] = define("sigmoid", quiet(_sigmoid_kernel), _sigmoid_meta, _unary_cost(6))
+sigmoid: Op[..., Tensor] = define("sigmoid", quiet(_sigmoid_kernel), _sigmoid_meta, _unary_cost(6))
 sigmoid.__doc__ = "``1 / (1 + exp(-x))`` elementwise, in the dtype ``exp`` would give."
 
 
@@ -219,7 +229,7 @@ def _relu_meta(x: Any) -> TensorSpec:
     return TensorSpec(shape, dtype)
 
 
-relu: Op[Tensor] = define("relu", _relu_kernel, _relu_meta, _unary_cost(1))
+relu: Op[..., Tensor] = define("relu", _relu_kernel, _relu_meta, _unary_cost(1))
 relu.__doc__ = "``max(x, 0)`` elementwise; NaN stays NaN (like ``torch.relu``)."
 
 
@@ -261,7 +271,7 @@ def _where_kernel(condition: Any, x: Any, y: Any) -> Any:
     return np.where(condition, x, y)
 
 
-where: Op[Tensor] = define("where", _where_kernel, _where_meta, _where_cost)
+where: Op[..., Tensor] = define("where", _where_kernel, _where_meta, _where_cost)
 where.__doc__ = (
     "Elementwise ``x if condition else y`` with broadcasting (the three-argument "
     "``np.where``; the one-argument form has a data-dependent shape and is not an op)."

@@ -20,7 +20,7 @@ from ._tensor import Tensor
 
 __all__ = ["FUNCTIONS", "UFUNCS"]
 
-UFUNCS: dict[np.ufunc, Op[Tensor]] = {
+UFUNCS: dict[np.ufunc, Op[..., Tensor]] = {
     np.add: e.add,
     np.subtract: e.subtract,
     np.multiply: e.multiply,
@@ -57,7 +57,7 @@ def _stack(
     return _shape.stack(arrays, axis)
 
 
-def _reduction(op: Op[Tensor]) -> Any:
+def _reduction(op: Op[..., Tensor]) -> Any:
     def adapter(
         a: Any, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: Any = False,
         **unsupported: Any,
@@ -69,7 +69,7 @@ def _reduction(op: Op[Tensor]) -> Any:
     return adapter
 
 
-def _extremum(op: Op[Tensor]) -> Any:
+def _extremum(op: Op[..., Tensor]) -> Any:
     def adapter(
         a: Any, axis: Any = None, out: Any = None, keepdims: Any = False, **unsupported: Any
     ) -> Any:

@@ -91,7 +91,7 @@ def _matmul_cost(a: Any, b: Any) -> Cost:
     return Cost(_flops(sa, sb, out), float(_nbytes(a) + _nbytes(b) + size_of(out) * itemsize))
 
 
-matmul: Op[Tensor] = define("matmul", quiet(np.matmul), _matmul_meta, _matmul_cost)
+matmul: Op[..., Tensor] = define("matmul", quiet(np.matmul), _matmul_meta, _matmul_cost)
 matmul.__doc__ = (
     "``a @ b`` (``np.matmul``): batched over leading axes, 1-D operands promoted, "
     "``shapes (m, k) and (k2, n) are not aligned`` when ``k != k2``."
@@ -153,7 +153,7 @@ def _linear_cost(x: Any, w: Any, b: Any = None) -> Cost:
     return Cost(flops, float(_nbytes(x) + _nbytes(w) + _nbytes(b) + n_out * itemsize))
 
 
-linear: Op[Tensor] = define("linear", quiet(_linear_kernel), _linear_meta, _linear_cost)
+linear: Op[..., Tensor] = define("linear", quiet(_linear_kernel), _linear_meta, _linear_cost)
 linear.__doc__ = (
     "``linear(x, w, b=None) = x @ w.T + b`` (torch's convention: ``w`` is "
     "``(out_features, in_features)``, ``b`` is ``(out_features,)``)."

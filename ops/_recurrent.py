@@ -36,7 +36,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
-from ._tensor import Tensor, TensorSpec, define, spec_of
+from ._tensor import Tensor, TensorSpec, define, define_multi, spec_of
 
 __all__ = [
     "gru_cell",
@@ -515,9 +515,9 @@ def _select_cost(a: Any, index: int) -> Cost:
 
 # -- the ops ----------------------------------------------------------------------------------
 
-_lstm_cell = define("lstm_cell", _lstm_cell_kernel, _lstm_cell_meta, _lstm_cell_cost)
+_lstm_cell = define_multi("lstm_cell", _lstm_cell_kernel, _lstm_cell_meta, _lstm_cell_cost)
 _gru_cell = define("gru_cell", _gru_cell_kernel, _gru_cell_meta, _gru_cell_cost)
-_lstm_step = define("lstm_step", _lstm_step_kernel, _lstm_step_meta, _lstm_step_cost)
+_lstm_step = define_multi("lstm_step", _lstm_step_kernel, _lstm_step_meta, _lstm_step_cost)
 _gru_step = define("gru_step", _gru_step_kernel, _gru_step_meta, _gru_step_cost)
 _rnn_projection = define("rnn_projection", _projection_kernel, _projection_meta, _projection_cost)
 _rnn_output = define("rnn_output", _output_kernel, _output_meta, _output_cost)

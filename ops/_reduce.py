@@ -143,38 +143,38 @@ def _min_kernel(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
     return np.min(x, axis=axis, keepdims=keepdims)
 
 
-def _declare(kind: str, kernel: Any, factor: float, doc: str) -> Op[Tensor]:
+def _declare(kind: str, kernel: Any, factor: float, doc: str) -> Op[..., Tensor]:
     meta = _var_meta if kind == "var" else _meta(kind)
     op = define(kind, quiet(kernel), meta, _cost(factor))
     op.__doc__ = doc
     return op
 
 
-sum: Op[Tensor] = _declare(  # numpy's names; this module must not use the builtins below
+sum: Op[..., Tensor] = _declare(  # numpy's names; this module must not use the builtins below
     "sum",
     _sum_kernel,
     1,
     "``sum(x, axis=None, keepdims=False)``: sum over the given axes (``np.sum``).",
 )
-mean: Op[Tensor] = _declare(
+mean: Op[..., Tensor] = _declare(
     "mean",
     _mean_kernel,
     1,
     "``mean(x, axis=None, keepdims=False)``: arithmetic mean; NaN for an empty slice.",
 )
-var: Op[Tensor] = _declare(
+var: Op[..., Tensor] = _declare(
     "var",
     _var_kernel,
     3,
     "``var(x, axis=None, keepdims=False, ddof=0)``: variance (``np.var``).",
 )
-max: Op[Tensor] = _declare(
+max: Op[..., Tensor] = _declare(
     "max",
     _max_kernel,
     1,
     "``max(x, axis=None, keepdims=False)``: maximum; NaN propagates (``np.max``).",
 )
-min: Op[Tensor] = _declare(
+min: Op[..., Tensor] = _declare(
     "min",
     _min_kernel,
     1,

@@ -104,7 +104,7 @@ def _reshape_kernel(x: Any, shape: Any) -> Any:
     return np.reshape(x, shape)
 
 
-reshape: Op[Tensor] = define("reshape", _reshape_kernel, _reshape_meta, _free)
+reshape: Op[..., Tensor] = define("reshape", _reshape_kernel, _reshape_meta, _free)
 reshape.__doc__ = "``reshape(x, shape)``: same data, new shape (one ``-1`` is inferred)."
 
 
@@ -131,7 +131,7 @@ def _transpose_kernel(x: Any, axes: Any = None) -> Any:
     return np.transpose(x, axes)
 
 
-transpose: Op[Tensor] = define("transpose", _transpose_kernel, _transpose_meta, _free)
+transpose: Op[..., Tensor] = define("transpose", _transpose_kernel, _transpose_meta, _free)
 transpose.__doc__ = "``transpose(x, axes=None)``: permute axes (reverse them by default)."
 
 
@@ -145,7 +145,7 @@ def _flip_kernel(x: Any, axis: Any = None) -> Any:
     return np.flip(x, axis)
 
 
-flip: Op[Tensor] = define("flip", _flip_kernel, _flip_meta, _free)
+flip: Op[..., Tensor] = define("flip", _flip_kernel, _flip_meta, _free)
 flip.__doc__ = "``flip(x, axis=None)``: reverse the order along ``axis`` (all axes if None)."
 
 
@@ -192,7 +192,7 @@ def _split_kernel(x: Any, indices_or_sections: Any, axis: int = 0) -> Any:
     return np.split(x, indices_or_sections, axis)
 
 
-split: Op[Tensor] = define("split", _split_kernel, _split_meta, _free)
+split: Op[..., Tensor] = define("split", _split_kernel, _split_meta, _free)
 split.__doc__ = (
     "``split(x, indices_or_sections, axis=0)``: a tuple of Tensors (views), like ``np.split``."
 )
@@ -281,9 +281,11 @@ def _stack_kernel(arrays: Sequence[Any], axis: Any = 0) -> Any:
     return np.stack(arrays, axis=axis)
 
 
-concatenate: Op[Tensor] = define("concatenate", _concatenate_kernel, _concatenate_meta, _copy_cost)
+concatenate: Op[..., Tensor] = define(
+    "concatenate", _concatenate_kernel, _concatenate_meta, _copy_cost
+)
 concatenate.__doc__ = "``concatenate(arrays, axis=0)``: join along an existing axis (a copy)."
-stack: Op[Tensor] = define("stack", _stack_kernel, _stack_meta, _copy_cost)
+stack: Op[..., Tensor] = define("stack", _stack_kernel, _stack_meta, _copy_cost)
 stack.__doc__ = "``stack(arrays, axis=0)``: join same-shape arrays along a new axis (a copy)."
 
 
@@ -316,7 +318,7 @@ def _astype_kernel(x: Any, dtype: Any) -> Any:
     return np.asarray(x).astype(dtype)
 
 
-astype: Op[Tensor] = define("astype", _astype_kernel, _astype_meta, _astype_cost)
+astype: Op[..., Tensor] = define("astype", _astype_kernel, _astype_meta, _astype_cost)
 astype.__doc__ = "``astype(x, dtype)``: a copy converted to ``dtype`` (numpy's unsafe casting)."
 
 
@@ -329,7 +331,7 @@ def _constant_meta(x: Any) -> TensorSpec:
 
 
 # An already-converted array, wrapped as a done Tensor (inline: no inputs, nothing to run).
-_constant: Op[Tensor] = define("asarray", _identity, _constant_meta, _free, inline=True)
+_constant: Op[..., Tensor] = define("asarray", _identity, _constant_meta, _free, inline=True)
 
 
 def asarray(x: Any, dtype: Any = None) -> Tensor:

@@ -7,14 +7,16 @@ the op's meta rule), before the kernel has run. ``await t`` gives the ``np.ndarr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, ParamSpec
 
 import numpy as np
 
 import dataflow
 from dataflow import Cost, Pending, Task
 
-__all__ = ["Tensor", "TensorSpec", "define", "spec_of"]
+__all__ = ["Tensor", "TensorSpec", "check_value", "define", "define_multi", "spec_of"]
+
+P = ParamSpec("P")
 
 
 class TensorSpec(NamedTuple):
@@ -48,9 +50,11 @@ class Tensor(Pending[np.ndarray]):
     __array_priority__ = 1000
 
     def __init__(self, task: Task, index: int | None, spec: TensorSpec) -> None:
-        super().__init__(task, index)
-        self.shape: tuple[int, ...] = spec.shape
-        self.dtype: np.dtype[Any] = spec.dtype
+        # Pending's fields set here directly: a handle is made per op call (the hot path).
+        self._task = task
+        self._index = index
+        self.shape: tuple[int, ...] = spec[0]
+        self.dtype: np.dtype[Any] = spec[1]
 
     @property
     def ndim(self) -> int:
@@ -252,21 +256,56 @@ def spec_of(x: Any) -> TensorSpec:
     return TensorSpec(a.shape, a.dtype)
 
 
+def check_value(spec: TensorSpec, value: Any) -> str | None:
+    """What is wrong with a kernel's ``value`` for a Tensor of ``spec`` (None: nothing).
+
+    The value must be an ndarray (or a numpy scalar, for a 0-d spec) of exactly the declared
+    shape and dtype: a kernel that returns anything else would make ``Tensor.shape`` and
+    ``dtype`` lie to every op downstream.
+    """
+    if type(value) is np.ndarray or isinstance(value, np.generic):
+        if value.shape == spec.shape and value.dtype == spec.dtype:
+            return None
+        return (
+            f"the kernel returned {value.dtype}{list(value.shape)}, but the meta rule declared "
+            f"{spec!r}"
+        )
+    return (
+        f"the kernel returned {type(value).__name__}, not a numpy array: the meta rule "
+        f"declared {spec!r}"
+    )
+
+
 def define(
     name: str,
     kernel: Callable[..., Any],
-    meta: Callable[..., Any],
+    meta: Callable[P, Any],
     cost: Callable[..., Cost] | None = None,
     inline: bool | None = None,
-) -> dataflow.Op[Tensor]:
-    """Declare an op returning Tensors (``dataflow.op`` with ``handle=Tensor``)."""
-    return dataflow.Op(name, kernel, meta, _make, cost, inline)
+) -> dataflow.Op[P, Tensor]:
+    """Declare an op returning Tensors (``dataflow.op`` with ``handle=Tensor``).
+
+    Its kernel's values are checked against the meta rule's specs (:func:`check_value`).
+    """
+    return dataflow.Op(name, kernel, meta, _make, cost, inline, check=check_value)
+
+
+def define_multi(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[P, Any],
+    cost: Callable[..., Cost] | None = None,
+    inline: bool | None = None,
+) -> dataflow.Op[P, Any]:
+    """Declare an op with several Tensor outputs: its meta rule returns a tuple of specs,
+    and a call returns a tuple of Tensors (typed by the op's own wrapper function)."""
+    return dataflow.Op(name, kernel, meta, _make, cost, inline, check=check_value)
 
 
 _OPERAND_TYPES = (Tensor, np.ndarray, np.generic, int, float, complex, list, tuple)
 
 
-def _binary(op: dataflow.Op[Tensor], x: Any, y: Any) -> Tensor:
+def _binary(op: dataflow.Op[..., Tensor], x: Any, y: Any) -> Tensor:
     """``op(x, y)`` for an operator; NotImplemented lets Python try the other operand."""
     if isinstance(x, _OPERAND_TYPES) and isinstance(y, _OPERAND_TYPES):
         out: Tensor = op(x, y)

@@ -17,7 +17,10 @@ import pytest
 import dataflow
 import ops
 from dataflow import CancelledTaskError, DataflowError, OpInputError, TaskError
-from dataflow._dask import DaskRuntime, _Call, _fill, _Ref, run_op
+from dataflow.dask import Call as _Call
+from dataflow.dask import DaskBackend, run_op
+from dataflow.dask import Ref as _Ref
+from dataflow.dask import fill as _fill
 from examples.lstm_ensemble import Ensemble, ensemble_forked
 from tests._helpers import Arr, add, boom, neg_inline, sleep_op, where_run
 
@@ -54,12 +57,19 @@ def small_input(steps: int = 5, batch: int = 2, channels: int = 8) -> Array:
     return np.random.default_rng(1).random((steps, batch, channels), dtype=np.float32)
 
 
-def dask(address: str | None, **options: Any) -> DaskRuntime:
+def dask(address: str | None, **options: Any) -> dataflow.Runtime:
     """A Dask runtime that ships every op (local_threshold=0) unless told otherwise."""
     options.setdefault("local_threshold", 0.0)
     rt = dataflow.Runtime(backend="dask", address=address, **options)
-    assert isinstance(rt, DaskRuntime)
+    assert isinstance(rt.backend, DaskBackend)
     return rt
+
+
+def counters(rt: dataflow.Runtime) -> DaskBackend:
+    """The Dask backend of a runtime, whose counters the tests read."""
+    backend = rt.backend
+    assert isinstance(backend, DaskBackend)
+    return backend
 
 
 def local_ensemble(ens: Ensemble, x: Array) -> Array:
@@ -74,17 +84,16 @@ class TestBackendChoice:
     def test_local_is_the_default(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Runtime() is the plain local runtime, untouched by the Dask backend."""
         monkeypatch.delenv("DATAFLOW_DASK_ADDRESS", raising=False)
-        assert type(dataflow.Runtime()) is dataflow.Runtime
+        assert dataflow.Runtime().backend.name == "local"
 
     def test_address_or_env_selects_dask(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """address=, backend='dask' and $DATAFLOW_DASK_ADDRESS give a DaskRuntime."""
+        """address=, backend='dask' and $DATAFLOW_DASK_ADDRESS select the Dask backend."""
         monkeypatch.delenv("DATAFLOW_DASK_ADDRESS", raising=False)
-        assert type(dataflow.Runtime(address="tcp://127.0.0.1:1")) is DaskRuntime
+        assert dataflow.Runtime(address="tcp://127.0.0.1:1").backend.name == "dask"
         monkeypatch.setenv("DATAFLOW_DASK_ADDRESS", "tcp://127.0.0.1:1")
         rt = dataflow.Runtime()
-        assert type(rt) is DaskRuntime
-        assert rt.address == "tcp://127.0.0.1:1"
-        assert type(dataflow.Runtime(backend="local")) is dataflow.Runtime
+        assert counters(rt).address == "tcp://127.0.0.1:1"
+        assert dataflow.Runtime(backend="local").backend.name == "local"
 
     def test_unknown_backend(self) -> None:
         """An unknown backend name is a ValueError naming the choices."""
@@ -149,9 +158,9 @@ class TestEnsemble:
         y = dataflow.run(main, loop=loop)
         np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
         rt = runtimes[0]
-        assert rt.sent > 40 and rt.remote_done == rt.sent
-        assert rt.fetched == 1, "intermediates were fetched to the client"
-        assert rt.local_ops == 0
+        assert counters(rt).sent > 40 and counters(rt).remote_done == counters(rt).sent
+        assert counters(rt).fetched == 1, "intermediates were fetched to the client"
+        assert counters(rt).local_ops == 0
 
     def test_manual_forks_match(self, address: str) -> None:
         """The tutorial's fork/wait placement runs on the cluster with the same result."""
@@ -173,7 +182,9 @@ class TestEnsemble:
         seen: list[str] = []
 
         async def main(x: Array) -> Any:
-            seen.append(type(dataflow.current_runtime()).__name__)
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            seen.append(rt.backend.name)
             return ops.tanh(x) @ np.ones((3, 2), dtype=np.float32)
 
         x = np.ones((4, 3), dtype=np.float32)
@@ -181,7 +192,7 @@ class TestEnsemble:
         np.testing.assert_allclose(dataflow.run(main, x, address=address), expected, rtol=1e-6)
         monkeypatch.setenv("DATAFLOW_DASK_ADDRESS", address)
         np.testing.assert_allclose(dataflow.run(main, x), expected, rtol=1e-6)
-        assert seen == ["DaskRuntime", "DaskRuntime"]
+        assert seen == ["dask", "dask"]
 
     @pytest.mark.asyncio
     async def test_kernels_run_on_worker_threads(self, address: str) -> None:
@@ -196,7 +207,7 @@ class TestEnsemble:
         async with distributed.Client(address, asynchronous=True, set_as_default=False) as c:
             async with dask(client=c, address=None) as rt:
                 y = await add(np.ones(3), 2.0)
-            assert rt.sent == 1
+            assert counters(rt).sent == 1
             assert c.status == "running"
         np.testing.assert_array_equal(y, [3.0, 3.0, 3.0])
 
@@ -211,10 +222,10 @@ class TestShipping:
             for _ in range(10):
                 h = ops.matmul(h, w)
             y = await h
-            assert rt.sent == 10
-            assert rt.scattered == 1
+            assert counters(rt).sent == 10
+            assert counters(rt).scattered == 1
             z = await ops.matmul(h, w)  # a second batch reuses the scattered weight
-            assert rt.scattered == 1
+            assert counters(rt).scattered == 1
         np.testing.assert_allclose(y, np.full((2, 64), 0.5**10, dtype=np.float32))
         np.testing.assert_allclose(z, np.full((2, 64), 0.5**11, dtype=np.float32))
 
@@ -223,11 +234,11 @@ class TestShipping:
         """With local inputs and a small cost, an op runs on the client; a big one is sent."""
         async with dask(address, local_threshold=1e-3) as rt:
             small = ops.tanh(np.ones(4))
-            assert small.done() and rt.sent == 0 and rt.local_ops == 1
+            assert small.done() and counters(rt).sent == 0 and counters(rt).local_ops == 1
             big = add(np.ones(4), 1.0)  # its cost rule says 1e12 flops
             after = neg_inline(big)  # small, but its input is on the cluster: sent too
             np.testing.assert_array_equal(await after, np.full(4, -2.0))
-            assert rt.sent == 2 and rt.fetched == 1
+            assert counters(rt).sent == 2 and counters(rt).fetched == 1
 
     @pytest.mark.asyncio
     async def test_bad_input_raises_at_the_call(self, address: str) -> None:
@@ -237,7 +248,7 @@ class TestShipping:
             with pytest.raises(OpInputError):
                 ops.matmul(a, np.ones((4, 5)))
             await a
-            assert rt.sent == 1
+            assert counters(rt).sent == 1
 
     @pytest.mark.asyncio
     async def test_plain_fork_gets_arrays(self, address: str) -> None:
@@ -249,7 +260,7 @@ class TestShipping:
         async with dask(address) as rt:
             fut = dataflow.fork(describe, add(np.ones(3), 1.0))
             assert await dataflow.wait(fut) == "ndarray 6.0"
-            assert rt.sent == 1 and rt.fetched == 1
+            assert counters(rt).sent == 1 and counters(rt).fetched == 1
 
     @pytest.mark.asyncio
     async def test_ops_called_from_a_pool_thread(self, address: str) -> None:
@@ -262,7 +273,7 @@ class TestShipping:
         async with dask(address) as rt:
             pending = await dataflow.wait(dataflow.fork(step, np.zeros(3)))
             np.testing.assert_array_equal(await pending, [2.0, 2.0, 2.0])
-            assert rt.sent == 2 and rt.fetched == 1
+            assert counters(rt).sent == 2 and counters(rt).fetched == 1
 
     @pytest.mark.asyncio
     async def test_multiple_outputs(self, address: str) -> None:
@@ -271,7 +282,7 @@ class TestShipping:
         async with dask(address) as rt:
             a, b = ops.split(ops.asarray(x) * 2.0, 2, axis=0)
             y = await (b - a)
-            assert rt.fetched == 1
+            assert counters(rt).fetched == 1
         np.testing.assert_array_equal(y, np.full((2, 3), 12.0, dtype=np.float32))
 
 
@@ -358,7 +369,7 @@ class TestCancellation:
             slow = sleep_op(np.ones(2), 0.5)
             queued = add(slow, 1.0)
             later = add(queued, 1.0)
-            while rt.sent < 3:  # wait until the batch has been sent
+            while counters(rt).sent < 3:  # wait until the batch has been sent
                 await asyncio.sleep(0.01)
             assert queued.cancel()
             with pytest.raises(CancelledTaskError) as first:
@@ -403,7 +414,7 @@ class TestTimeline:
             dataflow.run(main)
         trace = prof.trace()
         remote = [t for t in trace.tasks if trace.threads[t.thread].startswith("dask tcp://")]
-        assert len(remote) == runtimes[0].sent
+        assert len(remote) == counters(runtimes[0]).sent
         assert 1 <= len({t.thread for t in remote}) <= 2  # 2 workers x 1 thread
         assert all(t.end >= t.start for t in remote)
         steps = sorted((t for t in remote if t.op == "lstm_step"), key=lambda t: t.start)
@@ -445,9 +456,9 @@ class TestCLI:
             "import numpy as np, dataflow, ops\n"
             "async def main():\n"
             "    rt = dataflow.current_runtime()\n"
-            "    rt.local_threshold = 0.0\n"
+            "    rt.backend.local_threshold = 0.0\n"
             "    y = await ops.tanh(np.zeros(3))\n"
-            "    print(type(rt).__name__, rt.sent, y.tolist())\n"
+            "    print(rt.backend.name, rt.backend.sent, y.tolist())\n"
             "dataflow.run(main)\n"
         )
         r = subprocess.run(
@@ -458,4 +469,4 @@ class TestCLI:
             cwd=ROOT,
         )
         assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == "DaskRuntime 1 [0.0, 0.0, 0.0]"
+        assert r.stdout.strip() == "dask 1 [0.0, 0.0, 0.0]"

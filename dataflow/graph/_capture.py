@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,8 +35,8 @@ import numpy as np
 
 from .._errors import DataflowError, task_failed
 from .._op import op_for_kernel
-from .._runtime import Runtime, _current, resolve_loop_factory
-from .._task import DONE, FAILED, Cost, Future, Pending, Task
+from .._runtime import Runtime, resolve_loop_factory
+from .._task import DONE, FAILED, Cost, Future, Pending, Signature, Task
 from ._check import check_trace
 from ._errors import TracerWarning
 from ._frames import package, short_path, user_location
@@ -82,12 +81,15 @@ class _Record:
         self.task = task
 
 
-class Tracer(Runtime):
-    """A runtime that records op calls as graph nodes instead of running them.
+class Tracer:
+    """A backend that records op calls as graph nodes instead of running them.
 
-    Used by :func:`trace`; see the module docstring. It runs no threads: a value the program
-    reads is computed on the loop thread when it is awaited.
+    Used by :func:`trace` (``Runtime(backend=Tracer(...), interop_threads=0)``); see the
+    module docstring. It runs no threads: a value the program reads is computed on the loop
+    thread when it is awaited.
     """
+
+    name = "trace"
 
     def __init__(
         self,
@@ -97,7 +99,7 @@ class Tracer(Runtime):
     ) -> None:
         """``templates[k]``: input k as the program gets it (an array, or a handle whose type
         and spec its placeholder copies); ``values[k]``: its value when the program reads it."""
-        super().__init__(interop_threads=1, private_pool=True)
+        self.runtime: Runtime = None  # type: ignore[assignment]  # set by __call__
         self.records: list[_Record] = []
         self.constants: dict[str, np.ndarray[Any, Any]] = {}
         self.parameter_names: set[str] = set()
@@ -116,14 +118,24 @@ class Tracer(Runtime):
         self._forced: dict[int, tuple[NodeRef, np.ndarray[Any, Any]]] = {}
         self._plain_forks: dict[int, Task] = {}
 
-    async def __aenter__(self) -> Tracer:
-        # No pool: nothing is run on threads while tracing.
-        if self.loop is not None:
-            raise DataflowError("a Tracer can be entered only once")
-        self.loop = asyncio.get_running_loop()
-        self._loop_tid = threading.get_ident()
-        self._token = _current.set(self)
+    def __call__(self, runtime: Runtime) -> Tracer:
+        """The backend factory ``Runtime(backend=...)`` calls: this tracer, bound to it."""
+        self.runtime = runtime
         return self
+
+    # -- the backend protocol (see dataflow._backend) --------------------------------------
+
+    async def open(self) -> None:
+        pass
+
+    def cancel_everything(self) -> None:
+        pass
+
+    async def join(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
 
     # -- placeholders for the inputs ------------------------------------------------------
 
@@ -134,7 +146,7 @@ class Tracer(Runtime):
             return example
         task = example.task
         spec = task.spec if example._index is None else task.spec[example._index]
-        stand_in = Task(_input_kernel, (), None, "input", self, spec)
+        stand_in = Task(Signature("input", spec), _input_kernel, (), None, self.runtime)
         self._input_of_task[stand_in.id] = index
         make: Any = type(example)
         return make(stand_in, None, spec)
@@ -143,29 +155,30 @@ class Tracer(Runtime):
 
     def submit(
         self,
+        sig: Signature,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
-        op: str,
-        spec: Any = None,
-        cost: Cost | None = None,
-        inline: bool | None = None,
-        ctx: Any = None,
+        inputs: tuple[Task, ...],
+        ready: bool,
         priority: float | None = None,
         timeout: float | None = None,
+        values: Any = None,
     ) -> Task:
         """Record an op call (or hold a forked plain function until its future is awaited)."""
-        if ctx is not None:
-            task = Task(fn, args, kwargs, op, self, spec, cost, ctx)
+        if sig.op is None:  # a forked plain function
+            task = Task(sig, fn, args, kwargs, self.runtime)
             self._plain_forks[task.id] = task
             return task
-        declared = op_for_kernel(fn, op)
+        declared = op_for_kernel(fn, sig.name)
+        if declared is None:
+            declared = sig.op if getattr(sig.op, "kernel", None) is fn else None
         if declared is None:
             raise DataflowError(
-                f"cannot trace {op}: its kernel reached the runtime without a declared op "
+                f"cannot trace {sig.name}: its kernel reached the runtime without a declared op "
                 "(declare it with dataflow.op, or call it outside the traced program)"
             )
-        return self.record(declared, args, kwargs, spec, cost)
+        return self.record(declared, args, kwargs, sig.spec, sig.cost)
 
     def record(
         self,
@@ -180,7 +193,7 @@ class Tracer(Runtime):
         captured_kw = {k: self._capture(v) for k, v in (kwargs or {}).items()}
         where = user_location({"dataflow", package(op.qualname.rpartition(":")[0])})
         location = f"{short_path(where[0])}:{where[1]}" if where is not None else None
-        task = Task(op.kernel, (), None, op.name, self, spec, cost)
+        task = Task(Signature(op.name, spec, cost, op=op), op.kernel, (), None, self.runtime)
         self._node_of_task[task.id] = len(self.records)
         self.records.append(_Record(op, captured, captured_kw, spec, cost, location, task))
         return task
@@ -210,7 +223,7 @@ class Tracer(Runtime):
             return InputRef(index)
         if task.id in self._plain_forks:
             self._run_plain_fork(task)
-        if task.runtime is not self and task.state < DONE:
+        if task.runtime is not self.runtime and task.state < DONE:
             raise DataflowError(
                 f"{task.name} is pending in another runtime: a traced program can only use "
                 "values it computes, its inputs and finished values"
@@ -250,7 +263,7 @@ class Tracer(Runtime):
 
     # -- reading values ---------------------------------------------------------------------
 
-    def completion(self, task: Task) -> asyncio.Future[None]:
+    def completion(self, task: Task) -> Any:
         """``await handle``: compute the value now (and warn: the program reads it)."""
         if task.state < DONE:
             if task.id in self._plain_forks:
@@ -268,12 +281,10 @@ class Tracer(Runtime):
                     "value instead of awaiting it"
                 )
                 self._force(node)
-        assert self.loop is not None
-        fut: asyncio.Future[None] = self.loop.create_future()
-        fut.set_result(None)
-        return fut
+        assert self.runtime.host is not None
+        return self.runtime.host.done_waiter()
 
-    def cancel_task(self, task: Task) -> bool:
+    def cancel(self, task: Task) -> bool:
         """Nothing is queued while tracing: there is nothing to cancel."""
         return False
 
@@ -301,15 +312,15 @@ class Tracer(Runtime):
         """Call a forked plain function now, with the pending values: its ops get recorded."""
         if task.state >= DONE:
             return
-        fn, args, kwargs, ctx = task.fn, task.args or (), task.kwargs or {}, task.ctx
+        fn, args, kwargs = task.fn, task.args or (), task.kwargs or {}
         assert fn is not None
         try:
-            value = ctx.run(fn, *args, **kwargs) if ctx is not None else fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
         except Exception as exc:
             err = task_failed(task.name, task.op, exc)
             task.error = err
             task.state = FAILED
-            self._failures.append(err)
+            self.runtime.failures.append(err)
             return
         self._finish(task, value)
 
@@ -483,7 +494,7 @@ async def _trace_once(
     inputs: Sequence[GraphInput],
 ) -> Graph:
     tracer = Tracer(templates, values, _parameters_of(fn))
-    async with tracer:
+    async with Runtime(backend=tracer, interop_threads=0):  # type: ignore[arg-type]
         placeholders = [tracer.placeholder(k) for k in range(len(templates))]
         result = fn(*placeholders)
         if inspect.isawaitable(result) and not isinstance(result, Future):

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import OpInputError, OpTypeError
-from .._runtime import estimate_seconds, get_runtime
-from .._task import Pending, _next_id
+from .._runtime import get_runtime
+from .._scheduler import scan
+from .._task import Pending, Signature, _next_id, estimate_seconds
 from ._fusion import FusedOp
 from ._ir import ConstRef, InputRef, NodeRef, Ref, iter_refs, type_of
 
@@ -55,12 +56,15 @@ class Plan:
         rank: ``rank[i]``: node i's position by longest path to the exit (0: most critical).
         longest_path_s: ``longest_path_s[i]``: estimated seconds from node i's start to the end.
         frees: ``frees[k]``: the values whose last reader is ``order[k]``.
+        sigs: ``sigs[i]``: node i's signature (spec and cost as recorded; its measured
+            kernel time carries over from run to run).
     """
 
     order: tuple[int, ...]
     rank: tuple[int, ...]
     longest_path_s: tuple[float, ...]
     frees: tuple[tuple[NodeRef, ...], ...]
+    sigs: tuple[Signature, ...] = ()
 
     @property
     def critical_path_s(self) -> float:
@@ -113,7 +117,16 @@ def make_plan(graph: Graph) -> Plan:
     for ref, k in last.items():
         if ref not in outputs:
             frees[k].append(ref)
-    return Plan(tuple(order), tuple(rank), tuple(longest), tuple(tuple(f) for f in frees))
+    sigs = []
+    for node in nodes:
+        op = node.op
+        inline = op.inline
+        if inline is None and type(op) is FusedOp:
+            inline = op.runs_inline()
+        sigs.append(Signature(op.name, node.spec, node.cost, inline, op))
+    return Plan(
+        tuple(order), tuple(rank), tuple(longest), tuple(tuple(f) for f in frees), tuple(sigs)
+    )
 
 
 def check_inputs(graph: Graph, inputs: Sequence[Any]) -> list[Any]:
@@ -188,40 +201,33 @@ def dispatch(graph: Graph, inputs: Sequence[Any]) -> Any:
     env: dict[Ref, Any] = {InputRef(i): v for i, v in enumerate(values)}
     for name, array in graph.constants.items():
         env[ConstRef(name)] = array
-    if isinstance(rt, Tracer):
+    tracer = rt.backend
+    if isinstance(tracer, Tracer):
         # Tracing a program that runs a graph: record the graph's nodes into the new trace.
         for i in plan.order:
             node = nodes[i]
             args = _bind(node.args, env)
             kwargs = _bind(dict(node.kwargs), env) if node.kwargs else None
-            task = rt.record(node.op, args, kwargs, node.spec, node.cost)
+            task = tracer.record(node.op, args, kwargs, node.spec, node.cost)
             _publish(env, node, i, task)
         return _bind(graph.outputs, env)
     base = float(_next_id())
     rank = plan.rank
-    submit = rt.submit
+    sigs = plan.sigs
+    dispatch_one = rt.dispatch
     default_timeout = getattr(rt, "op_timeout", None)
     for k, i in enumerate(plan.order):
         node = nodes[i]
         op = node.op
         args = _bind(node.args, env)
         kwargs = _bind(dict(node.kwargs), env) if node.kwargs else None
-        inline = op.inline
-        if inline is None and type(op) is FusedOp:
-            inline = op.runs_inline()
         timeout = getattr(op, "timeout", None)
-        if timeout is None:
+        if timeout is None:  # as Op.__call__ does: an op's timeout, else the runtime's default
             timeout = default_timeout
-        if timeout is None:
-            task = submit(
-                op.kernel, args, kwargs, op.name, node.spec, node.cost, inline,
-                priority=base + rank[i],
-            )  # fmt: skip
-        else:  # as Op.__call__ does: an op's timeout, else the runtime's default
-            task = submit(
-                op.kernel, args, kwargs, op.name, node.spec, node.cost, inline,
-                priority=base + rank[i], timeout=timeout,
-            )  # fmt: skip
+        inputs, ready = scan(args, kwargs)
+        task = dispatch_one(
+            sigs[i], op.kernel, args, kwargs, inputs, ready, base + rank[i], timeout
+        )
         _publish(env, node, i, task)
         for ref in plan.frees[k]:
             del env[ref]

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from .._op import declaring_modules, lookup_op
-from .._task import Task
+from .._task import Signature, Task
 from ._errors import GraphFormatError
 from ._fusion import ENGINES, Arg, FusedOp, FusedStep, Tmp
 from ._ir import (
@@ -590,7 +590,7 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
                     f"says ({', '.join(str(t) for t in types)})"
                 )
             make = op.handle
-            task = Task(op.kernel, (), None, op.name, None, spec, cost)
+            task = Task(Signature(op.name, spec, cost), op.kernel, (), None, None)
             if multi:
                 for k, s in enumerate(spec):
                     env[NodeRef(i, k)] = make(task, k, s)

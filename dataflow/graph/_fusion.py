@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from .._runtime import estimate_seconds, get_inline_threshold
-from .._task import Cost, Task
+from .._scheduler import get_inline_threshold
+from .._task import Cost, Signature, Task, estimate_seconds
 from ._ir import (
     Builder,
     ConstRef,
@@ -273,6 +273,11 @@ class FusedOp:
         """The last step's handle factory (a fused op returns what its last op returns)."""
         return self.steps[-1].op.handle
 
+    @property
+    def check(self) -> Callable[[Any, Any], str | None] | None:
+        """The last step's value check (a fused op's value is its last step's)."""
+        return getattr(self.steps[-1].op, "check", None)
+
     def __repr__(self) -> str:
         names = ", ".join(s.op.name for s in self.steps)
         return f"<FusedOp {self.engine} [{names}]>"
@@ -316,7 +321,7 @@ class FusedOp:
             if cost is not None:
                 flops += cost.flops
                 nbytes += cost.bytes
-            stand_in = Task(op.kernel, (), None, op.name, None, spec, cost)
+            stand_in = Task(Signature(op.name, spec, cost), op.kernel, (), None, None)
             handles.append(op.handle(stand_in, None, spec))
         return spec, Cost(flops, nbytes), slowest
 

@@ -54,7 +54,7 @@ def _bump(x: Any) -> Any:
 
 
 # The smallest useful op: trivial meta rule, a one-element kernel, always on the pool.
-tiny: dataflow.Op[dataflow.Pending[Any]] = dataflow.op(
+tiny: dataflow.Op[..., dataflow.Pending[Any]] = dataflow.op(
     "tiny", meta=_meta, handle=lambda task, index, spec: dataflow.Pending(task), inline=False
 )(_bump)
 
@@ -64,7 +64,7 @@ def _root_kernel(x: Any, seconds: float) -> Any:
     return x
 
 
-root: dataflow.Op[dataflow.Pending[Any]] = dataflow.op(
+root: dataflow.Op[..., dataflow.Pending[Any]] = dataflow.op(
     "root", meta=lambda x, s: _SPEC, handle=lambda task, index, spec: dataflow.Pending(task)
 )(_root_kernel)
 

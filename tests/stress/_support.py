@@ -80,7 +80,7 @@ class Gate:
         self.finished = 0
         self._lock = threading.Lock()
         options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        self.op: dataflow.Op[ops.Tensor] = dataflow.op(
+        self.op: dataflow.Op[..., ops.Tensor] = dataflow.op(
             name, meta=_spec, handle=ops.Tensor, inline=False, **options
         )(self._kernel)
 
@@ -96,7 +96,7 @@ class Gate:
         self.event.set()
 
 
-def spec_op(name: str, kernel: Any, **options: Any) -> dataflow.Op[ops.Tensor]:
+def spec_op(name: str, kernel: Any, **options: Any) -> dataflow.Op[..., ops.Tensor]:
     """An op returning a Tensor shaped like its first argument."""
     return dataflow.op(name, meta=_spec, handle=ops.Tensor, **options)(kernel)
 

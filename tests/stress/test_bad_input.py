@@ -371,7 +371,7 @@ API_CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
     ),
     (
         "fork-dataflow-future",
-        lambda: dataflow.fork(ops.add(_ones(2), 1.0)),
+        lambda: dataflow.fork(ops.add(_ones(2), 1.0)),  # type: ignore[call-overload]
         TypeError,
         r"^fork\(\) got an awaitable \(Tensor\), not a function: await it",
     ),
@@ -383,9 +383,9 @@ API_CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
     ),
     (
         "runtime-bad-threads",
-        lambda: dataflow.Runtime(interop_threads=0),
+        lambda: dataflow.Runtime(interop_threads=-1),
         ValueError,
-        r"^interop_threads must be a positive int, got 0",
+        r"^interop_threads must be a positive int, got -1",
     ),
     (
         "runtime-bad-max-pending",
@@ -442,12 +442,12 @@ class TestApiMisuse:
     def test_api_misuse(
         self, call: Callable[[], Any], etype: type[BaseException], pattern: str
     ) -> None:
-        """Misusing fork/run/Runtime raises the exact error with the fix in the message."""
+        """Misusing fork/run/Runtime raises the builtin a user catches, with the fix."""
 
         async def main() -> str:
             with pytest.raises(etype, match=pattern) as info:
                 call()
-            assert type(info.value) is etype
+            assert isinstance(info.value, etype)
             await asyncio.sleep(0)
             return "refused"
 
@@ -462,7 +462,8 @@ class TestApiMisuse:
         async def main() -> str:
             with pytest.raises(TypeError, match=pattern) as info:
                 await dataflow.wait(make())
-            assert type(info.value) is TypeError
+            assert isinstance(info.value, TypeError)
+            assert isinstance(info.value, dataflow.DataflowError)
             return "refused"
 
         assert dataflow.run(main) == "refused"

@@ -84,7 +84,7 @@ class TestBackpressure:
 
     def test_no_deadlock_when_in_flight_work_waits_on_the_dispatcher(self) -> None:
         """Ops waiting on a fork that itself dispatches over the limit cannot deadlock it."""
-        consume: dataflow.Op[dataflow.Pending[Any]] = dataflow.op(
+        consume: dataflow.Op[..., dataflow.Pending[Any]] = dataflow.op(
             "consume",
             meta=lambda heads: _programs._SPEC,
             handle=lambda task, index, spec: dataflow.Pending(task),

@@ -1,20 +1,19 @@
-"""The Dask backend: the same program, its ops run as tasks on a ``distributed`` cluster.
+"""The client side of the Dask backend: placement, shipping, outcomes.
 
 ``dataflow.Runtime(backend="dask", address="tcp://host:8786")`` (or ``client=`` an asynchronous
-``distributed.Client``, or ``dataflow run --dask ADDRESS``) returns a :class:`DaskRuntime`. User
+``distributed.Client``, or ``dataflow run --dask ADDRESS``) holds a :class:`DaskBackend`. User
 code does not change: ops return pending handles at once and meta rules run at the call site,
 so bad input raises there, as on the local backend. What differs is where kernels run.
 
-Placement policy (decided per op, at dispatch, on the calling thread):
+Placement (decided per op, at dispatch, on the calling thread; :func:`place`, pure):
 
 * **Small ops stay on the client.** An op runs on the client, exactly as the local backend
   would run it, when every input is already on the client (numpy arrays, scalars, values that
-  were awaited or computed on the client) and its estimated time (:func:`estimate_seconds` of
-  its cost rule) is under ``local_threshold`` (default 1 ms, about Dask's per-task floor), or
-  the op is declared ``inline=True``. Shipping it would cost more than running it.
+  were awaited or computed on the client) and its estimated time is under ``local_threshold``
+  (default 1 ms, about Dask's per-task floor), or the op is declared ``inline=True``.
 * **Forked plain functions run on the client** (on the inter-op pool), because they run user
-  code with the caller's context variables; the ops they call are placed like any other.
-  So does an op with an input still being computed on the client (a forked plain function's
+  code with the caller's context variables; the ops they call are placed like any other. So
+  does an op with an input still being computed on the client (a forked plain function's
   result): its cluster inputs are fetched for it.
 * **Everything else runs on the cluster.** Its handle is backed by a Dask future whose key is
   ``"{op}-{runtime token}-{task id}"``. Inputs computed on the cluster are passed by key, so a
@@ -22,64 +21,59 @@ Placement policy (decided per op, at dispatch, on the calling thread):
   the program awaits it (or a client-side task needs it).
 
 Shipping, per flush: submissions are queued and sent by one coroutine on the runtime's loop
-when the program next suspends, as a single ``client.map`` of the whole batch (one graph
-message instead of one per op). numpy arrays of at least ``scatter_bytes`` (default 16 KiB)
-among the arguments (module weights, inputs, client-side results) are scattered once per
-runtime and cached by identity (a weakref checks the array is still the same object), so a
-weight passed to every step of a recurrence is sent once; smaller values travel inside the
-task. An array is treated as immutable once passed to an op: pass a new array to change it.
+when the program next suspends, as a single ``client.map`` of the whole batch. numpy arrays of
+at least ``scatter_bytes`` (default 16 KiB) among the arguments (weights, inputs, client-side
+results) are scattered once per runtime and cached by identity (a weakref checks the array is
+still the same object), so a weight passed to every step of a recurrence is sent once; smaller
+values travel inside the task. An array is treated as immutable once passed to an op.
 
 State of a cluster task, from the client's point of view: READY while queued for the next
 flush, RUNNING once sent (its :class:`_Remote` is in ``task.value``), DONE once fetched;
 FAILED or CANCELLED as on the local backend. ``Pending.done()`` means the value is on the
-client. One watcher coroutine per sent task turns the future's final status into the
-runtime's accounting: the task no longer holds up closing, its failure is recorded (a kernel's
-exception becomes a :class:`~dataflow.TaskError` naming the op, with the original chained; every
-task that depends on it fails with that same error), and it is fetched if someone waits.
-
-Timeline: when an instrument is attached at dispatch, the worker records the kernel's start
-and end and publishes them (``Worker.log_event``); the client emits ``task_started`` and
-``task_finished``/``task_failed`` with those timestamps from a relay thread named after the
-worker thread, so a profiler draws one track per worker thread. The clock is the worker's
-``time.time_ns()`` mapped onto the client's ``perf_counter_ns``: exact on one machine, off by
-the clock skew between machines otherwise.
+client. One watcher coroutine per sent batch turns each future's final status into the
+scheduler's accounting: the task no longer holds up closing, its failure is recorded (a
+kernel's exception becomes a :class:`~dataflow.TaskError` naming the op, with the original
+chained; every task that depends on it fails with that same error), and it is fetched if
+someone waits. The Dask client is asyncio-only, so this backend runs on asyncio (or uvloop).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
-import importlib
 import os
-import pickle
-import queue
-import threading
 import time
-import traceback
 import uuid
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import CancelledTaskError, DataflowError, TaskError
-from ._instrument import ACTIVE, _disable, _methods, emit
-from ._op import lookup_op, op_for_kernel
-from ._runtime import (
-    DASK_ADDRESS_ENV,
-    Runtime,
-    _collect,
-    _ready_dependents_locked,
-    estimate_seconds,
+from .. import _graphstate as gs
+from .._backend import DASK_ADDRESS_ENV
+from .._errors import (
+    CancelledTaskError,
+    DataflowError,
+    DataflowTypeError,
+    DataflowValueError,
+    TaskError,
+    describe,
 )
-from ._task import CANCELLED, DONE, FAILED, READY, RUNNING, Cost, Pending, Task
+from .._instrument import ACTIVE, emit
+from .._op import op_for_kernel
+from .._pool import GRAPH_LOCK
+from .._scheduler import Scheduler
+from .._task import CANCELLED, DONE, FAILED, READY, RUNNING, Pending, Signature, Task
+from .._walk import leaves, replace
+from ._timing import Relay
+from ._worker import Call, KernelFailed, Ref, run_op
 
-__all__ = ["DASK_ADDRESS_ENV", "DaskRuntime", "KernelFailed", "run_op"]
+if TYPE_CHECKING:
+    from .._runtime import Runtime
 
+__all__ = ["DaskBackend", "import_distributed", "place"]
 
-_INSTALL_HINT = "pip install 'dataflow[dask]'"
+INSTALL_HINT = "pip install 'dataflow[dask]'"
 _FINAL = ("finished", "error", "cancelled")
 
 
@@ -90,7 +84,7 @@ def import_distributed() -> Any:
     except ImportError as exc:
         raise DataflowError(
             f"backend='dask' needs dask.distributed, which is not installed ({exc}): "
-            f"`{_INSTALL_HINT}` (on the client and on every worker)"
+            f"`{INSTALL_HINT}` (on the client and on every worker)"
         ) from None
     return distributed
 
@@ -104,183 +98,28 @@ def _key_ref() -> Any:
     return Alias
 
 
-# -- the worker side -------------------------------------------------------------------------
-# Everything here is pickled by reference and runs on the workers, so the workers need
-# dataflow (and the ops' modules) installed, like the client.
+def place(
+    sig: Signature, inputs: tuple[Task, ...], local_threshold: float, forked: bool
+) -> str:
+    """Where a task runs: ``"local"`` (the client's scheduler) or ``"remote"`` (the cluster).
 
-
-class _Ref:
-    """Placeholder for the ``slot``-th dependency (an input's value, or a scattered array)."""
-
-    __slots__ = ("index", "slot")
-
-    def __init__(self, slot: int, index: int | None) -> None:
-        self.slot = slot
-        self.index = index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Ref, (self.slot, self.index))
-
-
-class _Call:
-    """One op call as shipped: the kernel, its arguments with placeholders, and its name.
-
-    Opaque to Dask on purpose: Dask only looks for dependencies in the ``deps`` list next to
-    it, never inside the user's arguments (where a tuple or a string could be mistaken for
-    a task or a key).
+    See the module docstring. ``forked``: a forked plain function (it runs user code with the
+    caller's context variables, so it stays on the client).
     """
-
-    __slots__ = ("args", "fn", "kwargs", "name", "op", "refs", "task_id", "topic")
-
-    def __init__(
-        self,
-        fn: Callable[..., Any] | str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        name: str,
-        op: str,
-        task_id: int,
-        topic: str | None,
-        refs: bool,
-    ) -> None:
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        self.name = name
-        self.op = op
-        self.task_id = task_id
-        self.topic = topic
-        self.refs = refs
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _Call,
-            (
-                self.fn,
-                self.args,
-                self.kwargs,
-                self.name,
-                self.op,
-                self.task_id,
-                self.topic,
-                self.refs,
-            ),
-        )
-
-
-class KernelFailed(Exception):
-    """A kernel raised on a worker (internal: becomes a TaskError on the client).
-
-    Dask hands the same exception to every task downstream of the failed one, so ``task``
-    names the origin, and the client gives all of them the origin's one TaskError.
-    """
-
-    def __init__(self, task: str, op: str, worker: str, exc: BaseException) -> None:
-        super().__init__(task, op, worker, exc)
-        self.task = task
-        self.op = op
-        self.worker = worker
-        self.exc = exc
-
-    def __str__(self) -> str:
-        return f"{self.task} failed on {self.worker}: {type(self.exc).__name__}: {self.exc}"
-
-
-# Arrays that arrive over the network (scattered, moved between workers, or inside a task)
-# are often not aligned in memory, and numpy's matmul then skips BLAS for a loop 5-10x
-# slower. Kernels get an aligned copy instead, made once per array and per worker process:
-# this cache maps id(array) -> (weakref to it, its copy), and drops an entry with its array.
-_realigned: dict[int, tuple[weakref.ref[Any], np.ndarray[Any, Any]]] = {}
-
-
-def _aligned(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    key = id(a)
-    hit = _realigned.get(key)
-    if hit is not None and hit[0]() is a:
-        return hit[1]
-    copy = np.array(a)
-
-    def forget(_: Any, key: int = key) -> None:
-        entry = _realigned.get(key)
-        if entry is not None and entry[0]() is None:
-            del _realigned[key]
-
-    _realigned[key] = (weakref.ref(a, forget), copy)
-    return copy
-
-
-def _fill(value: Any, deps: list[Any]) -> Any:
-    t = type(value)
-    if t is _Ref:
-        dep = deps[value.slot]
-        if value.index is not None:
-            dep = dep[value.index]
-        if type(dep) is np.ndarray and not dep.flags.aligned:
-            return _aligned(dep)
-        return dep
-    if t is list:
-        return [_fill(v, deps) for v in value]
-    if t is tuple:
-        return tuple(_fill(v, deps) for v in value)
-    if t is dict:
-        return {k: _fill(v, deps) for k, v in value.items()}
-    if t is np.ndarray and not value.flags.aligned:  # came inside the task: copy it
-        return np.array(value)
-    return value
-
-
-def _picklable(exc: BaseException) -> BaseException:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc} (the original could not be pickled)")
-    return exc
-
-
-@functools.lru_cache(maxsize=1024)
-def _kernel(qualname: str) -> Callable[..., Any]:
-    """The kernel of the op registered as ``module:name``, importing its module (cached)."""
-    module = qualname.split(":", 1)[0]
-    importlib.import_module(module)
-    op = lookup_op(qualname)
-    if op is None:
-        raise LookupError(f"no op {qualname!r} is declared by module {module!r} on this worker")
-    return op.kernel
-
-
-def run_op(call: _Call, deps: list[Any]) -> Any:
-    """Run one op's kernel on a worker (the function every dataflow Dask task calls)."""
-    args = _fill(call.args, deps)
-    kwargs = _fill(call.kwargs, deps) if call.kwargs else None
-    fn = _kernel(call.fn) if isinstance(call.fn, str) else call.fn
-    start = time.time_ns() if call.topic is not None else 0
-    try:
-        value = fn(*args, **kwargs) if kwargs else fn(*args)
-    except Exception as exc:
-        from distributed import get_worker
-
-        worker = get_worker()
-        if call.topic is not None:
-            _log_timing(worker, call, start, failed=True)
-        where = f"dask worker {worker.address}"
-        tb = "".join(traceback.format_tb(exc.__traceback__))
-        exc.add_note(f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}")
-        raise KernelFailed(call.name, call.op, where, _picklable(exc)) from None
-    if call.topic is not None:
-        from distributed import get_worker
-
-        _log_timing(get_worker(), call, start, failed=False)
-    return value
-
-
-def _log_timing(worker: Any, call: _Call, start: int, failed: bool) -> None:
-    thread = threading.current_thread()
-    msg = [call.task_id, start, time.time_ns(), failed, worker.address, thread.name]
-    msg.append(threading.get_native_id())
-    worker.log_event(call.topic, msg)
-
-
-# -- the client side -------------------------------------------------------------------------
+    remote_inputs = local_pending = False
+    for t in inputs:
+        if t.state < DONE:
+            if type(t.value) is _Remote:
+                remote_inputs = True
+            else:
+                local_pending = True
+    if forked or local_pending:
+        return "local"
+    if not remote_inputs and (
+        sig.inline is True or (sig.inline is None and sig.seconds < local_threshold)
+    ):
+        return "local"
+    return "remote"
 
 
 class _Remote:
@@ -334,58 +173,13 @@ class _Scattered:
         self._entries.clear()
 
 
-class _Relay:
-    """Emits worker-side kernel spans to the instruments, one relay thread per worker thread.
-
-    Instruments attribute an event to the thread that emits it (``threading.get_native_id``),
-    so each remote thread gets a local stand-in named after it; see the module docstring.
-    """
-
-    def __init__(self) -> None:
-        self._threads: dict[tuple[str, int], tuple[threading.Thread, queue.SimpleQueue[Any]]] = {}
-
-    def put(self, where: tuple[str, int], name: str, events: list[tuple[str, int, Task]]) -> None:
-        entry = self._threads.get(where)
-        if entry is None:
-            q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            t = threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
-            t.start()
-            entry = self._threads[where] = (t, q)
-        entry[1].put(events)
-
-    @staticmethod
-    def _run(q: queue.SimpleQueue[Any]) -> None:
-        while True:
-            events = q.get()
-            if events is None:
-                return
-            for hook, ts, task in events:
-                _emit_at(ts, hook, task)
-            events[0][2].inputs = ()  # the profiler has read them: release the input values
-
-    def close(self) -> None:
-        for _, q in self._threads.values():
-            q.put(None)
-        for t, _ in self._threads.values():
-            t.join()
-        self._threads.clear()
-
-
-def _emit_at(ts: int, hook: str, *args: Any) -> None:
-    """``emit`` with a given timestamp (an event that happened elsewhere, reported late)."""
-    for inst, method in _methods(hook):
-        try:
-            method(ts, *args)
-        except Exception as exc:
-            _disable(inst, hook, exc)
-
-
-class DaskRuntime(Runtime):
-    """A runtime whose ops run on a Dask cluster; create it as ``Runtime(backend="dask")``.
+class DaskBackend:
+    """Ops run on a Dask cluster; see the module docstring.
 
     Args:
+        runtime: the runtime holding this backend.
         address: the scheduler's address (``"tcp://host:8786"``) or a cluster object;
-            default ``$DATAFLOW_DASK_ADDRESS``. The runtime connects its own asynchronous
+            default ``$DATAFLOW_DASK_ADDRESS``. The backend connects its own asynchronous
             client on entry and closes it on exit.
         client: an asynchronous ``distributed.Client`` running on this event loop, to use
             instead of connecting (it is left open).
@@ -394,46 +188,49 @@ class DaskRuntime(Runtime):
         scatter_bytes: numpy arguments of at least this size are scattered once per runtime
             and reused by identity (default 16 KiB); smaller ones travel with each task.
         connect_timeout: seconds to wait for the scheduler (default 10).
-        **local: the local runtime's options (``interop_threads``, ``intraop_threads``,
-            ``private_pool``, ...); they apply to the work that stays on the client.
 
     Counters (for tests and ``repr``): ``sent`` ops shipped, ``remote_done`` computed there,
     ``fetched`` values brought back, ``local_ops`` ops kept on the client.
     """
 
+    name = "dask"
+
     def __init__(
         self,
+        runtime: Runtime,
         *,
-        backend: str | None = None,
         address: Any = None,
         client: Any = None,
         local_threshold: float = 1e-3,
         scatter_bytes: int = 16384,
         connect_timeout: float = 10.0,
-        simulate: Callable[[Task], Any] | None = None,
-        **local: Any,
     ) -> None:
-        if simulate is not None:
+        if runtime.simulate is not None:
             raise DataflowError("simulate= is for the local backend; it cannot run on Dask")
-        if backend not in (None, "dask"):
-            raise ValueError(f"DaskRuntime is the 'dask' backend, got backend={backend!r}")
         import_distributed()
-        # interop_threads, intraop_threads, private_pool, ...: the client side's, as local.
-        super().__init__(**local)
         if address is not None and client is not None:
-            raise ValueError("give the Dask backend address= or client=, not both")
+            raise DataflowValueError("give the Dask backend address= or client=, not both")
         if address is None and client is None:
             address = os.environ.get(DASK_ADDRESS_ENV) or None
             if address is None:
                 raise DataflowError(
                     "backend='dask' needs the scheduler: address='tcp://host:8786', "
-                    f"client=<an asynchronous distributed.Client>, or ${DASK_ADDRESS_ENV} "
-                    "(which `dataflow run --dask ADDRESS` sets)"
+                    "client=<an asynchronous distributed.Client>, or "
+                    f"${DASK_ADDRESS_ENV} (which `dataflow run --dask ADDRESS` sets)"
+                )
+        for what, value in (("local_threshold", local_threshold), ("scatter_bytes", scatter_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise DataflowTypeError(
+                    f"Runtime(backend='dask', {what}=) must be a number, got "
+                    f"{type(value).__name__}: {value!r}"
                 )
         if not local_threshold >= 0:
-            raise ValueError(f"local_threshold must be >= 0 seconds, got {local_threshold!r}")
+            raise DataflowValueError(
+                f"local_threshold must be >= 0 seconds, got {local_threshold!r}"
+            )
         if scatter_bytes < 0:
-            raise ValueError(f"scatter_bytes must be >= 0, got {scatter_bytes!r}")
+            raise DataflowValueError(f"scatter_bytes must be >= 0, got {scatter_bytes!r}")
+        self.runtime = runtime
         self.address: Any = address
         self.client: Any = client
         self._own_client = client is None
@@ -443,6 +240,8 @@ class DaskRuntime(Runtime):
         self.token = uuid.uuid4().hex[:8]
         self._topic = f"dataflow-timing-{self.token}"
         self._subscribed = False
+        self._sched: Scheduler = None  # type: ignore[assignment]  # on open
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         # Tasks queued for the next flush, and whether a flush is scheduled or running.
         self._outbox: list[Task] = []
         self._flush_scheduled = False
@@ -454,9 +253,9 @@ class DaskRuntime(Runtime):
         # Tasks sent while an instrument was attached, waiting for their timing event.
         self._timed: dict[int, Task] = {}
         self._timed_drained: asyncio.Future[None] | None = None
-        self._relay = _Relay()
+        self._relay = Relay()
         self._clock = 0
-        # Coroutines the runtime started (flushes, watchers, fetches): awaited on exit.
+        # Coroutines the backend started (flushes, watchers, fetches): awaited on exit.
         self._bg: set[asyncio.Task[Any]] = set()
         self.sent = 0
         self.remote_done = 0
@@ -464,14 +263,12 @@ class DaskRuntime(Runtime):
         self.local_ops = 0
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self.loop else "new")
         address = getattr(self.address, "scheduler_address", self.address)
         if address is None and self.client is not None:
             address = getattr(getattr(self.client, "scheduler", None), "address", "client")
         return (
-            f"<Runtime dask {state} address={address} sent={self.sent} "
-            f"remote={len(self._remote)} queued={len(self._outbox)} fetched={self.fetched} "
-            f"local={self.local_ops} inflight={self._inflight} forks={len(self._forks)}>"
+            f"<DaskBackend address={address} sent={self.sent} remote={len(self._remote)} "
+            f"queued={len(self._outbox)} fetched={self.fetched} local={self.local_ops}>"
         )
 
     @property
@@ -481,22 +278,24 @@ class DaskRuntime(Runtime):
 
     # -- lifetime -----------------------------------------------------------------------------
 
-    async def __aenter__(self) -> DaskRuntime:
-        await super().__aenter__()
-        try:
-            await self._connect()
-        except BaseException:
-            self._close()
-            raise
+    async def open(self) -> None:
+        host = self.runtime.host
+        assert host is not None
+        if host.library != "asyncio":
+            raise DataflowError(
+                "the Dask backend runs on asyncio (or uvloop): Dask's client is asyncio-only"
+            )
+        self._loop = host.key  # type: ignore[assignment]
+        self._sched = self.runtime._sched
+        await self._connect()
         self._clock = time.time_ns() - time.perf_counter_ns()
-        return self
 
     async def _connect(self) -> None:
         distributed = import_distributed()
         if self.client is not None:
             client = self.client
             loop = getattr(getattr(client, "loop", None), "asyncio_loop", None)
-            if not getattr(client, "asynchronous", False) or loop is not self.loop:
+            if not getattr(client, "asynchronous", False) or loop is not self._loop:
                 raise DataflowError(
                     "client= must be an asynchronous distributed.Client started on this event "
                     "loop: `async with distributed.Client(address, asynchronous=True) as c: "
@@ -513,22 +312,11 @@ class DaskRuntime(Runtime):
             )
         except Exception as exc:
             raise DataflowError(
-                f"cannot connect to the Dask scheduler at {self.address!r}: "
-                f"{type(exc).__name__}: {exc}. Is `dask scheduler` running there, and "
-                "reachable from this machine?"
+                f"cannot connect to the Dask scheduler at {self.address!r}: {describe(exc)}. "
+                "Is `dask scheduler` running there, and reachable from this machine?"
             ) from exc
 
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        import anyio
-
-        try:
-            await super().__aexit__(exc_type, exc, tb)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._shutdown()
-
-    def _cancel_everything(self) -> None:
-        super()._cancel_everything()
+    def cancel_everything(self) -> None:
         futures = [t.value.future for t in self._remote.values() if type(t.value) is _Remote]
         if futures and self.client is not None:
             self._spawn(self._cancel_futures(futures))
@@ -537,14 +325,17 @@ class DaskRuntime(Runtime):
         if self.client is not None:
             await self.client.cancel(futures)
 
-    async def _shutdown(self) -> None:
+    async def join(self) -> None:
+        pass  # remote tasks are counted in the scheduler's in-flight tasks: its join waits
+
+    async def close(self) -> None:
         """After the graph drained: settle the coroutines, timings and the client."""
         while self._bg:
             await asyncio.wait(set(self._bg))
         if self._timed:
             # Timing events travel worker -> scheduler -> client next to the results; give
             # the stragglers a moment, then drop what did not come (a worker died).
-            self._timed_drained = self.loop.create_future()  # type: ignore[union-attr]
+            self._timed_drained = self._loop.create_future()
             try:
                 await asyncio.wait_for(self._timed_drained, 5.0)
             except TimeoutError:
@@ -562,128 +353,80 @@ class DaskRuntime(Runtime):
             if self._own_client:
                 await client.close()
         except Exception as exc:  # the scheduler went away: nothing is left to release
-            from ._log import logger
+            from .._log import logger
 
             logger.warning("closing the Dask client failed", error=repr(exc))
 
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine on the runtime's loop, owned: awaited before the runtime closes."""
-        task = self.loop.create_task(coro)  # type: ignore[union-attr]
+        task = self._loop.create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg_done)
 
     def _bg_done(self, task: asyncio.Task[Any]) -> None:
         self._bg.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            from ._log import logger
+            from .._log import logger
 
             exc = task.exception()
             logger.error("dask backend coroutine failed", error=repr(exc), exc_info=exc)
 
     def _call_on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
-        if threading.get_ident() == self._loop_tid:
-            fn(*args)
-        else:
-            self.loop.call_soon_threadsafe(fn, *args)  # type: ignore[union-attr]
+        host = self.runtime.host
+        assert host is not None
+        host.call_soon(fn, *args)
 
     # -- dispatch -----------------------------------------------------------------------------
 
     def submit(
         self,
+        sig: Signature,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
-        op: str,
-        spec: Any = None,
-        cost: Cost | None = None,
-        inline: bool | None = None,
-        ctx: contextvars.Context | None = None,
+        inputs: tuple[Task, ...],
+        ready: bool,
         priority: float | None = None,
         timeout: float | None = None,
+        values: Any = None,
     ) -> Task:
-        """Place the task (see the module docstring): on the client, or queue it for Dask.
+        """Place the task (see :func:`place`): on the client, or queue it for Dask.
 
         ``priority`` and ``timeout`` apply when the task stays on the client: Dask orders the
         tasks it runs itself, and a kernel running on a worker is not timed out.
         """
-        if self._closed:
-            raise DataflowError(f"{op}: this runtime is closed; start a new one")
-        inputs: list[Task] = []
-        for a in args:
-            _collect(a, inputs)
-        if kwargs:
-            for a in kwargs.values():
-                _collect(a, inputs)
-        remote_inputs = False
-        local_pending = False
-        for t in inputs:
-            if t.state < DONE:
-                if type(t.value) is _Remote:
-                    remote_inputs = True
-                else:
-                    local_pending = True
-        if ctx is not None or local_pending:
-            return self._submit_local(
-                fn, args, kwargs, op, spec, cost, inline, ctx, priority, timeout, inputs
-            )
-        if not remote_inputs and (
-            inline is True
-            or (
-                inline is None
-                and cost is not None
-                and estimate_seconds(cost) < self.local_threshold
-            )
-        ):
-            return self._submit_local(
-                fn, args, kwargs, op, spec, cost, None, None, priority, timeout, ()
-            )
-        return self._submit_remote(fn, args, kwargs, op, spec, cost, inputs)
-
-    def _submit_local(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        op: str,
-        spec: Any,
-        cost: Cost | None,
-        inline: bool | None,
-        ctx: contextvars.Context | None,
-        priority: float | None,
-        timeout: float | None,
-        inputs: Any,
-    ) -> Task:
-        # Inputs still on the cluster are fetched; the local graph parks the task on them.
-        for t in inputs:
-            rem = t.value
-            if type(rem) is _Remote and t.state < DONE:
-                self._call_on_loop(self._want, t)
-        self.local_ops += 1
-        return super().submit(fn, args, kwargs, op, spec, cost, inline, ctx, priority, timeout)
+        sched = self._sched
+        if sched.closed:
+            raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
+        if place(sig, inputs, self.local_threshold, sig.op is None) == "local":
+            # Inputs still on the cluster are fetched; the local graph parks the task on them.
+            for t in inputs:
+                if type(t.value) is _Remote and t.state < DONE:
+                    self._call_on_loop(self._want, t)
+            self.local_ops += 1
+            return sched.submit(sig, fn, args, kwargs, inputs, ready, priority, timeout, values)
+        return self._submit_remote(sig, fn, args, kwargs, inputs)
 
     def _submit_remote(
         self,
+        sig: Signature,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
-        op: str,
-        spec: Any,
-        cost: Cost | None,
-        inputs: list[Task],
+        inputs: tuple[Task, ...],
     ) -> Task:
-        task = Task(fn, args, kwargs, op, self, spec, cost, None)
-        if inputs:
-            task.inputs = tuple(inputs)
+        task = Task(sig, fn, args, kwargs, self.runtime, inputs)
         timed = bool(ACTIVE)
         if timed:
             emit("task_created", task)
             self._timed[task.id] = task
-        task.value = _Remote(f"{op}-{self.token}-{task.id}", timed)
-        with self._lock:
-            self._inflight += 1
+        task.value = _Remote(f"{sig.name}-{self.token}-{task.id}", timed)
+        sched = self._sched
+        with GRAPH_LOCK:
+            sched.inflight += 1
             for t in inputs:
                 if t.state > DONE:  # an input already failed: fail unrun, with its error
-                    self._fail_locked(task, t.error)
+                    sched._fail_locked(task, t.error)
                     self._timed.pop(task.id, None)
                     return task
             task.state = READY
@@ -700,7 +443,7 @@ class DaskRuntime(Runtime):
     async def _flush(self) -> None:
         """Send queued tasks to the cluster, a batch at a time, in dispatch order."""
         while True:
-            with self._lock:
+            with GRAPH_LOCK:
                 batch, self._outbox = self._outbox, []
                 if not batch:
                     self._flush_scheduled = False
@@ -731,13 +474,13 @@ class DaskRuntime(Runtime):
                 cache.put(a, f)
         ref = _key_ref()
         keys: list[str] = []
-        calls: list[_Call] = []
+        calls: list[Call] = []
         deps: list[list[Any]] = []
         sent: list[Task] = []
         for task in batch:
             if task.state != READY:  # cancelled, or an input failed, while queued
                 continue
-            if self._cancelling:
+            if self._sched.cancelling:
                 self._cancel_unsent(task)
                 continue
             if self._input_failed(task):
@@ -785,15 +528,15 @@ class DaskRuntime(Runtime):
         failed = next((t for t in task.inputs if t.state > DONE), None)
         if failed is None:
             return False
-        with self._lock:
+        with GRAPH_LOCK:
             self._timed.pop(task.id, None)
-            self._fail_locked(task, failed.error)
+            self._sched._fail_locked(task, failed.error)
         return True
 
     def _sent(self, pairs: list[tuple[Task, Any]]) -> None:
         watched: list[tuple[Task, _Remote]] = []
         dropped: list[Any] = []
-        with self._lock:
+        with GRAPH_LOCK:
             for task, fut in pairs:
                 rem: _Remote = task.value
                 rem.future = fut
@@ -816,8 +559,8 @@ class DaskRuntime(Runtime):
         # settles the tasks in dispatch order; a fetch settles an awaited one earlier.
         self._spawn(self._watch(watched))
 
-    def _encode(self, task: Task, ref: Any) -> tuple[_Call, list[Any]]:
-        """The task as a _Call, and its dependencies: cluster inputs and scattered arrays."""
+    def _encode(self, task: Task, ref: Any) -> tuple[Call, list[Any]]:
+        """The task as a Call, and its dependencies: cluster inputs and scattered arrays."""
         slots: list[Any] = []
         index: dict[str, int] = {}
         cache = self._scattered
@@ -830,38 +573,36 @@ class DaskRuntime(Runtime):
                 slots.append(future if ref is None else ref(key))
             return i
 
-        def enc(v: Any) -> Any:
+        def leaf(v: Any) -> Any:
             if isinstance(v, Pending):
                 t = v._task
                 if t.state == DONE:  # on the client: ship the value
-                    return enc(v.result())
+                    return replace(v.result(), leaf)
                 rem = t.value
                 assert type(rem) is _Remote, (t, rem)
-                return _Ref(slot(rem.key, rem.future), v._index)
-            tv = type(v)
-            if tv is list:
-                return [enc(x) for x in v]
-            if tv is tuple:
-                return tuple(enc(x) for x in v)
-            if tv is dict:
-                return {k: enc(x) for k, x in v.items()}
+                return Ref(slot(rem.key, rem.future), v._index)
             if isinstance(v, np.ndarray) and v.nbytes >= threshold:
                 fut = cache.get(v)
                 if fut is not None:
-                    return _Ref(slot(fut.key, fut), None)
+                    return Ref(slot(fut.key, fut), None)
             return v
 
-        args = tuple(enc(a) for a in task.args)  # type: ignore[union-attr]
-        kwargs = {k: enc(v) for k, v in task.kwargs.items()} if task.kwargs else None
+        args = replace(task.args, leaf)
+        kwargs = replace(task.kwargs, leaf) if task.kwargs else None
         fn: Any = task.fn
         assert fn is not None
+        sig = task.sig
         # A declared op's kernel travels as its registry name: it may not pickle by reference
         # (a closure made by a factory), and by value it costs kilobytes on every task.
-        op = op_for_kernel(fn, task.op)
+        op = op_for_kernel(fn, sig.name)
+        check = sig.check
         if op is not None and op.module != "__main__":
             fn = op.qualname
+            check = None  # the worker's own op has it
         topic = self._topic if task.value.timed else None
-        call = _Call(fn, args, kwargs, task.name, task.op, task.id, topic, bool(slots))
+        call = Call(
+            fn, args, kwargs, task.name, sig.name, task.id, topic, bool(slots), sig.spec, check
+        )
         return call, slots
 
     # -- outcomes -----------------------------------------------------------------------------
@@ -870,7 +611,7 @@ class DaskRuntime(Runtime):
         """Settle a batch's tasks as they end: account for them, record failures."""
         for task, rem in watched:
             if await self._outcome(task, rem):
-                with self._lock:
+                with GRAPH_LOCK:
                     self._settle_locked(task, rem)
                     if task.state < DONE and not rem.timed:
                         task.inputs = ()
@@ -898,9 +639,11 @@ class DaskRuntime(Runtime):
             return
         rem.settled = True
         self._remote.pop(task.id, None)
-        self._inflight -= 1
-        if self._inflight == 0 and self._drained is not None:
-            self._wake_locked([self._drained])
+        sched = self._sched
+        sched.inflight -= 1
+        if sched.inflight == 0 and sched._drained is not None:
+            sched.host.wake([sched._drained])
+            sched._drained = None
 
     def _failed(self, task: Task, rem: _Remote, exc: BaseException, tb: Any) -> None:
         if task.state >= DONE:  # the watcher and a fetch both saw it
@@ -910,13 +653,13 @@ class DaskRuntime(Runtime):
             if err is None:
                 orig = exc.exc
                 err = TaskError(
-                    f"{exc.task} failed on the {exc.worker}: {type(orig).__name__}: {orig}",
+                    f"{exc.task} failed on the {exc.worker}: {describe(orig)}",
                     task=exc.task,
                     op=exc.op,
                 )
                 err.__cause__ = orig
                 self._errors[exc.task] = err
-                self._failures.append(err)
+                self._sched.failures.append(err)
             ran = exc.task == task.name
         else:
             # Not the kernel: the task could not run there (e.g. a module the workers lack).
@@ -927,12 +670,12 @@ class DaskRuntime(Runtime):
                     "modules and the code defining the kernels)"
                 )
             err = TaskError(
-                f"{task.name} failed on the Dask cluster: {type(exc).__name__}: {exc}{hint}",
+                f"{task.name} failed on the Dask cluster: {describe(exc)}{hint}",
                 task=task.name,
                 op=task.op,
             )
             err.__cause__ = exc.with_traceback(tb) if tb is not None else exc
-            self._failures.append(err)
+            self._sched.failures.append(err)
             ran = False
         self._finish_failed(task, rem, err, ran)
 
@@ -941,7 +684,9 @@ class DaskRuntime(Runtime):
             (t.error for t in task.inputs if t.state == CANCELLED and t.error is not None), None
         )
         if err is None:
-            why = "its runtime was closing" if self._cancelling else "it was cancelled on Dask"
+            why = (
+                "its runtime was closing" if self._sched.cancelling else "it was cancelled on Dask"
+            )
             err = CancelledTaskError(f"{task.name} was not run: {why}")
         self._finish_failed(task, rem, err, ran=False)
 
@@ -955,7 +700,8 @@ class DaskRuntime(Runtime):
         if not reports:
             self._timed.pop(task.id, None)
         cancelled = isinstance(err, CancelledTaskError)
-        with self._lock:
+        sched = self._sched
+        with GRAPH_LOCK:
             self._settle_locked(task, rem)
             if task.state >= DONE:
                 return
@@ -965,43 +711,43 @@ class DaskRuntime(Runtime):
             task.fn = task.args = task.kwargs = None
             if not reports:
                 task.inputs = ()
-            if task.waiters is not None:
-                self._wake_locked(task.waiters)
-                task.waiters = None
+            waiters = gs.take_waiters(task)
+            if waiters is not None:
+                sched.host.wake(waiters)
             deps, task.dependents = task.dependents, None
             for d in deps or ():
-                self._fail_locked(d, err)
+                d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
         if ACTIVE and not reports:
             emit("task_cancelled" if cancelled else "task_failed", task)
 
     def _fail_unsent(self, task: Task, exc: BaseException) -> None:
         err = TaskError(
-            f"{task.name} could not be sent to the Dask cluster: {type(exc).__name__}: {exc}",
+            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}",
             task=task.name,
             op=task.op,
         )
         err.__cause__ = exc
-        with self._lock:
+        with GRAPH_LOCK:
             self._timed.pop(task.id, None)
-            self._failures.append(err)
-            self._fail_locked(task, err)
+            self._sched.failures.append(err)
+            self._sched._fail_locked(task, err)
 
     def _cancel_unsent(self, task: Task) -> None:
         err = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
-        with self._lock:
+        with GRAPH_LOCK:
             self._timed.pop(task.id, None)
-            self._fail_locked(task, err)
+            self._sched._fail_locked(task, err)
 
-    def cancel_task(self, task: Task) -> bool:
+    def cancel(self, task: Task) -> bool:
         """Cancel a task not yet computed; on the cluster, its dependents are cancelled too."""
         rem = task.value
         if type(rem) is not _Remote:
-            return super().cancel_task(task)
+            return self._sched.cancel(task)
         err = CancelledTaskError(f"{task.name} was cancelled before it ran")
-        with self._lock:
+        with GRAPH_LOCK:
             if task.state == READY:  # still queued here: it is never sent
                 self._timed.pop(task.id, None)
-                self._fail_locked(task, err)
+                self._sched._fail_locked(task, err)
                 return True
             if task.state != RUNNING or rem.future.status != "pending":
                 return False
@@ -1011,11 +757,13 @@ class DaskRuntime(Runtime):
 
     # -- values back to the client ------------------------------------------------------------
 
-    def completion(self, task: Task) -> asyncio.Future[None]:
-        fut = super().completion(task)
-        if not fut.done() and type(task.value) is _Remote:
+    def completion(self, task: Task) -> Any:
+        if type(task.value) is not _Remote:
+            return self._sched.completion(task)
+        waiter = self._sched.waiter(task)  # never run here: it is the cluster's to run
+        if task.state < DONE:
             self._want(task)
-        return fut
+        return waiter
 
     def _want(self, task: Task) -> None:
         """Bring the task's value to the client once computed (call on the loop thread)."""
@@ -1035,30 +783,31 @@ class DaskRuntime(Runtime):
         except Exception as exc:  # computed, then lost (its worker died) and not recomputed
             err = TaskError(
                 f"{task.name}: its value could not be fetched from the Dask cluster: "
-                f"{type(exc).__name__}: {exc}",
+                f"{describe(exc)}",
                 task=task.name,
                 op=task.op,
             )
             err.__cause__ = exc
-            self._failures.append(err)
+            self._sched.failures.append(err)
             self._finish_failed(task, rem, err, ran=False)
             return
         self.fetched += 1
-        with self._lock:
+        run_here = None
+        with GRAPH_LOCK:
             self._settle_locked(task, rem)
             if task.state >= DONE:
                 return
-            task.value = value
-            task.state = DONE
-            task.fn = task.args = task.kwargs = None
-            if not rem.timed:
-                task.inputs = ()
-            deps, task.dependents = task.dependents, None
-            if deps is not None:
-                _ready_dependents_locked(deps)
-            if task.waiters is not None:
-                self._wake_locked(task.waiters)
-                task.waiters = None
+            waiters = gs.take_waiters(task)
+            ready = gs.finish(task, value, release=not rem.timed)
+            if ready is not None:
+                run_here = Scheduler._place_ready_locked(ready, False, None)
+            if waiters is not None:
+                self._sched.host.wake(waiters)
+        if ACTIVE and ready is not None:
+            for d in ready:
+                emit("task_ready", d)
+        for t in run_here or ():  # synchronous mode (no pool): they run here
+            t.runtime._sched.execute(t, go_on=False)  # type: ignore[union-attr]
 
     # -- timings ------------------------------------------------------------------------------
 
@@ -1082,23 +831,13 @@ class DaskRuntime(Runtime):
 def _arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]]:
     """The numpy arrays to scatter among a task's arguments (client-side values included)."""
     out: list[np.ndarray[Any, Any]] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, Pending):
-            if v._task.state == DONE:
-                walk(v.result())
-            return
-        tv = type(v)
-        if tv is list or tv is tuple:
-            for x in v:
-                walk(x)
-        elif tv is dict:
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, np.ndarray) and v.nbytes >= threshold:
-            out.append(v)
-
-    walk(args)
-    if kwargs:
-        walk(kwargs)
+    stack: list[Any] = [args, kwargs] if kwargs else [args]
+    while stack:
+        for v in leaves(stack.pop()):
+            if isinstance(v, Pending):
+                if v._task.state == DONE:
+                    stack.append(v.result())
+            elif isinstance(v, np.ndarray) and v.nbytes >= threshold:
+                out.append(v)
     return out
+

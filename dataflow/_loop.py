@@ -1,0 +1,299 @@
+"""The host-loop bridge: the one place that knows which event loop dataflow runs on.
+
+A runtime lives on the event loop of the code that opened it: asyncio (uvloop included) or
+trio, detected with ``sniffio`` as anyio does. Everything the runtime needs from the loop goes
+through a :class:`HostLoop`:
+
+* **waiters**: ``waiter()`` makes the object a coroutine awaits until a task is done (an
+  asyncio future, a ``trio.Event``), and ``wake(waiters)`` completes them from any thread. A
+  worker thread's wake-ups are batched: the first posts one callback to the loop
+  (``call_soon_threadsafe`` / ``TrioToken.run_sync_soon``), later ones join its batch, so a
+  burst of finishing kernels costs the loop one wake-up, not one each.
+* **forked coroutines**: ``spawn`` starts one as a task the runtime owns: an asyncio task
+  (tracked, cancelled if the body fails, awaited before the runtime closes) or a task in a
+  trio nursery the runtime opened. An anyio task group would do both, but its ``start_soon``
+  measured ~30 us per task against ~4 us for ``loop.create_task`` (``fork`` is a hot path).
+* ``cancel_requested()``: whether the running task is being cancelled (checked by a dispatcher
+  held back by backpressure, which runs no checkpoint of its own).
+
+``current()`` makes the bridge for the running loop; ``loop_key()`` names the running loop
+(to find the runtimes open on it) at the cost of one attribute lookup under asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ._errors import DataflowError
+
+__all__ = ["AsyncioLoop", "HostLoop", "TrioLoop", "current", "loop_key", "running_library"]
+
+
+def running_library() -> str | None:
+    """``"asyncio"`` or ``"trio"`` when called from a coroutine of that library, else None."""
+    if asyncio._get_running_loop() is not None:
+        return "asyncio"
+    if "trio" in sys.modules:
+        import sniffio
+
+        try:
+            lib = sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            return None
+        return lib if lib == "trio" else None
+    return None
+
+
+def loop_key() -> object | None:
+    """An identity of the running event loop (None off any loop): asyncio's loop, trio's token."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop
+    if "trio" in sys.modules and running_library() == "trio":
+        import trio
+
+        token: object = trio.lowlevel.current_trio_token()
+        return token
+    return None
+
+
+class HostLoop:
+    """What the runtime needs from its event loop (see the module docstring)."""
+
+    library = ""
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+        self.thread_id = threading.get_ident()
+        self._batch: list[Any] = []
+        self._posted = False
+        self._mutex = threading.Lock()
+
+    def waiter(self) -> Any:
+        """A fresh awaitable that :meth:`wake` completes."""
+        raise NotImplementedError
+
+    def done_waiter(self) -> Any:
+        """An awaitable that is already complete."""
+        raise NotImplementedError
+
+    def _complete(self, waiter: Any) -> None:
+        raise NotImplementedError
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop thread soon (from another thread)."""
+        raise NotImplementedError
+
+    def wake(self, waiters: list[Any]) -> None:
+        """Complete ``waiters``; from another thread, batched into one loop callback."""
+        if threading.get_ident() == self.thread_id:
+            for w in waiters:
+                self._complete(w)
+            return
+        with self._mutex:
+            self._batch.extend(waiters)
+            if self._posted:
+                return
+            self._posted = True
+        try:
+            self._post(self._flush)
+        except RuntimeError:  # the loop is closed: nobody is left to wake
+            with self._mutex:
+                self._batch.clear()
+                self._posted = False
+
+    def _flush(self) -> None:
+        with self._mutex:
+            batch, self._batch = self._batch, []
+            self._posted = False
+        for w in batch:
+            self._complete(w)
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread: now if called there, else soon."""
+        if threading.get_ident() == self.thread_id:
+            fn(*args)
+        else:
+            self._post(lambda: fn(*args))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
+        """Start ``coro`` as a task owned by the runtime; returns a handle for :meth:`cancel`."""
+        raise NotImplementedError
+
+    def cancel(self, handle: Any) -> bool:
+        """Cancel a spawned task (True if it was still running)."""
+        raise NotImplementedError
+
+    def cancel_requested(self) -> bool:
+        """Whether the running task is being cancelled."""
+        raise NotImplementedError
+
+    def raise_cancelled(self) -> None:
+        """Raise the library's cancellation here if it can be raised outside a checkpoint."""
+
+    def cancel_all(self) -> None:
+        """Cancel every spawned task that is still running."""
+
+    async def open(self) -> None:
+        """Prepare to spawn (trio: open the nursery). Called from the runtime's entering task."""
+
+    async def close(self) -> None:
+        """Wait for the spawned tasks to end (after they were cancelled or finished)."""
+
+
+class AsyncioLoop(HostLoop):
+    """The bridge to an asyncio (or uvloop) event loop."""
+
+    library = "asyncio"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.loop = loop
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def waiter(self) -> asyncio.Future[None]:
+        return self.loop.create_future()
+
+    def done_waiter(self) -> asyncio.Future[None]:
+        fut = self.loop.create_future()
+        fut.set_result(None)
+        return fut
+
+    def _complete(self, waiter: Any) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = self.loop.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def cancel(self, handle: Any) -> bool:
+        return bool(handle.cancel())
+
+    def cancel_requested(self) -> bool:
+        current = asyncio.current_task()
+        return current is not None and current.cancelling() > 0
+
+    def raise_cancelled(self) -> None:
+        raise asyncio.CancelledError
+
+    def cancel_all(self) -> None:
+        """Cancel every spawned task that is still running."""
+        for t in list(self.tasks):
+            t.cancel()
+
+    async def close(self) -> None:
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))
+
+
+class _TrioWait:
+    """An awaitable over a ``trio.Event`` (which itself is not awaitable)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+    def __await__(self) -> Any:
+        return self.event.wait().__await__()
+
+    def done(self) -> bool:
+        return bool(self.event.is_set())
+
+
+class TrioLoop(HostLoop):
+    """The bridge to a trio run; forked coroutines run in a nursery the runtime opens."""
+
+    library = "trio"
+
+    def __init__(self, token: Any) -> None:
+        super().__init__(token)
+        import trio
+
+        self._trio = trio
+        self._nursery_cm: Any = None
+        self.nursery: Any = None
+        self.scopes: set[Any] = set()
+
+    def waiter(self) -> _TrioWait:
+        return _TrioWait(self._trio.Event())
+
+    def done_waiter(self) -> _TrioWait:
+        w = _TrioWait(self._trio.Event())
+        w.event.set()
+        return w
+
+    def _complete(self, waiter: Any) -> None:
+        waiter.event.set()
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        try:
+            self.key.run_sync_soon(fn)  # type: ignore[attr-defined]
+        except self._trio.RunFinishedError:
+            raise RuntimeError("the trio run has finished") from None
+
+    async def open(self) -> None:
+        self._nursery_cm = self._trio.open_nursery()
+        self.nursery = await self._nursery_cm.__aenter__()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
+        if self.nursery is None:
+            coro.close()
+            raise DataflowError("this runtime cannot start tasks: it is closed")
+        scope = self._trio.CancelScope()
+        self.scopes.add(scope)
+
+        async def owned() -> None:
+            try:
+                with scope:
+                    await coro
+            finally:
+                self.scopes.discard(scope)
+
+        self.nursery.start_soon(owned, name=name)
+        return scope
+
+    def cancel(self, handle: Any) -> bool:
+        if handle.cancel_called:
+            return False
+        handle.cancel()
+        return True
+
+    def cancel_requested(self) -> bool:
+        return bool(self._trio.current_effective_deadline() == -math.inf)
+
+    def cancel_all(self) -> None:
+        for scope in list(self.scopes):
+            scope.cancel()
+
+    async def close(self) -> None:
+        cm, self._nursery_cm, self.nursery = self._nursery_cm, None, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)
+
+
+def current(what: str) -> HostLoop:
+    """The bridge for the running event loop, or a DataflowError saying where to call from."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return AsyncioLoop(loop)
+    if running_library() == "trio":
+        import trio
+
+        return TrioLoop(trio.lowlevel.current_trio_token())
+    raise DataflowError(
+        f"{what} must run inside a coroutine on an asyncio (or uvloop) or trio event loop: "
+        "use `dataflow.run(main)` in a script, or `async with dataflow.Runtime(): ...` inside "
+        "async code"
+    )

@@ -1,0 +1,645 @@
+"""The local scheduler: where each task runs, and when. Its policy:
+
+* **Dispatch returns at once.** Calling an op (or forking a plain function) creates a task
+  and returns a pending handle; the meta and cost rules ran once for the call's signature
+  (``_op``), so a repeated call costs a dictionary lookup plus what follows.
+* **Small work runs where it is needed; big work goes to the pool.** Each op signature's
+  kernel time is estimated from its cost rule, then measured (a running average of sampled
+  runs, ``Signature.seconds``), as TensorFlow's executor splits inexpensive from expensive
+  kernels. A kernel faster than the *inline threshold* (default 50 us, about what handing a
+  task to another thread and back costs on a 2-vCPU VM) is not worth a hand-off, and in
+  CPython it would hold the GIL anyway (numpy releases the GIL only in BLAS calls and in
+  loops over large arrays), so running it elsewhere buys no parallelism:
+
+  - a small task whose inputs are ready runs inline on the dispatching thread;
+  - a small task that waits for inputs runs on the thread that finishes its last input,
+    right after it: chains of small ops run back to back on one thread, with no wake-up;
+  - an awaited small task that is queued and not started is run by the awaiting thread
+    itself instead of waiting for a worker;
+  - a big task goes to the pool. A worker that finishes a task goes on with the first big
+    task it made ready (and with every small one), and queues the others for idle workers.
+
+  So more inter-op threads only ever add parallelism for kernels that can use it, and a
+  program of small ops runs like the same numpy code run plainly.
+* **Ready order.** The queue is FIFO by issue order, or by the static critical-path rank a
+  captured graph run passes as ``priority``; the continuation above keeps a worker on the
+  chain it is on (its data is in cache, and a chain's intermediate arrays die young).
+* **Failures propagate, never hang.** A kernel that raises fails its task with a
+  :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
+  on it fails with that same error, whatever runtime owns it; independent tasks are not
+  affected. Every transition is accounted to the runtime that owns the task.
+* **Timeouts.** A task with a timeout (``dataflow.op(timeout=)``, ``Runtime(op_timeout=)``)
+  never runs inline on the loop; if its kernel outlives the timeout a watchdog thread fails
+  it and its dependents with :class:`~dataflow.OpTimeoutError` and the stuck worker is
+  replaced (see ``_timeout``).
+* **Backpressure.** Past ``max_pending`` tasks in flight, ``submit`` makes the dispatching
+  thread help run queued tasks until the count is 10% under the limit; with nothing to run it
+  waits for the pool, unless all that is in flight waits on dispatching threads themselves
+  (then it lets the dispatch through rather than deadlock). On the loop thread, a cancelled
+  dispatching task stops at its next op.
+
+The graph's rules are the pure transitions of ``_graphstate``; this module makes them under
+:data:`~dataflow._pool.GRAPH_LOCK` and acts on what they return. The executor is injected: an
+:class:`~dataflow._pool.InteropPool`, or none (``interop_threads=0``, the synchronous mode:
+every task runs inline at dispatch, in program order, on the calling thread, like dask's
+``get_sync``, for debugging).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _graphstate as gs
+from ._errors import (
+    CancelledTaskError,
+    DataflowError,
+    DataflowTypeError,
+    DataflowValueError,
+    OpTimeoutError,
+    task_failed,
+)
+from ._instrument import ACTIVE, emit
+from ._pool import GRAPH_LOCK, InteropPool, current_pool
+from ._task import CANCELLED, DONE, PENDING, READY, RUNNING, Pending, Signature, Task
+from ._timeout import TimedKernel, Watchdog
+from ._walk import is_container, leaves, replace
+
+if TYPE_CHECKING:
+    from ._loop import HostLoop
+    from ._runtime import Runtime
+
+__all__ = [
+    "DEFAULT_INLINE_THRESHOLD",
+    "Scheduler",
+    "get_inline_threshold",
+    "resolve",
+    "scan",
+    "set_inline_threshold",
+]
+
+#: Kernels measured (or estimated) faster than this run inline; see the module docstring.
+DEFAULT_INLINE_THRESHOLD = 50e-6
+_inline_threshold = DEFAULT_INLINE_THRESHOLD
+
+# Kernel timing is sampled: the first runs of a signature, then one in _SAMPLE.
+_FIRST_RUNS = 4
+_SAMPLE = 32
+_EWMA = 0.25
+
+# Set on a thread while it helps run tasks for backpressure (helping never nests).
+_helping = threading.local()
+
+
+def set_inline_threshold(seconds: float) -> None:
+    """The process default: kernels faster than this run inline (default 50 us).
+
+    A runtime takes the default when it is created (``Runtime(inline_threshold=)`` sets its
+    own). 0 sends every op with a kernel time to the pool; a large value runs everything
+    inline (sequentially, on the thread that dispatches or finishes its inputs).
+    """
+    global _inline_threshold
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise DataflowTypeError(
+            f"set_inline_threshold(seconds): must be a number of seconds, got "
+            f"{type(seconds).__name__}: {seconds!r}"
+        )
+    if not seconds >= 0:
+        raise DataflowValueError(
+            f"set_inline_threshold(seconds): must be >= 0, got {seconds!r}"
+        )
+    _inline_threshold = float(seconds)
+
+
+def get_inline_threshold() -> float:
+    """The process default inline threshold in seconds (see :func:`set_inline_threshold`)."""
+    return _inline_threshold
+
+
+def _leaf_value(v: Any) -> Any:
+    return v.result() if isinstance(v, Pending) else v
+
+
+def resolve(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with every pending handle (also inside containers) replaced by its value."""
+    out = []
+    for a in args:
+        if isinstance(a, Pending):
+            out.append(a.result())
+        elif is_container(a):
+            out.append(replace(a, _leaf_value))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _resolve_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: _leaf_value(v) if not is_container(v) else replace(v, _leaf_value)
+            for k, v in kwargs.items()}  # fmt: skip
+
+
+def scan(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[tuple[Task, ...], bool]:
+    """The tasks of the pending handles in ``args``/``kwargs`` (containers walked), and
+    whether all of them are done."""
+    inputs: list[Task] = []
+    for a in args if not kwargs else (*args, *kwargs.values()):
+        if isinstance(a, Pending):
+            inputs.append(a._task)
+        elif is_container(a):
+            inputs.extend(v._task for v in leaves(a) if isinstance(v, Pending))
+    return tuple(inputs), all(t.state == DONE for t in inputs)
+
+
+class Scheduler:
+    """The local execution engine of one runtime (see the module docstring).
+
+    Counters (read by ``repr``, tests and benchmarks): ``inflight`` tasks submitted and not
+    finished, ``running`` kernels running on the pool now and ``peak_running`` at most,
+    ``tasks_run`` kernels run off the dispatching thread, ``inline_run`` kernels run inline.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        pool: InteropPool | None,
+        host: HostLoop,
+        *,
+        inline_threshold: float,
+        max_pending: int | None,
+        simulate: Callable[[Task], Any] | None,
+    ) -> None:
+        self.rt = runtime
+        self.pool = pool
+        self.host = host
+        self.inline_threshold = inline_threshold
+        self.simulate = simulate
+        limit = (1 << 62) if max_pending is None else max_pending
+        self._limit = limit
+        self._low_water = limit - limit // 10
+        self._blocked = 0  # threads other than the loop's held back in _throttle
+        self.failures: list[BaseException] = []
+        self.inflight = 0
+        self.running = 0
+        self.peak_running = 0
+        self.tasks_run = 0
+        self.inline_run = 0
+        self.cancelling = False
+        self.closed = False
+        # Inline at dispatch is allowed (not while cancelling, nor with simulated kernels).
+        self._inline_ok = simulate is None
+        self._drained: Any = None
+        self._watchdog: Watchdog | None = None
+
+    # -- dispatch (the hot path) ---------------------------------------------------------------
+
+    def submit(
+        self,
+        sig: Signature,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        inputs: tuple[Task, ...],
+        ready: bool,
+        priority: float | None = None,
+        timeout: float | None = None,
+        values: list[Any] | None = None,
+    ) -> Task:
+        """Add a task: run it inline, queue it, or park it on its inputs (module docstring).
+
+        ``inputs`` are the tasks of the pending handles among the arguments, ``ready``
+        whether all are done, and ``values`` (when the caller has them) the arguments with
+        every handle replaced by its value. ``priority`` orders the task among ready tasks
+        (smaller first; default: issue order). ``timeout`` bounds its kernel's run time.
+        """
+        if ready and timeout is None and self._inline_ok:
+            inline = sig.inline
+            if inline is None:
+                inline = sig.seconds < self.inline_threshold or self.pool is None
+            if inline:
+                if ACTIVE:  # the traced path: a full task, with its events
+                    return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
+                # The hot path of small ops: no task record until the value exists.
+                if values is None:
+                    values = resolve(args) if inputs else args  # type: ignore[assignment]
+                try:
+                    if kwargs and inputs:
+                        kwargs = _resolve_kwargs(kwargs)
+                    n = sig.calls = sig.calls + 1
+                    if n > _FIRST_RUNS and n % _SAMPLE:
+                        value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
+                    else:
+                        value = self._timed(sig, fn, values, kwargs)
+                    check = sig.check
+                    if check is not None:
+                        spec = sig.spec
+                        if type(spec) is tuple or check(spec, value) is not None:
+                            sig.check_value(value)
+                except BaseException:
+                    # Fail it the slow way, with a full task (which re-runs nothing).
+                    return self._inline_failed(Task(sig, fn, args, kwargs, self.rt, inputs))
+                self.inline_run += 1
+                return Task.done(sig, value, self.rt)
+        if self.closed:
+            raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
+        task = Task(sig, fn, args, kwargs, self.rt, inputs)
+        if priority is not None:
+            task.priority = priority
+        if timeout is not None:
+            task.fn = TimedKernel(fn, task, timeout)
+        if ACTIVE:
+            emit("task_created", task)
+        if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
+            return self._run_now(task)
+        with GRAPH_LOCK:
+            self.inflight += 1
+            failed = gs.add(task) if inputs else None
+            if failed is not None:
+                # An input already failed: this task fails with the same error, unrun.
+                self._fail_locked(task, failed.error)
+                return task
+            if not inputs:
+                task.state = READY
+            if task.state == READY:
+                self.pool.push_locked(task)
+        if ACTIVE and task.state == READY:
+            emit("task_ready", task)
+        if self.inflight > self._limit:
+            self._throttle()
+        return task
+
+    def _call(self, task: Task) -> Any:
+        """Run ``task``'s kernel on this thread and return its value (sampling its time)."""
+        fn = task.fn
+        assert fn is not None
+        if task.inputs:
+            args = resolve(task.args)  # type: ignore[arg-type]
+            kwargs = _resolve_kwargs(task.kwargs) if task.kwargs else None
+        else:
+            args = task.args  # type: ignore[assignment]
+            kwargs = task.kwargs
+        if self.simulate is not None:
+            return self.simulate(task)
+        sig = task.sig
+        n = sig.calls = sig.calls + 1
+        if n > _FIRST_RUNS and n % _SAMPLE:
+            value = fn(*args, **kwargs) if kwargs else fn(*args)
+        else:
+            value = self._timed(sig, fn, args, kwargs)
+        if sig.check is not None:
+            sig.check_value(value)
+        return value
+
+    @staticmethod
+    def _timed(
+        sig: Signature, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any] | None
+    ) -> Any:
+        """``fn(*args, **kwargs)``, its time folded into ``sig.seconds`` (running average)."""
+        t0 = time.perf_counter()
+        value = fn(*args, **kwargs) if kwargs else fn(*args)
+        dt = time.perf_counter() - t0
+        sig.seconds = dt if not sig.runs else sig.seconds + (dt - sig.seconds) * _EWMA
+        sig.runs += 1
+        return value
+
+    def _inline_failed(self, task: Task) -> Task:
+        """The inline kernel (or its value check) raised: fail a task record with that error."""
+        exc = sys.exc_info()[1]
+        assert exc is not None
+        task.state = RUNNING
+        err = task_failed(task.name, task.op, exc)
+        with GRAPH_LOCK:
+            self.failures.append(err)
+            self._fail_locked(task, err, counted=False)
+        return task
+
+    def _run_inline(self, task: Task) -> Task:
+        """Run a just-created task whose inputs are done, here and now.
+
+        No lock is needed until it ends: until ``submit`` returns its handle, no other thread
+        can see the task, so nobody can be waiting on it or depend on it.
+        """
+        task.state = RUNNING
+        traced = bool(ACTIVE)
+        if traced:
+            emit("task_created", task)
+            emit("task_started", task)
+        try:
+            value = self._call(task)
+        except BaseException as exc:
+            err = task_failed(task.name, task.op, exc)
+            with GRAPH_LOCK:
+                self.failures.append(err)
+                self._fail_locked(task, err, counted=False)
+            return task
+        task.value = value
+        if traced:
+            emit("task_finished", task)
+        self.inline_run += 1
+        task.state = DONE
+        task.fn = task.args = task.kwargs = None
+        task.inputs = ()
+        return task
+
+    def _run_now(self, task: Task) -> Task:
+        """Synchronous mode: run a task with a timeout or a plain fork at once, in order."""
+        if not task.inputs or all(t.state == DONE for t in task.inputs):
+            with GRAPH_LOCK:
+                self.inflight += 1
+                task.state = RUNNING
+                self.running += 1
+            self.execute(task, go_on=False)
+            return task
+        with GRAPH_LOCK:
+            self.inflight += 1
+            failed = gs.add(task)
+            if failed is not None:
+                self._fail_locked(task, failed.error)
+        return task
+
+    # -- running on the pool -----------------------------------------------------------------
+
+    def execute(self, task: Task, go_on: bool = True) -> None:
+        """Run a RUNNING task's kernel here, publish it, and go on with what it made ready.
+
+        ``go_on``: after the task, run the small dependents it made ready and the first big
+        one on this thread (queue the rest); otherwise queue them all (the event loop's thread
+        helping an awaiting coroutine must return to it).
+        """
+        local: deque[Task] | None = None
+        here = current_pool() if go_on else None
+        while True:
+            sched = task.runtime._sched  # type: ignore[union-attr]
+            mine = sched._execute_one(task, go_on, here)
+            if mine is not None:
+                if local is None:
+                    local = deque(mine)
+                else:
+                    local.extend(mine)
+            if not local:
+                return
+            task = local.popleft()
+
+    def _execute_one(
+        self, task: Task, go_on: bool, here: InteropPool | None
+    ) -> list[Task] | None:
+        """Run one RUNNING task; returns the ready tasks this thread runs next (or None)."""
+        if self.cancelling:
+            cancelled = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
+            with GRAPH_LOCK:
+                self._fail_locked(task, cancelled)
+            return None
+        if ACTIVE:
+            emit("task_started", task)
+        try:
+            value = self._call(task)
+        except BaseException as exc:
+            err = task_failed(task.name, task.op, exc)
+            with GRAPH_LOCK:
+                if task.state != RUNNING:  # timed out while it ran: the outcome is dropped
+                    return None
+                self.failures.append(err)
+                self._fail_locked(task, err)
+            return None
+        if ACTIVE:
+            # Before the dependents are made ready, so events stay in causal order. The value
+            # is readable by the instrument (its state is not DONE yet: nobody else reads it).
+            task.value = value
+            emit("task_finished", task)
+        mine = None
+        with GRAPH_LOCK:
+            if task.state != RUNNING:  # timed out while it ran: the result is dropped
+                return None
+            waiters = task.waiters
+            task.waiters = None
+            ready = gs.finish(task, value)
+            self.inflight -= 1
+            self.running -= 1
+            self.tasks_run += 1
+            if waiters is not None:
+                self.host.wake(waiters)
+            if self.inflight == 0 and self._drained is not None:
+                self.host.wake([self._drained])
+                self._drained = None
+            if ready is not None:
+                mine = self._place_ready_locked(ready, go_on, here)
+        if ACTIVE and ready is not None:
+            for d in ready:
+                emit("task_ready", d)
+        return mine
+
+    @staticmethod
+    def _place_ready_locked(
+        ready: list[Task], go_on: bool, here: InteropPool | None
+    ) -> list[Task] | None:
+        """Decide where newly ready tasks run: on this thread next, or queued (module doc).
+
+        ``here`` is the pool the current thread works for: a big task goes on here only if
+        it belongs to that pool (so a private pool's size still bounds its runtime).
+        """
+        mine: list[Task] | None = None
+        big_taken = False
+        for d in ready:
+            sched = d.runtime._sched  # type: ignore[union-attr]
+            if go_on and sched.pool is not None and type(d.fn) is not TimedKernel:
+                inline = d.sig.inline
+                small = (
+                    d.sig.seconds < sched.inline_threshold if inline is None else inline
+                ) and sched._inline_ok
+                if small or (not big_taken and sched.pool is here and here is not None):
+                    big_taken = big_taken or not small
+                    d.state = RUNNING
+                    sched.running += 1
+                    if sched.running > sched.peak_running:
+                        sched.peak_running = sched.running
+                    if mine is None:
+                        mine = [d]
+                    else:
+                        mine.append(d)
+                    continue
+            if sched.pool is None:  # synchronous mode: run it now, here
+                d.state = RUNNING
+                sched.running += 1
+                if mine is None:
+                    mine = [d]
+                else:
+                    mine.append(d)
+                continue
+            sched.pool.push_locked(d)
+        return mine
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
+        """Fail ``task`` and, transitively, every task waiting on it. Holds the lock.
+
+        A dependent may belong to another runtime (nested runtimes, or runtimes in two
+        threads): each task is accounted to, and its waiters woken through, its own runtime.
+        ``counted``: ``task`` was counted in flight (an inline task is not).
+        """
+        was_running = task.state == RUNNING
+        owners: list[Scheduler] = []
+        for t in gs.fail(task, err):
+            sched = t.runtime._sched  # type: ignore[union-attr]
+            if counted or t is not task:
+                sched.inflight -= 1
+                if t is task and was_running:
+                    sched.running -= 1
+                if sched not in owners:
+                    owners.append(sched)
+            waiters = t.waiters
+            if waiters is not None:
+                t.waiters = None
+                sched.host.wake(waiters)
+            if ACTIVE:
+                emit("task_cancelled" if t.state == CANCELLED else "task_failed", t)
+        for sched in owners:
+            if sched.inflight == 0 and sched._drained is not None:
+                sched.host.wake([sched._drained])
+                sched._drained = None
+
+    def cancel(self, task: Task) -> bool:
+        """Cancel a task that has not started; its dependents fail with CancelledTaskError."""
+        with GRAPH_LOCK:
+            if task.state not in (PENDING, READY):
+                return False
+            self._fail_locked(task, CancelledTaskError(f"{task.name} was cancelled before it ran"))
+        return True
+
+    def cancel_everything(self) -> None:
+        """The body failed: queued kernels are dropped unrun (running ones finish)."""
+        self.cancelling = True
+        self._inline_ok = False
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def completion(self, task: Task) -> Any:
+        """An awaitable that completes when ``task`` is done (``await handle``).
+
+        A small task that is queued and not started is run right here instead (module doc).
+        """
+        host = self.host
+        if threading.get_ident() != host.thread_id:
+            raise DataflowError(
+                f"{task.name} belongs to a runtime on another event loop; await it there "
+                "(pending values cannot move between event loops or threads)"
+            )
+        if task.state == READY and type(task.fn) is not TimedKernel and self.pool is not None:
+            inline = task.sig.inline
+            if (task.sig.seconds < self.inline_threshold if inline is None else inline) and (
+                self._inline_ok
+            ):
+                with GRAPH_LOCK:
+                    take = task.state == READY
+                    if take:
+                        task.state = RUNNING
+                        self.running += 1
+                if take:
+                    self.execute(task, go_on=False)
+        return self.waiter(task)
+
+    def waiter(self, task: Task) -> Any:
+        """An awaitable that completes when ``task`` is done (nothing is run to help)."""
+        host = self.host
+        if task.state >= DONE:
+            return host.done_waiter()
+        waiter = host.waiter()
+        with GRAPH_LOCK:
+            if task.state >= DONE:
+                return host.done_waiter()
+            if task.waiters is None:
+                task.waiters = [waiter]
+            else:
+                task.waiters.append(waiter)
+        return waiter
+
+    async def join(self) -> None:
+        """Wait until every task submitted here has finished."""
+        while True:
+            with GRAPH_LOCK:
+                if self.inflight == 0:
+                    return
+                waiter = self._drained = self.host.waiter()
+            await waiter
+
+    def close(self) -> None:
+        """Stop taking tasks; stop the watchdog."""
+        self.closed = True
+        self._inline_ok = False
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
+
+    # -- timeouts ------------------------------------------------------------------------------
+
+    def watchdog_arm(self, task: Task, seconds: float) -> list[Any]:
+        """Start ``task``'s deadline (called by its TimedKernel on the thread running it)."""
+        wd = self._watchdog
+        if wd is None:
+            with GRAPH_LOCK:
+                wd = self._watchdog
+                if wd is None:
+                    name = f"dataflow-watchdog-{id(self) & 0xFFFF:x}"
+                    wd = self._watchdog = Watchdog(self._timed_out, name)
+        return wd.arm(task, seconds)
+
+    def _timed_out(self, task: Task, seconds: float, thread: threading.Thread) -> None:
+        """``task``'s kernel outlived its timeout: fail it and its dependents (watchdog thread)."""
+        with GRAPH_LOCK:
+            if task.state != RUNNING:
+                return  # it finished in the meantime
+            err = OpTimeoutError(
+                f"{task.name} timed out: its kernel ran longer than the {seconds:g} s timeout "
+                f"of op {task.op!r}. A running kernel cannot be interrupted: its thread is "
+                "left to finish in the background (the pool starts a replacement) and its "
+                "result will be discarded. Raise the timeout (dataflow.op(..., timeout=) or "
+                "Runtime(op_timeout=)) if the op is just slow, or find out why it hangs.",
+                task=task.name,
+                op=task.op,
+            )
+            self.failures.append(err)
+            self._fail_locked(task, err)
+            if self.pool is not None:
+                self.pool.abandon_locked(thread)
+
+    # -- backpressure --------------------------------------------------------------------------
+
+    def _throttle(self) -> None:
+        """Over ``max_pending``: help run queued tasks until 10% under it (module docstring)."""
+        if getattr(_helping, "active", False):
+            return  # a task this thread runs as a helper dispatches: let it through
+        _helping.active = True
+        on_loop = threading.get_ident() == self.host.thread_id
+        pool = self.pool
+        assert pool is not None
+        if not on_loop:
+            with GRAPH_LOCK:
+                self._blocked += 1
+        try:
+            while True:
+                # Ctrl-C cancels the task that is dispatching (asyncio.Runner's handler runs
+                # between any two bytecodes): stop here, as it would at its next await.
+                if on_loop and self.host.cancel_requested():
+                    self.host.raise_cancelled()
+                    return
+                with GRAPH_LOCK:
+                    if self.inflight <= self._low_water or self.cancelling or self.closed:
+                        return
+                    task = pool.take_locked(TimedKernel)
+                    # Waiting is only useful while a kernel runs that is not itself a
+                    # dispatcher held back here (such as a plain fork dispatching ops).
+                    stuck = task is None and self.running <= self._blocked
+                if task is not None:
+                    task.runtime._sched.execute(task)  # type: ignore[union-attr]
+                    continue
+                if stuck:
+                    return
+                time.sleep(0.0005)
+        finally:
+            _helping.active = False
+            if not on_loop:
+                with GRAPH_LOCK:
+                    self._blocked -= 1

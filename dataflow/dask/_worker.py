@@ -1,0 +1,214 @@
+"""The worker side of the Dask backend: what runs inside a Dask worker process.
+
+Everything here is pickled by reference and runs on the workers, so the workers need
+dataflow (and the ops' modules) installed, like the client. A shipped op call is a
+:class:`Call` (the kernel, or its registry name, and its arguments with :class:`Ref`
+placeholders for the values Dask passes in); :func:`run_op` fills the placeholders, runs the
+kernel, checks its value against the op's declared spec, and reports the kernel's span when
+the client asked for timings. A kernel's exception travels back as :class:`KernelFailed`,
+naming the task and the worker, with the original exception (or a printable stand-in) inside.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pickle
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._errors import describe
+from .._op import lookup_op
+from .._task import Signature
+from .._walk import replace
+
+__all__ = ["Call", "KernelFailed", "Ref", "fill", "run_op"]
+
+class Ref:
+    """Placeholder for the ``slot``-th dependency (an input's value, or a scattered array)."""
+
+    __slots__ = ("index", "slot")
+
+    def __init__(self, slot: int, index: int | None) -> None:
+        self.slot = slot
+        self.index = index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.slot, self.index))
+
+
+class Call:
+    """One op call as shipped: the kernel, its arguments with placeholders, and its name.
+
+    Opaque to Dask on purpose: Dask only looks for dependencies in the ``deps`` list next to
+    it, never inside the user's arguments (where a tuple or a string could be mistaken for
+    a task or a key).
+    """
+
+    __slots__ = ("args", "check", "fn", "kwargs", "name", "op", "refs", "spec", "task_id", "topic")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any] | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        name: str,
+        op: str,
+        task_id: int,
+        topic: str | None,
+        refs: bool,
+        spec: Any = None,
+        check: Any = None,
+    ) -> None:
+        self.spec = spec
+        self.check = check  # None when fn is a registry name (the worker's op has it)
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.name = name
+        self.op = op
+        self.task_id = task_id
+        self.topic = topic
+        self.refs = refs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            Call,
+            (
+                self.fn,
+                self.args,
+                self.kwargs,
+                self.name,
+                self.op,
+                self.task_id,
+                self.topic,
+                self.refs,
+                self.spec,
+                self.check,
+            ),
+        )
+
+
+class KernelFailed(Exception):
+    """A kernel raised on a worker (internal: becomes a TaskError on the client).
+
+    Dask hands the same exception to every task downstream of the failed one, so ``task``
+    names the origin, and the client gives all of them the origin's one TaskError.
+    """
+
+    def __init__(self, task: str, op: str, worker: str, exc: BaseException) -> None:
+        super().__init__(task, op, worker, exc)
+        self.task = task
+        self.op = op
+        self.worker = worker
+        self.exc = exc
+
+    def __str__(self) -> str:
+        # describe(): the kernel's exception may have a __str__ that raises itself.
+        return f"{self.task} failed on {self.worker}: {describe(self.exc)}"
+
+
+# Arrays that arrive over the network (scattered, moved between workers, or inside a task)
+# are often not aligned in memory, and numpy's matmul then skips BLAS for a loop 5-10x
+# slower. Kernels get an aligned copy instead, made once per array and per worker process:
+# this cache maps id(array) -> (weakref to it, its copy), and drops an entry with its array.
+_realigned: dict[int, tuple[weakref.ref[Any], np.ndarray[Any, Any]]] = {}
+
+
+def _aligned(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    key = id(a)
+    hit = _realigned.get(key)
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    copy = np.array(a)
+
+    def forget(_: Any, key: int = key) -> None:
+        entry = _realigned.get(key)
+        if entry is not None and entry[0]() is None:
+            del _realigned[key]
+
+    _realigned[key] = (weakref.ref(a, forget), copy)
+    return copy
+
+
+def fill(value: Any, deps: list[Any]) -> Any:
+    """``value`` with each :class:`Ref` replaced by its dependency (containers walked)."""
+
+    def leaf(v: Any) -> Any:
+        t = type(v)
+        if t is Ref:
+            dep = deps[v.slot]
+            if v.index is not None:
+                dep = dep[v.index]
+            if type(dep) is np.ndarray and not dep.flags.aligned:
+                return _aligned(dep)
+            return dep
+        if t is np.ndarray and not v.flags.aligned:  # came inside the task: copy it
+            return np.array(v)
+        return v
+
+    return replace(value, leaf)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{describe(exc)} (the original could not be pickled)")
+    return exc
+
+
+@functools.lru_cache(maxsize=1024)
+def _declared(qualname: str) -> tuple[Callable[..., Any], Any]:
+    """(kernel, value check) of the op registered as ``module:name``, importing its module."""
+    module = qualname.split(":", 1)[0]
+    importlib.import_module(module)
+    op = lookup_op(qualname)
+    if op is None:
+        raise LookupError(f"no op {qualname!r} is declared by module {module!r} on this worker")
+    return op.kernel, op.check
+
+
+def run_op(call: Call, deps: list[Any]) -> Any:
+    """Run one op's kernel on a worker (the function every dataflow Dask task calls)."""
+    args = fill(call.args, deps)
+    kwargs = fill(call.kwargs, deps) if call.kwargs else None
+    if isinstance(call.fn, str):
+        fn, check = _declared(call.fn)
+    else:
+        fn, check = call.fn, call.check
+    start = time.time_ns() if call.topic is not None else 0
+    try:
+        value = fn(*args, **kwargs) if kwargs else fn(*args)
+        if check is not None and call.spec is not None:  # what the meta rule declared
+            sig = Signature(call.op, call.spec)
+            sig.check = check
+            sig.check_value(value)
+    except Exception as exc:
+        from distributed import get_worker
+
+        worker = get_worker()
+        if call.topic is not None:
+            _log_timing(worker, call, start, failed=True)
+        where = f"dask worker {worker.address}"
+        tb = "".join(traceback.format_tb(exc.__traceback__))
+        exc.add_note(f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}")
+        raise KernelFailed(call.name, call.op, where, _picklable(exc)) from None
+    if call.topic is not None:
+        from distributed import get_worker
+
+        _log_timing(get_worker(), call, start, failed=False)
+    return value
+
+
+def _log_timing(worker: Any, call: Call, start: int, failed: bool) -> None:
+    thread = threading.current_thread()
+    msg = [call.task_id, start, time.time_ns(), failed, worker.address, thread.name]
+    msg.append(threading.get_native_id())
+    worker.log_event(call.topic, msg)
