@@ -207,11 +207,10 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         fut: Future[Any] = _fork_async(rt, fn, args, kwargs, parent)
     else:
         ctx = contextvars.copy_context()
-        call, set_name = name_plain_fork(fn)  # binds the task's name for log lines
+        call = name_plain_fork(fn)  # binds the task's name for log lines
         inputs, ready = scan(args, kwargs or None)
         sig = Signature(_fn_name(fn), inline=False)
         task = rt.dispatch(sig, _in_context(ctx, call), args, kwargs or None, inputs, ready)
-        set_name(task.name)
         fut = Pending(task)
     if parent is not None:
         parent._children.append(fut)

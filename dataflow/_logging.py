@@ -33,30 +33,22 @@ TASK_KEY = "dataflow_task"
 """The structlog context key under which a forked task's name is bound."""
 
 
-def name_plain_fork(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[[str], None]]:
+def name_plain_fork(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a forked plain function so the log lines it emits carry its task's name.
 
-    Returns ``(wrapper, set_name)``: submit the wrapper, then call ``set_name(task.name)``. The
-    name only exists once the task does, and a worker may start the task before ``submit``
-    returns to the forking thread; in that case the wrapper waits for ``set_name`` (a few
-    microseconds at most: the forking thread is inside ``submit``, which never runs pool tasks).
+    The wrapper runs as the task's kernel, so the task running it is the thread's current
+    one (``_scheduler.running_task``); its name is bound under :data:`TASK_KEY`.
     """
-    named: list[str] = []
-    gate = threading.Lock()
-    gate.acquire()
 
     def forked_plain_function(*args: Any, **kwargs: Any) -> Any:
-        if not named:
-            with gate:
-                pass
-        bind_contextvars(**{TASK_KEY: named[0]})
+        from ._scheduler import running_task
+
+        task = running_task()
+        if task is not None:
+            bind_contextvars(**{TASK_KEY: task.name})
         return fn(*args, **kwargs)
 
-    def set_name(name: str) -> None:
-        named.append(name)
-        gate.release()
-
-    return forked_plain_function, set_name
+    return forked_plain_function
 
 
 class TaskLogger:

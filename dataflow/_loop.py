@@ -9,10 +9,11 @@ through a :class:`HostLoop`:
   worker thread's wake-ups are batched: the first posts one callback to the loop
   (``call_soon_threadsafe`` / ``TrioToken.run_sync_soon``), later ones join its batch, so a
   burst of finishing kernels costs the loop one wake-up, not one each.
-* **forked coroutines**: ``spawn`` starts one as a task the runtime owns: an asyncio task
-  (tracked, cancelled if the body fails, awaited before the runtime closes) or a task in a
-  trio nursery the runtime opened. An anyio task group would do both, but its ``start_soon``
-  measured ~30 us per task against ~4 us for ``loop.create_task`` (``fork`` is a hot path).
+* **forked coroutines**: ``spawn`` starts one as a task the runtime owns: an asyncio task or
+  a trio system task in a cancel scope of its own; either is tracked, cancelled if the body
+  fails, and awaited before the runtime closes. An anyio task group would do both, but its
+  ``start_soon`` measured ~30 us per task against ~4 us for ``loop.create_task`` (``fork`` is
+  a hot path).
 * ``cancel_requested()``: whether the running task is being cancelled (checked by a dispatcher
   held back by backpressure, which runs no checkpoint of its own).
 
@@ -23,6 +24,7 @@ through a :class:`HostLoop`:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import sys
 import threading
@@ -213,7 +215,13 @@ class _TrioWait:
 
 
 class TrioLoop(HostLoop):
-    """The bridge to a trio run; forked coroutines run in a nursery the runtime opens."""
+    """The bridge to a trio run.
+
+    Forked coroutines run as trio *system tasks*, each in a cancel scope of its own, counted
+    by the runtime, which waits for them before it closes. (A nursery opened on entry could
+    not be closed inside the runtime's shielded clean-up: trio requires scopes to nest.) A
+    system task is given the forking code's context, as an asyncio task would be.
+    """
 
     library = "trio"
 
@@ -222,9 +230,8 @@ class TrioLoop(HostLoop):
         import trio
 
         self._trio = trio
-        self._nursery_cm: Any = None
-        self.nursery: Any = None
         self.scopes: set[Any] = set()
+        self._idle: Any = None
 
     def waiter(self) -> _TrioWait:
         return _TrioWait(self._trio.Event())
@@ -243,14 +250,7 @@ class TrioLoop(HostLoop):
         except self._trio.RunFinishedError:
             raise RuntimeError("the trio run has finished") from None
 
-    async def open(self) -> None:
-        self._nursery_cm = self._trio.open_nursery()
-        self.nursery = await self._nursery_cm.__aenter__()
-
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
-        if self.nursery is None:
-            coro.close()
-            raise DataflowError("this runtime cannot start tasks: it is closed")
         scope = self._trio.CancelScope()
         self.scopes.add(scope)
 
@@ -260,8 +260,12 @@ class TrioLoop(HostLoop):
                     await coro
             finally:
                 self.scopes.discard(scope)
+                if not self.scopes and self._idle is not None:
+                    self._idle.set()
 
-        self.nursery.start_soon(owned, name=name)
+        self._trio.lowlevel.spawn_system_task(
+            owned, name=name, context=contextvars.copy_context()
+        )
         return scope
 
     def cancel(self, handle: Any) -> bool:
@@ -277,10 +281,16 @@ class TrioLoop(HostLoop):
         for scope in list(self.scopes):
             scope.cancel()
 
+    @property
+    def tasks(self) -> set[Any]:
+        """The forked coroutines still running (their cancel scopes)."""
+        return self.scopes
+
     async def close(self) -> None:
-        cm, self._nursery_cm, self.nursery = self._nursery_cm, None, None
-        if cm is not None:
-            await cm.__aexit__(None, None, None)
+        while self.scopes:
+            self._idle = self._trio.Event()
+            await self._idle.wait()
+        self._idle = None
 
 
 def current(what: str) -> HostLoop:

@@ -23,8 +23,9 @@ other types (and unhashable values) make the call uncacheable, and the rules run
 Calling the op returns handles at once, built by the ``handle`` factory from the task, the
 output's index (None for a single output) and its spec. Outside a runtime an op runs eagerly on
 the calling thread, so the same code also works as plain synchronous numpy. ``check(spec,
-value)``, when given, verifies that a kernel's value matches its declared spec (it returns an
-error message, or None); a mismatch fails the task on every path.
+value)`` (by default the handle type's ``check_value``) verifies that a kernel's value matches
+its declared spec (it returns an error message, or None); a mismatch fails the task with
+:class:`~dataflow.OpOutputError` on every path: inline, pool, graph runs, Dask workers.
 
 Example:
     >>> import numpy as np, dataflow
@@ -111,6 +112,7 @@ class Op(Generic[P, R]):
     __slots__ = (
         "__dict__",
         "__weakref__",
+        "_outcomes",
         "_sigs",
         "check",
         "cost",
@@ -149,9 +151,10 @@ class Op(Generic[P, R]):
             if not (callable(fn) or (optional and fn is None)):
                 none = " (or None)" if optional else ""
                 raise DataflowTypeError(
-                    f"op {name!r}: {what} must be a function{none}, got "
-                    f"{type(fn).__name__}: {fn!r}"
+                    f"op {name!r}: {what} must be a function{none}, got {type(fn).__name__}: {fn!r}"
                 )
+        if check is None:  # the handle type's own check, e.g. ops.Tensor.check_value
+            check = getattr(handle, "check_value", None)
         if inline is not None and type(inline) is not bool:
             raise DataflowTypeError(
                 f"op {name!r}: inline must be True, False or None, got "
@@ -166,6 +169,7 @@ class Op(Generic[P, R]):
         self.inline = inline
         self.check = check
         self._sigs: dict[Any, Signature] = {}
+        self._outcomes: dict[Any, Signature] = {}
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = kernel.__doc__
@@ -183,10 +187,27 @@ class Op(Generic[P, R]):
         return f"<dataflow.Op {self.name}>"
 
     def signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Signature:
-        """The signature of a call (meta and cost rules run now, uncached)."""
+        """The signature of a call: the meta and cost rules run now.
+
+        Calls with the same outcome (output specs and cost) share one Signature, so the
+        kernel times measured for them add up even when the arguments could not be keyed.
+        """
         spec = self.meta(*args, **kwargs)
         cost = self.cost(*args, **kwargs) if self.cost is not None else None
-        return Signature(self.name, spec, cost, self.inline, self)
+        sig = Signature(self.name, spec, cost, self.inline, self)
+        if None in sig.keys:
+            return sig
+        outcome = (sig.keys, cost)
+        try:
+            found = self._outcomes.get(outcome)
+        except TypeError:  # a cost rule that returned something unhashable
+            return sig
+        if found is not None:
+            return found
+        if len(self._outcomes) >= _MAX_SIGNATURES:
+            self._outcomes.clear()
+        self._outcomes[outcome] = sig
+        return sig
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # One pass over the arguments: the call's signature key, its pending inputs, whether
@@ -375,7 +396,8 @@ def op(
             kernel itself cannot be interrupted: it runs on, its result is discarded
             (docs/hardening.md). Outside a runtime (eager mode) the timeout does not apply.
         check: ``check(spec, value) -> str | None``: an error message when the kernel's value
-            does not match the declared spec (``ops.Tensor``'s compares shape and dtype).
+            does not match the declared spec; default: the handle type's ``check_value``, if
+            it has one (``ops.Tensor``'s compares shape and dtype).
 
     Example:
         >>> @dataflow.op("scale", meta=lambda x, k: ops.TensorSpec(x.shape, x.dtype),

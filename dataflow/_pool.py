@@ -14,6 +14,8 @@ waking a thread costs tens of microseconds:
 * The queue is a heap keyed by ``(task.priority, task.id)``: issue order, or a graph run's
   static critical-path rank. A task taken by someone else (the awaiting thread) or cancelled
   while queued stays in the heap and is skipped when popped.
+* Starting a task is the scheduler's decision (``start_locked``): a GIL-bound kernel may be
+  sent to wait for the pool's *GIL lane* instead (see ``_scheduler``).
 
 A kernel that outlives its timeout (see ``_timeout``) cannot be interrupted: its worker is
 *abandoned* (no longer joined, it exits once the kernel returns) and a replacement is started,
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ._errors import DataflowError
-from ._task import READY, RUNNING
+from ._task import READY
 
 if TYPE_CHECKING:
     from ._task import Task
@@ -69,6 +72,16 @@ class InteropPool:
         self._threads: list[threading.Thread] = []
         # Workers stuck in a timed-out kernel: not joined; each exits when its kernel returns.
         self._abandoned: set[threading.Thread] = set()
+        # The GIL lane (see _scheduler): the GIL-bound task running (or about to run) now,
+        # and the ready GIL-bound tasks waiting for it to end.
+        self.lane_task: Task | None = None
+        self.lane_queue: list[tuple[float, int, Task]] = []
+        # Kernels running now on behalf of this pool, and the integral of that count over
+        # time (updated at every start and end): the average number of kernels overlapping
+        # a run is (integral at its end - at its start) / its duration.
+        self.busy = 0
+        self.busy_integral = 0.0
+        self._busy_since = time.perf_counter()
         for i in range(num_threads):
             self._start_worker(i)
 
@@ -102,6 +115,17 @@ class InteropPool:
         """The worker threads (for parallel_info and tests)."""
         return list(self._threads)
 
+    def busy_locked(self, delta: int) -> None:
+        """A kernel starts (+1) or ends (-1) on behalf of this pool. Holds the lock."""
+        now = time.perf_counter()
+        self.busy_integral += self.busy * (now - self._busy_since)
+        self._busy_since = now
+        self.busy += delta
+
+    def busy_integral_now(self) -> float:
+        """The busy integral up to now (read without the lock: for statistics only)."""
+        return self.busy_integral + self.busy * (time.perf_counter() - self._busy_since)
+
     def push_locked(self, task: Task) -> None:
         """Queue a READY task, waking a parked worker if there is one. Holds the lock."""
         heapq.heappush(self._heap, (task.priority, task.id, task))
@@ -129,11 +153,10 @@ class InteropPool:
             if task.state != READY:  # taken by another thread, or cancelled, while queued
                 lock.release()
                 continue
-            task.state = RUNNING
             sched = task.runtime._sched  # type: ignore[union-attr]
-            sched.running += 1
-            if sched.running > sched.peak_running:
-                sched.peak_running = sched.running
+            if not sched.start_locked(task, self):  # it waits for the GIL lane instead
+                lock.release()
+                continue
             lock.release()
             sched.execute(task)
             # Hold nothing while parked: the task's value must be freed with its last reader.
@@ -158,12 +181,8 @@ class InteropPool:
             if timed is not None and type(task.fn) is timed:
                 return None
             heapq.heappop(heap)
-            task.state = RUNNING
-            sched = task.runtime._sched  # type: ignore[union-attr]
-            sched.running += 1
-            if sched.running > sched.peak_running:
-                sched.peak_running = sched.running
-            return task
+            if task.runtime._sched.start_locked(task, self):  # type: ignore[union-attr]
+                return task
         return None
 
     def abandon_locked(self, thread: threading.Thread) -> None:

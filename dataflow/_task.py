@@ -103,19 +103,27 @@ class Signature:
         runs: how many times a kernel with this signature was timed.
         inline: the op's declared placement: True (always inline when ready), False (always
             on the pool) or None (decided by ``seconds``).
+        best: the best kernel time measured on the pool (0 until measured).
+        gil: the estimated fraction of the kernel that holds the GIL (0 for GIL-free BLAS,
+            1 for a pure Python loop), from the last overlapped pool runs (``overlaps``).
+        serial: the kernel is GIL-bound: the pool runs such kernels one at a time.
         op: the declared op (``dataflow.Op``), or None for forked functions.
     """
 
     __slots__ = (
+        "best",
         "calls",
         "check",
         "cost",
+        "gil",
         "inline",
         "keys",
         "name",
         "op",
+        "overlaps",
         "runs",
         "seconds",
+        "serial",
         "spec",
     )
 
@@ -136,6 +144,13 @@ class Signature:
         self.seconds = estimate_seconds(cost) if cost is not None else float("inf")
         self.runs = 0
         self.calls = 0
+        # The best kernel time of pool runs, the last overlapped runs as (seconds, kernels
+        # overlapping on average), and the GIL fraction they give (see _scheduler, "the GIL
+        # lane").
+        self.best = 0.0
+        self.overlaps: list[tuple[float, float]] = []
+        self.gil = 0.0
+        self.serial = False
         # check(spec, value) -> error message | None (the op's; see dataflow.op).
         self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)
         # Each output spec as a small int (equal specs, equal ints): what a handle on this

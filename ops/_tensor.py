@@ -49,6 +49,14 @@ class Tensor(Pending[np.ndarray]):
     # Make numpy defer to our reflected operators and __array_ufunc__ (ndarray @ t -> Tensor).
     __array_priority__ = 1000
 
+    @staticmethod
+    def check_value(spec: TensorSpec, value: Any) -> str | None:
+        """What is wrong with a kernel's value for a Tensor of ``spec`` (see :func:`check_value`).
+
+        ``dataflow.op(..., handle=ops.Tensor)`` checks every kernel's value with it.
+        """
+        return check_value(spec, value)
+
     def __init__(self, task: Task, index: int | None, spec: TensorSpec) -> None:
         # Pending's fields set here directly: a handle is made per op call (the hot path).
         self._task = task

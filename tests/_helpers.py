@@ -68,10 +68,12 @@ def _thread_kernel(x: Any) -> Any:
 
 
 neg_inline = dataflow.op("neg", meta=_same, handle=Arr, cost=_tiny)(np.negative)
-neg_pool = dataflow.op("neg_pool", meta=_same, handle=Arr, cost=_big)(np.negative)
-add = dataflow.op("add", meta=_same, handle=Arr, cost=_big)(_add_kernel)
-sleep_op = dataflow.op("sleep", meta=_same, handle=Arr, cost=_big)(_sleep_kernel)
-boom = dataflow.op("boom", meta=_same, handle=Arr, cost=_big)(_boom_kernel)
+# Pinned to the pool (inline=False): placement otherwise follows the measured kernel time,
+# and these kernels are fast.
+neg_pool = dataflow.op("neg_pool", meta=_same, handle=Arr, cost=_big, inline=False)(np.negative)
+add = dataflow.op("add", meta=_same, handle=Arr, cost=_big, inline=False)(_add_kernel)
+sleep_op = dataflow.op("sleep", meta=_same, handle=Arr, cost=_big, inline=False)(_sleep_kernel)
+boom = dataflow.op("boom", meta=_same, handle=Arr, cost=_big, inline=False)(_boom_kernel)
 where_run = dataflow.op("where_run", meta=_same, handle=Arr, inline=False)(_thread_kernel)
 gated = dataflow.op("gated", meta=_same, handle=Arr, inline=False)(_gated_kernel)
 fail_after = dataflow.op("fail_after", meta=_same, handle=Arr, inline=False)(_fail_after_kernel)

@@ -98,9 +98,7 @@ def _key_ref() -> Any:
     return Alias
 
 
-def place(
-    sig: Signature, inputs: tuple[Task, ...], local_threshold: float, forked: bool
-) -> str:
+def place(sig: Signature, inputs: tuple[Task, ...], local_threshold: float, forked: bool) -> str:
     """Where a task runs: ``"local"`` (the client's scheduler) or ``"remote"`` (the cluster).
 
     See the module docstring. ``forked``: a forked plain function (it runs user code with the
@@ -840,4 +838,3 @@ def _arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]
             elif isinstance(v, np.ndarray) and v.nbytes >= threshold:
                 out.append(v)
     return out
-

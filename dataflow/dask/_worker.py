@@ -30,6 +30,7 @@ from .._walk import replace
 
 __all__ = ["Call", "KernelFailed", "Ref", "fill", "run_op"]
 
+
 class Ref:
     """Placeholder for the ``slot``-th dependency (an input's value, or a scattered array)."""
 

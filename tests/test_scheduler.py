@@ -1,0 +1,489 @@
+"""The scheduler's policy: placement, the signature cache, measured kernel times, the GIL
+lane, the synchronous mode, and the checks made at every call and on every kernel's value."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from dataflow import OpOutputError, TaskError
+from dataflow import _graphstate as gs
+from dataflow._pool import GRAPH_LOCK
+from dataflow._scheduler import note_overlap
+from dataflow._task import Signature, Task
+from tests._helpers import Arr, Spec, gated
+
+Array = np.ndarray[Any, Any]
+
+
+def _thread(x: Any) -> Any:
+    return np.array([threading.get_ident()], dtype=np.int64)
+
+
+def _ident_meta(x: Any) -> Spec:
+    return Spec((1,), np.dtype(np.int64))
+
+
+# A tiny op (its cost rule says so), a big one, and one pinned to the pool.
+tiny_where = dataflow.op(
+    "tiny_where", meta=_ident_meta, handle=Arr, cost=lambda x: dataflow.Cost(1, 8)
+)(_thread)
+pool_where = dataflow.op("pool_where", meta=_ident_meta, handle=Arr, inline=False)(_thread)
+
+
+def _after(x: Any, y: Any) -> Any:
+    return np.array([threading.get_ident()], dtype=np.int64)
+
+
+tiny_after = dataflow.op(
+    "tiny_after",
+    meta=lambda x, y: _ident_meta(x),
+    handle=Arr,
+    cost=lambda x, y: dataflow.Cost(1, 8),
+)(_after)
+
+
+class TestPlacement:
+    def test_small_ready_op_runs_inline(self) -> None:
+        """A small op whose inputs are ready runs at once, on the dispatching thread."""
+
+        async def main() -> tuple[int, bool]:
+            h = tiny_where(np.zeros(1))
+            return int(h.result()[0]), h.done()
+
+        where, done = dataflow.run(main, interop_threads=2)
+        assert done and where == threading.get_ident()
+
+    def test_pinned_op_runs_on_the_pool(self) -> None:
+        """An op declared inline=False runs on an inter-op thread."""
+
+        async def main() -> int:
+            return int((await pool_where(np.zeros(1)))[0])
+
+        assert dataflow.run(main, interop_threads=2) != threading.get_ident()
+
+    def test_small_op_waiting_for_an_input_runs_where_the_input_finished(self) -> None:
+        """A chain of small ops behind a pool op runs on the pool op's thread, no hand-off."""
+
+        async def main() -> tuple[int, int]:
+            gate = threading.Event()
+            slow = gated(np.zeros(1), gate)
+            first = pool_where(slow)
+            second = tiny_after(first, slow)
+            gate.set()
+            return int((await first)[0]), int((await second)[0])
+
+        first, second = dataflow.run(main, interop_threads=2)
+        assert first == second != threading.get_ident()
+
+    def test_awaiting_a_queued_small_task_runs_it_on_the_awaiting_thread(self) -> None:
+        """A small task queued and not started is run by the coroutine awaiting it."""
+
+        async def main() -> tuple[int, int]:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            gate = threading.Event()
+            busy = gated(np.zeros(1), gate)  # occupies the only worker
+            sig = Signature("queued_small", Spec((1,), np.dtype(np.int64)))
+            sig.seconds = 1e-6
+            task = Task(sig, _thread, (np.zeros(1),), None, rt)
+            with GRAPH_LOCK:
+                rt._sched.inflight += 1
+                gs.add(task)
+                assert rt._sched.pool is not None
+                rt._sched.pool.push_locked(task)
+            value = await Arr(task, None, sig.spec)
+            gate.set()
+            await busy
+            return int(value[0]), threading.get_ident()
+
+        where, loop_thread = dataflow.run(main, interop_threads=1)
+        assert where == loop_thread
+
+    def test_a_timed_op_never_runs_inline(self) -> None:
+        """An op with a timeout goes to the pool even when it is small."""
+
+        async def main() -> int:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            return int((await tiny_where(np.zeros(1)))[0])
+
+        where = dataflow.run(main, interop_threads=2, op_timeout=5.0)
+        assert where != threading.get_ident()
+
+
+def _counting_meta(calls: list[Any]) -> Any:
+    def meta(x: Any, y: Any) -> ops.TensorSpec:
+        calls.append((type(x).__name__, type(y).__name__))
+        if np.shape(x) == (13,):
+            raise dataflow.OpInputError("counted: 13 is refused")
+        return ops.spec_of(x)
+
+    return meta
+
+
+class TestSignatureCache:
+    def test_repeated_call_runs_the_meta_rule_once(self) -> None:
+        """The same argument signature reuses the meta rule's result (and a new one does not)."""
+        calls: list[Any] = []
+        op = ops.define("counted", np.add, _counting_meta(calls))
+        x = np.ones(3)
+        for _ in range(5):
+            op(x, 1.0)
+        assert len(calls) == 1
+        op(np.ones(4), 1.0)  # another shape
+        op(x, 2)  # another scalar type
+        op(np.ones(3, np.float32), 1.0)  # another dtype
+        assert len(calls) == 4
+
+    def test_a_bad_call_raises_every_time(self) -> None:
+        """A call the meta rule refuses is never cached: it raises again, at the call."""
+        calls: list[Any] = []
+        op = ops.define("counted", np.add, _counting_meta(calls))
+        for _ in range(3):
+            with pytest.raises(dataflow.OpInputError, match="13 is refused"):
+                op(np.ones(13), 1.0)
+        assert len(calls) == 3
+
+    def test_pending_inputs_are_keyed_by_their_spec(self) -> None:
+        """A chain of the same op on same-shaped values is one signature, not one per link."""
+        calls: list[Any] = []
+        op = ops.define("counted", np.add, _counting_meta(calls))
+
+        async def main() -> Any:
+            y: Any = ops.asarray(np.ones(3))
+            for _ in range(50):
+                y = op(y, 1.0)
+            return await y
+
+        np.testing.assert_array_equal(dataflow.run(main), np.full(3, 51.0))
+        assert len(calls) == 1
+
+    def test_scalar_values_are_part_of_the_signature(self) -> None:
+        """int8 + 1 is cached, and int8 + 1000 still raises at the call: the value is keyed."""
+        x = np.ones(3, np.int8)
+        assert ops.add(x, 1).dtype == np.int8
+        with pytest.raises(dataflow.OpInputError, match="out of bounds for int8"):
+            ops.add(x, 1000)
+        assert ops.add(x, 1.0).dtype == np.float64
+        assert ops.add(x, True).dtype == np.int8
+
+    def test_unkeyable_arguments_still_give_the_right_result(self) -> None:
+        """An argument of another type makes the call uncached, not wrong."""
+        calls: list[Any] = []
+
+        class Weird:
+            pass
+
+        def kernel(x: Any, w: Any) -> Any:
+            return np.asarray(x) + 1
+
+        def meta(x: Any, w: Any) -> ops.TensorSpec:
+            calls.append(1)
+            return ops.spec_of(x)
+
+        op = ops.define("weird", kernel, meta)
+        for _ in range(3):
+            np.testing.assert_array_equal(np.asarray(op(np.ones(2), Weird()).result()), [2, 2])
+        assert len(calls) == 3
+
+
+class TestMeasuredTime:
+    def test_a_fast_kernel_with_a_big_estimate_moves_inline(self) -> None:
+        """Placement follows the measured kernel time once it is known."""
+        big = ops.define(
+            "big_estimate", _thread, _ident_meta, cost=lambda x: dataflow.Cost(1e12, 0)
+        )
+
+        async def main() -> list[int]:
+            return [int((await big(np.zeros(1)))[0]) for _ in range(6)]
+
+        where = dataflow.run(main, interop_threads=2)
+        assert where[0] != threading.get_ident()  # the estimate: 50 s, so the pool
+        assert where[-1] == threading.get_ident()  # measured: microseconds, so inline
+
+    def test_no_cost_rule_means_the_pool_until_timed(self) -> None:
+        """Without a cost rule the first run goes to the pool."""
+        unknown = dataflow.op("unknown_cost", meta=_ident_meta, handle=Arr)(_thread)
+
+        async def main() -> int:
+            return int((await unknown(np.zeros(1)))[0])
+
+        assert dataflow.run(main, interop_threads=2) != threading.get_ident()
+
+    def test_inline_threshold_is_per_runtime(self) -> None:
+        """Runtime(inline_threshold=0) sends even tiny ops to the pool; others keep theirs."""
+        tiny = dataflow.op(
+            "tiny_where2", meta=_ident_meta, handle=Arr, cost=lambda x: dataflow.Cost(1, 8)
+        )(_thread)
+
+        async def main() -> int:
+            return int((await tiny(np.zeros(1)))[0])
+
+        async def scoped() -> tuple[int, int]:
+            inline = await main()
+            async with dataflow.Runtime(inline_threshold=0.0, private_pool=True):
+                pooled = await main()
+            return inline, pooled
+
+        inline, pooled = dataflow.run(scoped, interop_threads=2)
+        assert inline == threading.get_ident() and pooled != threading.get_ident()
+        assert dataflow.get_inline_threshold() == 50e-6
+
+
+def _interval(x: Any, log: list[tuple[float, float]], gate: Any) -> Any:
+    t0 = time.perf_counter()
+    if gate is not None:
+        gate.wait(5)
+    else:
+        time.sleep(0.01)
+    log.append((t0, time.perf_counter()))
+    return x
+
+
+interval = dataflow.op(
+    "interval", meta=lambda x, log, gate: ops.spec_of(x), handle=ops.Tensor, inline=False
+)(_interval)
+
+
+class TestGilLane:
+    def test_overlap_slowdown_decides(self) -> None:
+        """Runs overlapped and 3x slower than the best mark a signature serial; 1.1x frees it."""
+        sig = Signature("k")
+        note_overlap(sig, 0.01, 0.0)  # the best time, alone
+        for _ in range(12):
+            note_overlap(sig, 0.03, 1.0)
+        assert sig.serial and sig.gil == pytest.approx(2.0)
+        sig.calls = 256  # the next measured run is a probe
+        for _ in range(16):
+            note_overlap(sig, 0.011, 1.0)
+        assert not sig.serial
+
+    def test_a_few_or_unshared_runs_decide_nothing(self) -> None:
+        """Under 12 overlapped runs, or runs that were alone, leave a signature free."""
+        sig = Signature("k")
+        note_overlap(sig, 0.01, 0.0)
+        for _ in range(11):
+            note_overlap(sig, 0.05, 1.0)
+        for _ in range(50):
+            note_overlap(sig, 0.05, 0.1)
+        assert not sig.serial
+
+    def test_serial_kernels_never_overlap_and_free_ones_still_do(self) -> None:
+        """With a serial signature, its kernels run one at a time on a 2-thread pool, while
+        a GIL-free kernel runs beside them."""
+        log: list[tuple[float, float]] = []
+
+        async def main() -> None:
+            first = interval(np.zeros(1), log, None)
+            await first
+            first.task.sig.serial = True  # as if measured GIL-bound
+            gate = threading.Event()
+            serial = [interval(np.full(1, float(i)), log, None) for i in range(4)]
+            assert all(h.task.sig is first.task.sig for h in serial)
+            other = ops.define("free_op", lambda x, g: (g.set(), x)[1], lambda x, g: x.spec,
+                               inline=False)  # fmt: skip
+            opened = other(serial[0], gate)
+            waiter = interval(np.zeros(1), [], gate)  # another signature (gate): not serial
+            await dataflow.materialize([*serial, opened, waiter])
+
+        dataflow.run(main, interop_threads=2)
+        spans = sorted(log[1:])
+        assert len(spans) == 4
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+    def test_a_failing_serial_kernel_passes_the_lane_on(self) -> None:
+        """A serial kernel that raises still hands the lane to the next one."""
+        def kernel(x: Any, bad: bool) -> Any:
+            if bad:
+                raise ValueError("no")
+            return x
+
+        flaky = dataflow.op(
+            "flaky", meta=lambda x, bad: ops.spec_of(x), handle=ops.Tensor, inline=False
+        )(kernel)
+
+        async def main() -> int:
+            warm = flaky(np.zeros(1), False)
+            await warm
+            warm.task.sig.serial = True
+            handles = [flaky(np.zeros(1), bool(i % 2)) for i in range(6)]
+            ok = 0
+            for h in handles:
+                try:
+                    await h
+                    ok += 1
+                except TaskError:
+                    pass
+            return ok
+
+        assert dataflow.run(main, interop_threads=2) == 3
+
+
+class TestSynchronousMode:
+    def test_everything_runs_on_the_calling_thread_in_program_order(self) -> None:
+        """interop_threads=0: no pool, every op and plain fork runs at once, in order."""
+        order: list[str] = []
+
+        def step(name: str) -> Any:
+            order.append(name)
+            return np.array([threading.get_ident()], dtype=np.int64)
+
+        note = dataflow.op("note", meta=lambda n: _ident_meta(n), handle=Arr, inline=False)(
+            step
+        )
+
+        async def main() -> list[int]:
+            a = note("a")
+            b = dataflow.fork(step, "b")
+            c = note("c")
+            assert not [t for t in threading.enumerate() if t.name.startswith("interop")]
+            return [int((await h)[0]) for h in (a, b, c)]
+
+        where = dataflow.run(main, interop_threads=0)
+        assert order == ["a", "b", "c"]
+        assert set(where) == {threading.get_ident()}
+
+
+def _liar_kernel(x: Any, shape: Any, dtype: Any) -> Any:
+    return np.zeros(shape, dtype)
+
+
+liar = dataflow.op(
+    "liar",
+    meta=lambda x, shape, dtype: ops.TensorSpec(np.shape(x), np.dtype(np.float64)),
+    handle=ops.Tensor,
+)(_liar_kernel)
+
+
+class TestValueCheck:
+    @pytest.mark.parametrize("inline", [True, False])
+    def test_wrong_shape_fails_the_task(self, inline: bool) -> None:
+        """A kernel returning another shape than declared fails its task, naming both."""
+        op = dataflow.op(
+            "liar2",
+            meta=lambda x: ops.TensorSpec((3,), np.dtype(np.float64)),
+            handle=ops.Tensor,
+            inline=inline,
+        )(lambda x: np.zeros(7))
+
+        async def main() -> None:
+            y = op(np.ones(3))
+            z = ops.add(y, 1.0)
+            with pytest.raises(TaskError) as info:
+                await z
+            assert isinstance(info.value.__cause__, OpOutputError)
+            assert "liar2" in str(info.value.__cause__)
+            assert "float64[7]" in str(info.value.__cause__)
+            assert "float64[3]" in str(info.value.__cause__)
+
+        dataflow.run(main, interop_threads=2)
+
+    def test_wrong_dtype_fails_the_task(self) -> None:
+        """Declared float64, returned uint8: the task fails instead of overflowing later."""
+
+        async def main() -> None:
+            with pytest.raises(TaskError, match=r"uint8\[3\].*declared float64\[3\]"):
+                await liar(np.ones(3), (3,), np.uint8)
+
+        dataflow.run(main)
+
+    def test_checked_outside_a_runtime(self) -> None:
+        """Eager mode checks too, raising at the call."""
+        with pytest.raises(TaskError, match="the kernel returned float64\\[2\\]"):
+            liar(np.ones(3), (2,), np.float64)
+
+    def test_checked_in_graph_runs(self) -> None:
+        """A graph node's kernel is checked like an eager op's."""
+
+        async def f(x: Any) -> Any:
+            return liar(x, (5,), np.float64)
+
+        graph = dataflow.trace(f, np.ones(3), check=False)
+        with pytest.raises(TaskError, match="liar"):
+            graph.run(np.ones(3))
+
+    def test_honest_ops_pass(self) -> None:
+        """Every ops kernel in a small program matches its declared spec."""
+
+        async def main() -> Any:
+            x = ops.asarray(np.arange(12.0).reshape(3, 4))
+            return await ops.sum(ops.tanh(x @ x.T) * 2, axis=0)
+
+        assert dataflow.run(main).shape == (3,)
+
+
+# Untyped handles on the API, to make the wrong calls that a type checker would catch.
+_Runtime: Any = dataflow.Runtime
+_op: Any = dataflow.op
+
+
+class TestValidation:
+    @pytest.mark.parametrize(
+        ("make", "pattern"),
+        [
+            (lambda: _Runtime(private_pool="no"), r"private_pool=\) must be True or"),
+            (lambda: _Runtime(simulate=5), r"simulate=\) must be a function"),
+            (lambda: _Runtime(inline_threshold="x"), r"inline_threshold=\) must be a"),
+            (lambda: _op(123, meta=ops.spec_of, handle=ops.Tensor), r"name must be a"),
+            (lambda: _op("x", meta=5, handle=ops.Tensor)(np.negative), r"meta must be"),
+            (lambda: _op("x", meta=ops.spec_of, handle=None)(np.negative), r"handle"),
+            (
+                lambda: _op("x", meta=ops.spec_of, handle=ops.Tensor, cost=3)(abs),
+                r"cost must be a function \(or None\)",
+            ),
+            (lambda: _op("x", meta=ops.spec_of, handle=ops.Tensor)(5), r"decorates the"),
+            (
+                lambda: _op("x", meta=ops.spec_of, handle=ops.Tensor, inline="no")(abs),
+                r"inline must be True, False or None",
+            ),
+        ],
+    )
+    def test_bad_arguments_are_refused_at_the_call(self, make: Any, pattern: str) -> None:
+        """A wrong type for a flag or a function is a TypeError naming the argument."""
+        with pytest.raises(TypeError, match=pattern) as info:
+            make()
+        assert isinstance(info.value, dataflow.DataflowError)
+
+    def test_sync_with_says_async_with(self) -> None:
+        """`with dataflow.Runtime():` says to use `async with`."""
+        with (
+            pytest.raises(dataflow.DataflowError, match=r"use `async with dataflow\.Runtime"),
+            _Runtime(),
+        ):
+            pass
+
+    def test_awaiting_on_another_loop_is_refused(self) -> None:
+        """A handle awaited from a loop in another thread is a DataflowError, not a hang."""
+        got: list[Any] = []
+
+        async def owner() -> None:
+            gate = threading.Event()
+            h = pool_where(gated(np.zeros(1), gate))
+
+            def other() -> None:
+                async def steal() -> None:
+                    try:
+                        await h
+                    except dataflow.DataflowError as exc:
+                        got.append(exc)
+
+                asyncio.run(steal())
+
+            t = threading.Thread(target=other)
+            t.start()
+            while t.is_alive():
+                await asyncio.sleep(0.01)
+            gate.set()
+            await h
+
+        dataflow.run(owner)
+        assert got and "another event loop" in str(got[0])

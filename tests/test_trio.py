@@ -1,0 +1,176 @@
+"""dataflow under trio: a Runtime, ops, fork and wait in `anyio.run(..., backend="trio")`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from tests._helpers import fail_after, gated
+
+trio = pytest.importorskip("trio")
+
+
+def run_trio(main: Any, *args: Any) -> Any:
+    return anyio.run(main, *args, backend="trio")
+
+
+class TestTrio:
+    def test_ops_fork_and_wait(self) -> None:
+        """Ops, async and plain forks, wait and materialize give numpy's values under trio."""
+
+        async def child(x: Any) -> Any:
+            return ops.tanh(x)
+
+        async def main() -> Any:
+            async with dataflow.Runtime(interop_threads=2):
+                x = np.arange(6.0).reshape(2, 3)
+                y = ops.matmul(x, np.ones((3, 500)))  # big enough for the pool
+                f = dataflow.fork(child, x)
+                g = dataflow.fork(lambda v: float(v.sum()), y)
+                return await y, await dataflow.materialize(await dataflow.wait(f)), await g
+
+        y, t, s = run_trio(main)
+        x = np.arange(6.0).reshape(2, 3)
+        np.testing.assert_allclose(y, x @ np.ones((3, 500)))
+        np.testing.assert_allclose(t, np.tanh(x))
+        assert s == pytest.approx(float((x @ np.ones((3, 500))).sum()))
+
+    def test_plain_trio_run(self) -> None:
+        """trio.run itself (no anyio) works as well."""
+
+        async def main() -> Any:
+            async with dataflow.Runtime():
+                return await ops.add(np.ones(2), 1.0)
+
+        np.testing.assert_array_equal(trio.run(main), [2.0, 2.0])
+
+    def test_worker_threads_wake_the_trio_loop(self) -> None:
+        """A kernel finishing on a pool thread wakes the coroutine awaiting it."""
+
+        async def main() -> Any:
+            async with dataflow.Runtime(interop_threads=2):
+                gate = threading.Event()
+                h = gated(np.ones(3), gate)
+                threading.Timer(0.05, gate.set).start()
+                return await h
+
+        np.testing.assert_array_equal(run_trio(main), np.ones(3))
+
+    def test_kernel_error_reaches_the_awaiter(self) -> None:
+        """A failed kernel's error is raised where it is awaited, under trio too."""
+
+        async def main() -> str:
+            async with dataflow.Runtime():
+                gate = threading.Event()
+                gate.set()
+                with pytest.raises(dataflow.TaskError, match="boom after the gate"):
+                    await fail_after(np.ones(2), gate)
+            return "ok"
+
+        assert run_trio(main) == "ok"
+
+    def test_failing_body_cancels_forks(self) -> None:
+        """An error in the body cancels the forked coroutines, which are awaited on exit."""
+        seen: list[str] = []
+
+        async def sleeper() -> None:
+            try:
+                await trio.sleep(10)
+            finally:
+                seen.append("cancelled")
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                dataflow.fork(sleeper)
+                await trio.sleep(0.01)
+                raise RuntimeError("body failed")
+
+        with pytest.raises(RuntimeError, match="body failed"):
+            run_trio(main)
+        assert seen == ["cancelled"]
+
+    def test_a_fork_can_be_cancelled(self) -> None:
+        """fork(...).cancel() cancels that coroutine only; waiting gives CancelledTaskError."""
+
+        async def sleeper() -> str:
+            await trio.sleep(10)
+            return "woke"
+
+        async def main() -> str:
+            async with dataflow.Runtime():
+                f = dataflow.fork(sleeper)
+                await trio.sleep(0.01)
+                assert f.cancel()
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await f
+                return await dataflow.fork(lambda: "other")
+
+        assert run_trio(main) == "other"
+
+    def test_context_variables_reach_forks(self) -> None:
+        """A forked coroutine sees the context variables of the code that forked it."""
+        import contextvars
+
+        var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+        async def read() -> str:
+            return var.get()
+
+        async def main() -> str:
+            async with dataflow.Runtime():
+                var.set("set")
+                return await dataflow.fork(read)
+
+        assert run_trio(main) == "set"
+
+    def test_run_inside_trio_is_refused(self) -> None:
+        """dataflow.run inside a running trio loop is refused, as under asyncio."""
+
+        async def inner() -> None:
+            pass
+
+        async def main() -> str:
+            with pytest.raises(dataflow.DataflowError, match="running event loop"):
+                dataflow.run(inner)
+            return "refused"
+
+        assert run_trio(main) == "refused"
+
+    def test_unobserved_failure_is_raised_at_exit(self) -> None:
+        """A forked coroutine that failed and was never awaited is reported on exit."""
+
+        async def bad() -> None:
+            raise ValueError("nobody looked")
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                dataflow.fork(bad)
+                await trio.sleep(0.01)
+
+        with pytest.raises(dataflow.UnobservedTaskError):
+            run_trio(main)
+
+
+class TestUnobservedBaseException:
+    def test_base_exception_in_an_unawaited_fork_is_reported(self) -> None:
+        """A forked coroutine raising a BaseException subclass is not lost (issue #19.3)."""
+
+        class Stop(BaseException):
+            pass
+
+        async def bad() -> None:
+            raise Stop("odd")
+
+        async def main() -> None:
+            dataflow.fork(bad)
+
+        with pytest.raises(dataflow.UnobservedTaskError) as info:
+            dataflow.run(main)
+        assert isinstance(info.value.__cause__, dataflow.TaskError)
+        assert isinstance(info.value.__cause__.__cause__, Stop)
