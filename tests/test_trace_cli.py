@@ -156,7 +156,7 @@ class TestTraceRender:
         assert {b.get("data-task") for b in bars} == tasks
         assert all(b.find(f"{SVG}title") is not None for b in bars)
         texts = "".join(t.text or "" for t in root.iter(f"{SVG}text"))
-        assert "interop-" in texts and "matmul" in texts and "time (ms)" in texts
+        assert "interop-" in texts and "matmul" in texts and "time (" in texts
 
     def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
         """`-o x.html` embeds the SVG in a page with the summary and the op table."""
