@@ -21,6 +21,7 @@ __all__ = [
     "TaskError",
     "UnobservedTaskError",
     "describe",
+    "task_error_type",
     "task_failed",
 ]
 
@@ -73,8 +74,11 @@ class OpOutputError(DataflowError, TypeError):
 class TaskError(DataflowError):
     """A task (an op's kernel or a forked function) raised.
 
-    The original exception is chained as ``__cause__``, so its traceback is shown too.
-    Every value that depends on the failed task raises this same error when awaited.
+    The original exception is chained as ``__cause__``, so its traceback (down to the
+    kernel's frame) is shown too. The error raised is also an instance of the original's
+    type (``TaskError[ValueError]`` is both), so ``except ValueError`` works around an
+    ``await`` as it would around the plain numpy call. Every value that depends on the failed
+    task raises this same error when awaited.
 
     Attributes:
         task: the failed task's name, e.g. ``"matmul#12"``.
@@ -93,12 +97,60 @@ class TaskError(DataflowError):
 def task_failed(name: str, op: str, exc: BaseException, what: str = "") -> TaskError:
     """The TaskError for task ``name`` whose kernel (or function) raised ``exc``, chained to it.
 
-    ``what`` prefixes the task's name (``"forked task "``). The message stays printable even
-    when ``str(exc)`` raises (see :func:`describe`).
+    The error is also an instance of ``exc``'s own type (see :func:`task_error_type`), so
+    ``except ValueError`` around an ``await`` catches a kernel's ValueError, as asyncio and
+    concurrent.futures re-raise the original. ``what`` prefixes the task's name (``"forked
+    task "``). The message stays printable even when ``str(exc)`` raises (:func:`describe`).
     """
-    err = TaskError(f"{what}{name} failed: {describe(exc)}", task=name, op=op)
+    cls = task_error_type(type(exc))
+    err = cls(f"{what}{name} failed: {describe(exc)}", task=name, op=op)
     err.__cause__ = exc
     return err
+
+
+# Exception type -> the TaskError subclass that is also that type (see task_error_type).
+_dual_types: dict[type[BaseException], type[TaskError]] = {}
+
+
+def task_error_type(cls: type[BaseException]) -> type[TaskError]:
+    """``TaskError[cls]``: a subclass of both :class:`TaskError` and ``cls``, made once.
+
+    A TaskError subclass stands for itself (a forked task that let an op's error through
+    keeps its type). Exceptions that are not ``Exception`` subclasses (KeyboardInterrupt,
+    SystemExit, ...), StopIteration (PEP 479 would turn it into a RuntimeError inside the
+    awaiting coroutine), and the few types that cannot be combined with another base (a C
+    layout conflict, a constructor that refuses a message) give plain TaskError.
+    """
+    if issubclass(cls, TaskError):
+        return cls
+    if not issubclass(cls, Exception) or issubclass(cls, StopIteration | StopAsyncIteration):
+        # (A StopIteration raised inside a coroutine turns into a RuntimeError: PEP 479.)
+        return TaskError
+    found = _dual_types.get(cls)
+    if found is not None:
+        return found
+    try:
+        made: type[TaskError] = type(
+            f"TaskError[{cls.__qualname__}]",
+            (TaskError, cls),
+            {"__module__": "dataflow", "__reduce__": _reduce_dual, "__str__": TaskError.__str__},
+        )
+        made("probe", task="probe#0", op="probe")  # some types' constructors refuse this
+    except Exception:
+        made = TaskError
+    if len(_dual_types) < 1024:
+        _dual_types[cls] = made
+    return made
+
+
+def _reduce_dual(self: TaskError) -> tuple[object, ...]:
+    # Dual types are made at run time, so they pickle as "the TaskError for that type".
+    base = next(b for b in type(self).__bases__ if b is not TaskError)
+    return (_rebuild, (base, str(self), self.task, self.op))
+
+
+def _rebuild(base: type[BaseException], message: str, task: str, op: str) -> TaskError:
+    return task_error_type(base)(message, task=task, op=op)
 
 
 class OpTimeoutError(TaskError, TimeoutError):

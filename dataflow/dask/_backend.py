@@ -58,6 +58,7 @@ from .._errors import (
     DataflowValueError,
     TaskError,
     describe,
+    task_error_type,
 )
 from .._instrument import ACTIVE, emit
 from .._op import op_for_kernel
@@ -650,7 +651,7 @@ class DaskBackend:
             err = self._errors.get(exc.task)
             if err is None:
                 orig = exc.exc
-                err = TaskError(
+                err = task_error_type(type(orig))(
                     f"{exc.task} failed on the {exc.worker}: {describe(orig)}",
                     task=exc.task,
                     op=exc.op,
