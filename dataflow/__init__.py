@@ -32,6 +32,7 @@ from ._op import op as op
 from ._profile import Profiler as Profiler
 from ._profile import Summary as Summary
 from ._profile import profile as profile
+from ._protect import frozen_by as frozen_by
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._scheduler import get_inline_threshold as get_inline_threshold
@@ -59,6 +60,7 @@ __all__ = (
     "wait",
     "run",
     "materialize",
+    "frozen_by",
     "Runtime",
     "current_runtime",
     "Future",

@@ -80,6 +80,7 @@ from ._errors import (
 )
 from ._instrument import ACTIVE, emit
 from ._pool import GRAPH_LOCK, InteropPool, current_pool
+from ._protect import protect, thaw
 from ._task import CANCELLED, DONE, PENDING, READY, RUNNING, Pending, Signature, Task
 from ._timeout import TimedKernel, Watchdog
 from ._walk import is_container, leaves, replace
@@ -330,6 +331,7 @@ class Scheduler:
             emit("task_created", task)
         if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
             return self._run_now(task)
+        protect(task)  # it runs later: the caller may change its arrays meanwhile
         with GRAPH_LOCK:
             self.inflight += 1
             failed = gs.add(task) if inputs else None
@@ -544,6 +546,7 @@ class Scheduler:
     def _execute_one(self, task: Task, go_on: bool, here: InteropPool | None) -> list[Task] | None:
         """Run one RUNNING task; returns the tasks this thread runs next (or None)."""
         if self.cancelling:
+            thaw(task)
             cancelled = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
             with GRAPH_LOCK:
                 self._fail_locked(task, cancelled)
@@ -556,6 +559,7 @@ class Scheduler:
             value = self._call(task, here is not None)
         except BaseException as exc:
             _running.task = None
+            thaw(task)
             err = task_failed(task.name, task.op, exc)
             with GRAPH_LOCK:
                 if task.state == RUNNING:  # else it timed out while it ran: dropped
@@ -564,6 +568,7 @@ class Scheduler:
                 nxt = self._lane_after_locked(task, here)
             return None if nxt is None else [nxt]
         _running.task = None
+        thaw(task)
         if ACTIVE:
             # Before the dependents are made ready, so events stay in causal order. The value
             # is readable by the instrument (its state is not DONE yet: nobody else reads it).
@@ -653,6 +658,8 @@ class Scheduler:
         was_running = task.state == RUNNING
         owners: list[Scheduler] = []
         for t in gs.fail(task, err):
+            if t.frozen is not None and not (t is task and was_running):
+                thaw(t)  # it never runs (a running kernel thaws its own when it returns)
             sched = t.runtime._sched  # type: ignore[union-attr]
             if counted or t is not task:
                 sched.inflight -= 1

@@ -190,6 +190,7 @@ class Task:
         "dependents",
         "error",
         "fn",
+        "frozen",
         "id",
         "inputs",
         "kwargs",
@@ -225,6 +226,8 @@ class Task:
         self.dependents: list[Task] | None = None
         self.waiters: list[Any] | None = None
         self.waiting = 0
+        # Argument arrays made read-only until the kernel has run (see _protect).
+        self.frozen: list[Any] | None = None
         # Among ready tasks the smallest priority runs first: issue order by default, the
         # static critical-path rank in graph runs.
         self.priority: float = self.id
@@ -292,6 +295,7 @@ _DEFAULTS: dict[str, Any] = {
     "dependents": None,
     "error": None,
     "fn": None,
+    "frozen": None,
     "inputs": (),
     "kwargs": None,
     "waiters": None,

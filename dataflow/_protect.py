@@ -1,0 +1,175 @@
+"""Arrays passed to an op that runs later are protected from writes until it has run.
+
+An op returns at once and its kernel may run later, so an array the caller passed and then
+changed would silently change the result (numpy computes eagerly: ``y = x + 1; x[:] = 100``
+leaves ``y`` alone). For a task that does not run at dispatch, each writeable ndarray among
+its arguments (containers walked) is, at dispatch:
+
+* **copied** when it is small (at most :data:`COPY_BYTES`, 64 KiB: a few microseconds), so
+  the kernel sees the array as it was at the call, exactly numpy's answer; or
+* **frozen** otherwise: the array and every array it is a view of are made read-only until
+  every task reading them has run, then made writeable again. A write meanwhile raises
+  numpy's ``ValueError: assignment destination is read-only`` at the write, instead of a
+  silently different result; ``dataflow.frozen_by(array)`` names the tasks holding it.
+
+Arrays that are already read-only are left alone (the caller cannot change them either). A
+view made *before* the call keeps its own flag, so writing through such a view is not caught
+(numpy keeps the writeable flag per view); module parameters and inputs are usually passed
+as they are, which is what this protects. Kernels that run inline at dispatch read their
+inputs right away and need none of this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._walk import is_container, leaves, replace
+
+if TYPE_CHECKING:
+    from ._task import Task
+
+__all__ = ["COPY_BYTES", "frozen_by", "protect", "thaw"]
+
+#: Writeable arrays up to this size are copied at dispatch; larger ones are frozen.
+COPY_BYTES = 64 * 1024
+
+_ndarray = np.ndarray
+_lock = threading.Lock()
+# id(array) -> [array, freeze count, the tasks holding it]
+_frozen: dict[int, list[Any]] = {}
+# Views no task holds any more, waiting for a base still frozen for another task.
+_waiting: dict[int, np.ndarray[Any, Any]] = {}
+
+
+def _chain(a: np.ndarray[Any, Any]) -> list[np.ndarray[Any, Any]]:
+    """``a`` and the arrays it is a view of, view first."""
+    out = [a]
+    b = a.base
+    while isinstance(b, _ndarray):
+        out.append(b)
+        b = b.base
+    return out
+
+
+def _freeze(a: np.ndarray[Any, Any], task: Task) -> None:
+    with _lock:
+        for arr in _chain(a):
+            entry = _frozen.get(id(arr))
+            if entry is not None and entry[0] is arr:
+                entry[1] += 1
+                entry[2].append(task)
+            elif arr.flags.writeable:
+                arr.flags.writeable = False
+                _frozen[id(arr)] = [arr, 1, [task]]
+
+
+def _leaf(task: Task, frozen: list[np.ndarray[Any, Any]]) -> Any:
+    def protect_leaf(v: Any) -> Any:
+        if type(v) is _ndarray:
+            if v.flags.writeable:
+                if v.nbytes <= COPY_BYTES:
+                    return v.copy()
+            elif id(v) not in _frozen:  # read-only by the caller's choice: nothing to do
+                return v
+            _freeze(v, task)  # (or already frozen for another task: one more reader)
+            frozen.append(v)
+        return v
+
+    return protect_leaf
+
+
+def _needs_copy(v: Any) -> bool:
+    return type(v) is _ndarray and v.flags.writeable and v.nbytes <= COPY_BYTES
+
+
+def _protect_container(value: Any, leaf: Any) -> Any:
+    """A container, rebuilt only if an array in it is copied (else the same object, its big
+    arrays frozen): a kernel may rely on the identity of what it was passed."""
+    if any(_needs_copy(v) for v in leaves(value)):
+        return replace(value, leaf)
+    for v in leaves(value):
+        leaf(v)
+    return value
+
+
+def protect(task: Task) -> None:
+    """Copy or freeze the writeable arrays among ``task``'s arguments (module docstring)."""
+    args = task.args
+    if args is None:
+        return
+    frozen: list[np.ndarray[Any, Any]] = []
+    leaf = _leaf(task, frozen)
+    new: list[Any] | None = None
+    for i, a in enumerate(args):
+        if type(a) is _ndarray:
+            if not a.flags.writeable and id(a) not in _frozen:
+                continue
+            b = leaf(a)
+        elif is_container(a):
+            b = _protect_container(a, leaf)
+        else:
+            continue
+        if b is not a:
+            if new is None:
+                new = list(args)
+            new[i] = b
+    if new is not None:
+        task.args = tuple(new)
+    if task.kwargs:
+        task.kwargs = {k: _protect_container([v], leaf)[0] for k, v in task.kwargs.items()}
+    if frozen:
+        task.frozen = frozen
+
+
+def thaw(task: Task) -> None:
+    """``task``'s kernel has run (or never will): release the arrays it froze."""
+    frozen = task.frozen
+    if not frozen:
+        return
+    task.frozen = None
+    with _lock:
+        for a in frozen:
+            for arr in reversed(_chain(a)):  # bases first: a view is writeable only then
+                entry = _frozen.get(id(arr))
+                if entry is None or entry[0] is not arr:
+                    continue
+                entry[1] -= 1
+                with contextlib.suppress(ValueError):
+                    entry[2].remove(task)
+                if entry[1] == 0:
+                    del _frozen[id(arr)]
+                    _restore(arr)
+        if _waiting:
+            for arr in list(_waiting.values()):  # a base of theirs may be writeable now
+                _restore(arr)
+
+
+def _restore(arr: np.ndarray[Any, Any]) -> None:
+    """Make ``arr`` writeable again, or once its base is (a view cannot be before)."""
+    try:
+        arr.flags.writeable = True
+    except ValueError:  # its base is still frozen for another task
+        _waiting[id(arr)] = arr
+    else:
+        _waiting.pop(id(arr), None)
+
+
+def frozen_by(array: np.ndarray[Any, Any]) -> list[str]:
+    """The names of the pending tasks that hold ``array`` read-only (empty if none).
+
+    Example:
+        >>> x[:] = 0          # ValueError: assignment destination is read-only
+        >>> dataflow.frozen_by(x)
+        ['matmul#12']
+    """
+    with _lock:
+        names: list[str] = []
+        for arr in _chain(array):
+            entry = _frozen.get(id(arr))
+            if entry is not None and entry[0] is arr:
+                names.extend(t.name for t in entry[2] if t.name not in names)
+        return names
