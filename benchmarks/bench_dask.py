@@ -90,7 +90,7 @@ def ensemble_local(
 ) -> float:
     async def main() -> float:
         t0 = time.perf_counter()
-        out["local"] = await (await ens(x))
+        out["local"] = await ens(x)
         return time.perf_counter() - t0
 
     return dataflow.run(main, interop_threads=threads, intraop_threads=intraop, backend="local")
@@ -103,9 +103,9 @@ def ensemble_dask(
         t0 = time.perf_counter()
         async with dataflow.Runtime(backend="dask", address=address, intraop_threads=intraop):
             if warm:  # first forward scatters the weights; time the second one
-                await (await ens(x))
+                await ens(x)
                 t0 = time.perf_counter()
-            out["warm" if warm else "new"] = await (await ens(x))
+            out["warm" if warm else "new"] = await ens(x)
             return time.perf_counter() - t0
 
     return run_async(main)

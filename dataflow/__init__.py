@@ -8,7 +8,9 @@ ready, on a bounded pool of inter-op threads, so independent work overlaps by it
 from __future__ import annotations
 
 from ._api import fork as fork
+from ._api import in_model_code as in_model_code
 from ._api import materialize as materialize
+from ._api import model_code as model_code
 from ._api import run as run
 from ._api import wait as wait
 from ._errors import CancelledTaskError as CancelledTaskError
@@ -60,6 +62,8 @@ __all__ = (
     "wait",
     "run",
     "materialize",
+    "model_code",
+    "in_model_code",
     "frozen_by",
     "Runtime",
     "current_runtime",

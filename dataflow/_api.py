@@ -10,9 +10,10 @@ pending values among its arguments are ready, and receives their arrays.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, TypeVar, overload
 
 import structlog
@@ -33,7 +34,7 @@ from ._scheduler import scan
 from ._task import Future, Pending, Signature, _next_id
 from ._walk import leaves, replace
 
-__all__ = ["TaskFuture", "fork", "materialize", "run", "wait"]
+__all__ = ["TaskFuture", "fork", "in_model_code", "materialize", "model_code", "run", "wait"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,36 @@ T = TypeVar("T")
 _parent: contextvars.ContextVar[TaskFuture[Any] | None] = contextvars.ContextVar(
     "dataflow_parent_fork", default=None
 )
+# Whether the running code is model code: a module's forward, or code started from one.
+_model: contextvars.ContextVar[bool] = contextvars.ContextVar("dataflow_model_code", default=False)
+
+
+@contextlib.contextmanager
+def model_code() -> Iterator[bool]:
+    """Mark the code in the block as *model code*; yields whether it already was.
+
+    The rule that makes one ``await`` give arrays: awaiting a module call (``ops.nn.Module``
+    uses this) or a forked task's future gives its values with every pending output resolved
+    to arrays, except in model code, where it gives the pending outputs themselves, so the
+    ops a forward dispatches keep overlapping (``results = [await m(x) for m in members]``
+    dispatches every member before any has run). Forks started in model code are model code.
+
+    Example:
+        >>> async def __call__(self, x):          # how ops.nn.Module uses it
+        ...     with dataflow.model_code() as nested:
+        ...         out = await self.forward(x)
+        ...     return out if nested else await dataflow.materialize(out)
+    """
+    token = _model.set(True)
+    try:
+        yield token.old_value is True
+    finally:
+        _model.reset(token)
+
+
+def in_model_code() -> bool:
+    """Whether the calling code is model code (see :func:`model_code`)."""
+    return _model.get()
 
 _RUNNING, _DONE, _FAILED, _CANCELLED = range(4)
 
@@ -115,7 +146,11 @@ class TaskFuture(Future[T]):
             waiter = self._host.waiter()
             self._waiters.append(waiter)
             yield from waiter.__await__()
-        return self.result()
+        value = self.result()
+        if _model.get():  # model code keeps pending outputs pending (see model_code)
+            return value
+        out: T = yield from materialize(value).__await__()
+        return out
 
     def __repr__(self) -> str:
         state = ("running", "done", "failed", "cancelled")[self._state]
@@ -252,8 +287,9 @@ def _fork_async(
 async def wait(fut: Future[T]) -> T:
     """Wait for a future (or pending value) without blocking a thread; return its value.
 
-    Like ``torch.jit.wait``. Equivalent to ``await fut``. A failed task's error is raised here,
-    with the task named and the original exception chained.
+    Like ``torch.jit.wait``. Equivalent to ``await fut``: a forked task's pending outputs come
+    back as arrays, except in model code (see :func:`model_code`). A failed task's error is
+    raised here, with the task named and the original exception chained.
 
     Raises:
         TypeError: ``fut`` is not a dataflow future.

@@ -165,7 +165,7 @@ def summarize(y: Array) -> dict[str, Any]:
 
 
 async def _forward(model: Ensemble, x: Array) -> Array:
-    y: Array = await (await model(x))
+    y: Array = await model(x)  # one await: the output as an array
     return y
 
 

@@ -74,7 +74,7 @@ def counters(rt: dataflow.Runtime) -> DaskBackend:
 
 def local_ensemble(ens: Ensemble, x: Array) -> Array:
     async def main() -> Array:
-        y: Array = await (await ens(x))
+        y: Array = await ens(x)
         return y
 
     return dataflow.run(main, backend="local")
@@ -152,7 +152,7 @@ class TestEnsemble:
         async def main() -> Array:
             async with dask(address) as rt:
                 runtimes.append(rt)
-                y: Array = await (await ens(x))
+                y: Array = await ens(x)
             return y
 
         y = dataflow.run(main, loop=loop)
@@ -407,7 +407,7 @@ class TestTimeline:
         async def main() -> Array:
             async with dask(address) as rt:
                 runtimes.append(rt)
-                y: Array = await (await ens(x))
+                y: Array = await ens(x)
             return y
 
         with dataflow.profile() as prof:
@@ -439,7 +439,7 @@ class TestProcesses:
 
             async def main() -> Array:
                 async with dask(cluster.scheduler_address):
-                    y: Array = await (await ens(x))
+                    y: Array = await ens(x)
                     with pytest.raises(TaskError) as info:
                         await boom(np.ones(2))
                     assert isinstance(info.value.__cause__, ValueError)

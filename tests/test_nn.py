@@ -198,7 +198,7 @@ class TestModule:
         """await module(x) runs forward; eager outside a runtime."""
 
         async def main() -> Array:
-            out: Array = await (await self.Net()(np.ones((4, 3), np.float32)))
+            out: Array = await self.Net()(np.ones((4, 3), np.float32))
             return out
 
         assert dataflow.run(main).shape == (4, 1)
@@ -243,7 +243,7 @@ class TestLinear:
         x = _rand(1, 2, 3, 6)
 
         async def main() -> Array:
-            y = await fc(x)
+            y = await fc.forward(x)
             assert y.shape == (2, 3, 4) and y.dtype == np.float32
             out: Array = await y
             return out
@@ -300,11 +300,13 @@ class TestRecurrent:
         h0 = _rand(2, layers * dirs, batch, hidden) if with_state else None
         c0 = _rand(3, layers * dirs, batch, hidden) if with_state else None
 
+        forward: Any = m.forward  # the pending outputs (a module call at the top gives arrays)
+
         async def main() -> Any:
             if mode == "LSTM":
-                out, (h_n, c_n) = await m(x, None if h0 is None else (h0, c0))
+                out, (h_n, c_n) = await forward(x, None if h0 is None else (h0, c0))
             else:
-                out, h_n = await m(x, h0)
+                out, h_n = await forward(x, h0)
                 c_n = None
             assert isinstance(out, ops.Tensor) and isinstance(h_n, ops.Tensor)
             return out, h_n, c_n
@@ -342,7 +344,7 @@ class TestRecurrent:
         x = _rand(0, 10, 2, 8)
 
         async def main() -> None:
-            out, (h_n, c_n) = await m(x)
+            out, (h_n, c_n) = await m.forward(x)
             assert out.shape == (10, 2, 32) and h_n.shape == c_n.shape == (2, 2, 16)
             await out
 
@@ -411,7 +413,7 @@ class TestStateDict:
         x = _rand(0, 3, 2, 4)
 
         async def main() -> tuple[Array, Array]:
-            return await (await a(x))[0], await (await b(x))[0]
+            return (await a(x))[0], (await b(x))[0]
 
         ya, yb = dataflow.run(main)
         assert np.array_equal(ya, yb)
@@ -519,7 +521,7 @@ class TestParallelism:
         x = np.random.default_rng(0).random((8, 8, 128), dtype=np.float32)
 
         async def main() -> tuple[Array, int]:
-            y: Array = await (await ens(x))
+            y: Array = await ens(x)
             rt = dataflow.current_runtime()
             assert rt is not None
             return y, rt.peak_running
@@ -538,7 +540,7 @@ class TestParallelism:
         rec = Recorder()
 
         async def main() -> Array:
-            out, _ = await m(x)
+            out, _ = await m.forward(x)
             y: Array = await out
             return y
 
@@ -582,3 +584,77 @@ class TestParallelism:
         layer0 = self._intervals(rec, "lstm_step")
         layer1 = self._intervals(rec, "lstm_cell")
         assert not any(s1 < f0 and s0 < f1 for s0, f0 in layer0 for s1, f1 in layer1)
+
+
+class TestOneAwait:
+    """One ``await`` of a module call (or a fork) gives arrays, except in model code."""
+
+    def test_top_level_await_gives_arrays(self) -> None:
+        """`await model(x)` in a program gives numpy arrays, nested outputs included."""
+        m = nn.LSTM(4, 5, seed=0)
+
+        async def main() -> Any:
+            return await m(_rand(0, 3, 2, 4))
+
+        out, (h_n, c_n) = dataflow.run(main)
+        assert all(isinstance(a, np.ndarray) for a in (out, h_n, c_n))
+
+    def test_inside_a_forward_submodules_give_pending_outputs(self) -> None:
+        """A submodule called in a forward returns pending tensors (the members overlap)."""
+        seen: list[type] = []
+
+        class Outer(nn.Module):
+            def __init__(self) -> None:
+                self.inner = nn.Linear(3, 2, seed=0)
+
+            async def forward(self, x: Any) -> Any:
+                y = await self.inner(x)
+                seen.append(type(y))
+                return ops.tanh(y)
+
+        async def main() -> Any:
+            return await Outer()(np.ones((4, 3), np.float32))
+
+        out = dataflow.run(main)
+        assert seen == [ops.Tensor] and isinstance(out, np.ndarray)
+
+    def test_forward_itself_always_gives_pending(self) -> None:
+        """`await model.forward(x)` gives the pending outputs, at any level."""
+        fc = nn.Linear(3, 2, seed=0)
+
+        async def main() -> bool:
+            return isinstance(await fc.forward(np.ones((1, 3), np.float32)), ops.Tensor)
+
+        assert dataflow.run(main)
+
+    def test_waiting_for_a_fork_gives_arrays(self) -> None:
+        """wait(fork(fn)) of a function returning pending tensors gives arrays; in model
+        code it gives the pending tensors."""
+
+        async def chain(x: Any) -> Any:
+            return ops.tanh(ops.asarray(x) * 2.0)
+
+        async def main() -> tuple[type, type]:
+            top = await dataflow.wait(dataflow.fork(chain, np.ones(3)))
+            with dataflow.model_code():
+                assert dataflow.in_model_code()
+                inner = await dataflow.fork(chain, np.ones(3))
+            assert not dataflow.in_model_code()
+            return type(top), type(inner)
+
+        assert dataflow.run(main) == (np.ndarray, ops.Tensor)
+
+    def test_forks_started_in_model_code_are_model_code(self) -> None:
+        """A coroutine forked from a forward inherits model code (its awaits stay pending)."""
+
+        async def child() -> bool:
+            return dataflow.in_model_code()
+
+        class M(nn.Module):
+            async def forward(self) -> Any:
+                return await dataflow.fork(child)
+
+        async def main() -> Any:
+            return await M()()
+
+        assert dataflow.run(main) is True

@@ -144,9 +144,12 @@ async def _chain(x: Any, w: np.ndarray, n: int) -> Any:
 async def two_chains(n: int = 384, steps: int = 4) -> Any:
     """Two independent matmul chains, forked, then joined by an add."""
     a, w = _weights(n)
-    f1 = dataflow.fork(_chain, a, w, steps)
-    f2 = dataflow.fork(_chain, a * 2, w, steps)
-    return await ops.add(await f1, await f2)
+    # Model code: awaiting the forks gives their pending outputs, so the add depends on both.
+    with dataflow.model_code():
+        f1 = dataflow.fork(_chain, a, w, steps)
+        f2 = dataflow.fork(_chain, a * 2, w, steps)
+        joined = ops.add(await f1, await f2)
+    return await joined
 
 
 def profile_two_chains(**kw: Any) -> dataflow.Profiler:
@@ -316,7 +319,7 @@ class TestChromeTrace:
             return ops.negative(x)  # tiny: runs inline, on this worker, inside outer's slice
 
         async def main() -> Any:
-            return await (await dataflow.fork(outer, np.ones(4)))
+            return await dataflow.fork(outer, np.ones(4))
 
         with dataflow.profile() as prof:
             dataflow.run(main, interop_threads=1)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .._api import model_code
 from .._errors import DataflowError, task_failed
 from .._op import op_for_kernel
 from .._runtime import Runtime, resolve_loop_factory
@@ -496,9 +497,10 @@ async def _trace_once(
     tracer = Tracer(templates, values, _parameters_of(fn))
     async with Runtime(backend=tracer, interop_threads=0):  # type: ignore[arg-type]
         placeholders = [tracer.placeholder(k) for k in range(len(templates))]
-        result = fn(*placeholders)
-        if inspect.isawaitable(result) and not isinstance(result, Future):
-            result = await result  # a coroutine; a pending value is an output, not awaited
+        with model_code():  # a traced module's call gives its pending outputs, unawaited
+            result = fn(*placeholders)
+            if inspect.isawaitable(result) and not isinstance(result, Future):
+                result = await result  # a coroutine; a pending value is an output, not awaited
         outputs = await tracer.capture_output(result)
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier() or name == "<lambda>":

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+import dataflow
 from dataflow import DataflowError
 
 __all__ = ["IncompatibleKeys", "Module", "StateDictError", "make_rng", "uniform"]
@@ -76,11 +77,21 @@ class Module:
         )
 
     async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        result = self.forward(*args, **kwargs)
-        # A plain `def forward` works too: only await what is awaitable.
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        """Run ``forward``: one ``await`` gives arrays, except inside another forward.
+
+        At the top level (a script, a request handler) ``await model(x)`` gives the forward's
+        outputs as numpy arrays. Inside a module's forward (model code) it gives them as
+        pending tensors, at once, so the ops of every submodule overlap
+        (:func:`dataflow.model_code`). ``await model.forward(x)`` always gives them pending.
+        """
+        with dataflow.model_code() as nested:
+            result = self.forward(*args, **kwargs)
+            # A plain `def forward` works too: only await what is awaitable.
+            if inspect.isawaitable(result):
+                result = await result
+        if nested:
+            return result
+        return await dataflow.materialize(result)
 
     # -- structure ------------------------------------------------------------------------
 
