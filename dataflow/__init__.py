@@ -13,6 +13,8 @@ from ._api import materialize as materialize
 from ._api import model_code as model_code
 from ._api import run as run
 from ._api import wait as wait
+from ._compile import Compiled as Compiled
+from ._compile import compile as compile
 from ._errors import CancelledTaskError as CancelledTaskError
 from ._errors import DataflowError as DataflowError
 from ._errors import DataflowTypeError as DataflowTypeError
@@ -71,6 +73,9 @@ __all__ = (
     "Pending",
     "Task",
     "Signature",
+    # compiled forwards
+    "compile",
+    "Compiled",
     # ops
     "op",
     "Op",

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, TypeVar, overload
 
@@ -31,7 +32,7 @@ from ._instrument import ACTIVE, emit
 from ._logging import name_plain_fork
 from ._runtime import DEFAULT_MAX_PENDING, Runtime, get_runtime, resolve_loop_factory
 from ._scheduler import scan
-from ._task import Future, Pending, Signature, _next_id
+from ._task import DONE, Future, Pending, Signature, _next_id
 from ._walk import leaves, replace
 
 __all__ = ["TaskFuture", "fork", "in_model_code", "materialize", "model_code", "run", "wait"]
@@ -247,6 +248,8 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         sig = Signature(_fn_name(fn), inline=False)
         task = rt.dispatch(sig, _in_context(ctx, call), args, kwargs or None, inputs, ready)
         fut = Pending(task)
+        if task.state < DONE:
+            task.handles = [weakref.ref(fut)]
     if parent is not None:
         parent._children.append(fut)
     return fut

@@ -28,6 +28,7 @@ import contextvars
 import math
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -127,6 +128,16 @@ class HostLoop:
         """Start ``coro`` as a task owned by the runtime; returns a handle for :meth:`cancel`."""
         raise NotImplementedError
 
+    def current_task(self) -> Any:
+        """The running task (the request that dispatches), or None where it is not tracked."""
+        return None
+
+    def on_task_done(self, task: Any, fn: Callable[[Any, bool], None]) -> None:
+        """Call ``fn(task, cancelled)`` on the loop when ``task`` ends."""
+
+    def release_frames(self, task: Any) -> None:
+        """Let go of the local variables of a finished, cancelled task's frames."""
+
     def cancel(self, handle: Any) -> bool:
         """Cancel a spawned task (True if it was still running)."""
         raise NotImplementedError
@@ -181,6 +192,22 @@ class AsyncioLoop(HostLoop):
 
     def cancel(self, handle: Any) -> bool:
         return bool(handle.cancel())
+
+    def current_task(self) -> Any:
+        return asyncio.current_task(self.loop)
+
+    def on_task_done(self, task: Any, fn: Callable[[Any, bool], None]) -> None:
+        task.add_done_callback(lambda t: fn(t, t.cancelled()))
+
+    def release_frames(self, task: Any) -> None:
+        # result() of a cancelled task raises the CancelledError it stored (and forgets it);
+        # clearing its traceback's frames releases their locals (traceback.clear_frames).
+        try:
+            task.result()
+        except asyncio.CancelledError as exc:
+            traceback.clear_frames(exc.__traceback__)
+        except BaseException:
+            pass
 
     def cancel_requested(self) -> bool:
         current = asyncio.current_task()

@@ -305,8 +305,14 @@ class Op(Generic[P, R]):
         spec = sig.spec
         if type(spec) is tuple:
             make = self.handle
-            return tuple(make(task, i, s) for i, s in enumerate(spec))  # type: ignore[return-value]
-        return self.handle(task, None, spec)  # type: ignore[no-any-return]
+            handles = tuple(make(task, i, s) for i, s in enumerate(spec))
+            if task.state < DONE:
+                task.handles = [weakref.ref(h) for h in handles]
+            return handles  # type: ignore[return-value]
+        handle = self.handle(task, None, spec)
+        if task.state < DONE:  # deferred: whether someone still holds it decides its fate
+            task.handles = [weakref.ref(handle)]
+        return handle  # type: ignore[no-any-return]
 
 
 # -- the registry: every declared op, by qualified name and by kernel -------------------------

@@ -35,9 +35,20 @@
   next waiting one when it ends), while GIL-free kernels keep running in parallel beside it.
   One run in 256 of a serial signature skips the lane to measure again; under 1.0 the mark
   is lifted.
-* **Ready order.** The queue is FIFO by issue order, or by the static critical-path rank a
-  captured graph run passes as ``priority``; the continuation above keeps a worker on the
-  chain it is on (its data is in cache, and a chain's intermediate arrays die young).
+* **Ready order, and requests.** Work dispatched from a coroutine on the loop belongs to
+  that coroutine's task (a request, in a server): its tasks take the request's age as their
+  priority, so the oldest request's ready work runs first and a burst of new requests cannot
+  starve an old one (a captured graph run adds its static critical-path rank). Otherwise the
+  queue is FIFO by issue order. The continuation above keeps a worker on the chain it is on
+  (its data is in cache, and a chain's intermediate arrays die young).
+* **Work belongs to whoever still wants it.** When a request's task is cancelled (the client
+  went away, a timeout), every task it dispatched that has not started is dropped, unless
+  someone still wants its value: a live coroutine awaiting it, a handle on it held anywhere
+  but in the cancelled coroutine's own variables, or an unfinished task of someone else that
+  reads it. (The cancelled coroutine's frames are released for that: its CancelledError's
+  traceback would keep its variables alive.) Awaiting a dropped value raises
+  :class:`~dataflow.CancelledTaskError`. (asyncio; under trio a cancelled request's work runs
+  to completion.)
 * **Failures propagate, never hang.** A kernel that raises fails its task with a
   :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
   on it fails with that same error, whatever runtime owns it; independent tasks are not
@@ -65,6 +76,7 @@ import heapq
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -81,7 +93,17 @@ from ._errors import (
 from ._instrument import ACTIVE, emit
 from ._pool import GRAPH_LOCK, InteropPool, current_pool
 from ._protect import protect, thaw
-from ._task import CANCELLED, DONE, PENDING, READY, RUNNING, Pending, Signature, Task
+from ._task import (
+    CANCELLED,
+    DONE,
+    PENDING,
+    READY,
+    RUNNING,
+    Pending,
+    Signature,
+    Task,
+    _next_id,
+)
 from ._timeout import TimedKernel, Watchdog
 from ._walk import is_container, leaves, replace
 
@@ -199,6 +221,11 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[tuple[Ta
     return tuple(inputs), all(t.state == DONE for t in inputs)
 
 
+def _done(waiter: Any) -> bool:
+    done = getattr(waiter, "done", None)
+    return bool(done()) if done is not None else False
+
+
 def note_overlap(sig: Signature, wall: float, others: float) -> None:
     """Fold one pool run of ``wall`` seconds, overlapped by ``others`` kernels on average,
     into ``sig``'s GIL estimate, and mark it serial or not (module docstring, "the GIL lane").
@@ -231,12 +258,37 @@ def note_overlap(sig: Signature, wall: float, others: float) -> None:
         sig.serial = False
 
 
+class _Owner:
+    """What one request (a task on the event loop) dispatched: weak references, in order, so
+    a finished task (and its value) is freed as usual while the request goes on."""
+
+    __slots__ = ("base", "dropped", "limit", "refs")
+
+    def __init__(self, base: float) -> None:
+        self.base = base
+        self.refs: list[weakref.ref[Task]] = []
+        self.limit = 1024
+        self.dropped = False
+
+    def add(self, task: Task) -> None:
+        refs = self.refs
+        refs.append(weakref.ref(task))
+        if len(refs) > self.limit:  # forget the finished and freed ones now and then
+            self.refs = [r for r in refs if (t := r()) is not None and t.state < DONE]
+            self.limit = max(1024, 2 * len(self.refs))
+
+    def tasks(self) -> list[Task]:
+        """The tasks still alive, in dispatch order."""
+        return [t for r in self.refs if (t := r()) is not None]
+
+
 class Scheduler:
     """The local execution engine of one runtime (see the module docstring).
 
     Counters (read by ``repr``, tests and benchmarks): ``inflight`` tasks submitted and not
     finished, ``running`` kernels running on the pool now and ``peak_running`` at most,
-    ``tasks_run`` kernels run off the dispatching thread, ``inline_run`` kernels run inline.
+    ``tasks_run`` kernels run off the dispatching thread, ``inline_run`` kernels run inline,
+    ``dropped`` tasks dropped unrun because their request was cancelled.
     """
 
     def __init__(
@@ -264,12 +316,15 @@ class Scheduler:
         self.peak_running = 0
         self.tasks_run = 0
         self.inline_run = 0
+        self.dropped = 0
         self.cancelling = False
         self.closed = False
         # Inline at dispatch is allowed (not while cancelling, nor with simulated kernels).
         self._inline_ok = simulate is None
         self._drained: Any = None
         self._watchdog: Watchdog | None = None
+        # Requests (tasks on the loop) that dispatched deferred work, by their loop task.
+        self._owners: dict[Any, _Owner] = {}
 
     # -- dispatch (the hot path) ---------------------------------------------------------------
 
@@ -332,6 +387,11 @@ class Scheduler:
         if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
             return self._run_now(task)
         protect(task)  # it runs later: the caller may change its arrays meanwhile
+        owner = self._owner() if threading.get_ident() == self.host.thread_id else None
+        if owner is not None:
+            if priority is None:
+                task.priority = owner.base
+            owner.add(task)
         with GRAPH_LOCK:
             self.inflight += 1
             failed = gs.add(task) if inputs else None
@@ -461,6 +521,87 @@ class Scheduler:
             if failed is not None:
                 self._fail_locked(task, failed.error)
         return task
+
+    # -- requests: fairness and ownership ------------------------------------------------------
+
+    def _owner(self) -> _Owner | None:
+        """The record of the request running on the loop (made on its first deferred task)."""
+        current = self.host.current_task()
+        if current is None:
+            return None
+        owner = self._owners.get(current)
+        if owner is None:
+            owner = self._owners[current] = _Owner(float(_next_id()))
+            self.host.on_task_done(current, self._owner_done)
+        return owner
+
+    def owner_priority(self) -> float | None:
+        """The priority of work the running request dispatches (its age), or None."""
+        if threading.get_ident() != self.host.thread_id:
+            return None
+        owner = self._owner()
+        return None if owner is None else owner.base
+
+    def adopt(self, tasks: list[Task]) -> _Owner | None:
+        """Tasks made elsewhere for the running request (a plan's nodes) belong to it too."""
+        owner = self._owner() if threading.get_ident() == self.host.thread_id else None
+        if owner is not None:
+            for t in tasks:
+                owner.add(t)
+        return owner
+
+    def _owner_done(self, current: Any, cancelled: bool) -> None:
+        owner = self._owners.pop(current, None)
+        if owner is not None and cancelled:
+            # The cancelled coroutine's frames live on in its CancelledError's traceback,
+            # holding its local variables (handles it never passed on). Release them, so a
+            # handle still alive is one that someone else holds.
+            self.host.release_frames(current)
+            self.drop(owner)
+
+    def drop(self, owner: _Owner) -> int:
+        """A request was cancelled: drop what it dispatched that nobody else needs.
+
+        Goes backwards through its tasks (dependents come after what they read), so a task
+        whose only dependents were dropped is dropped too. Returns how many were dropped.
+        """
+        with GRAPH_LOCK:
+            owner.dropped = True
+            dropped = self.drop_locked_tasks(owner.tasks())
+            owner.refs = []
+        return dropped
+
+    def drop_locked_tasks(self, tasks: list[Task]) -> int:
+        """Drop the tasks of ``tasks`` that have not started and that nobody else needs,
+        last first (see :meth:`drop`). Holds the lock; returns how many were dropped."""
+        dropped = 0
+        for t in reversed(tasks):
+            if t.state > READY:
+                continue
+            waiters = t.waiters
+            if waiters and any(not _done(w) for w in waiters):
+                continue  # a live coroutine awaits it
+            handles = t.handles
+            if handles and any(h() is not None for h in handles):
+                continue  # someone holds a handle on it
+            deps = t.dependents
+            if deps and any(d.state < DONE for d in deps):
+                continue  # someone else's unfinished task reads it
+            err = CancelledTaskError(
+                f"{t.name} was dropped unrun: the request that dispatched it was cancelled "
+                "and nothing else was waiting for its value"
+            )
+            t.runtime._sched._fail_locked(t, err)  # type: ignore[union-attr]
+            dropped += 1
+        if dropped:
+            self.dropped += dropped
+        return dropped
+
+    def execute_now(self, task: Task) -> None:
+        """Synchronous mode: run a READY task here and now."""
+        with GRAPH_LOCK:
+            self.begin_locked(task)
+        self.execute(task, go_on=False)
 
     # -- running on the pool -----------------------------------------------------------------
 

@@ -186,11 +186,13 @@ class Task:
     """One node of the dataflow graph. Read-only for instruments; owned by its runtime."""
 
     __slots__ = (
+        "__weakref__",
         "args",
         "dependents",
         "error",
         "fn",
         "frozen",
+        "handles",
         "id",
         "inputs",
         "kwargs",
@@ -228,6 +230,8 @@ class Task:
         self.waiting = 0
         # Argument arrays made read-only until the kernel has run (see _protect).
         self.frozen: list[Any] | None = None
+        # Weak references to the handles on a deferred task (is its value still wanted?).
+        self.handles: list[Any] | None = None
         # Among ready tasks the smallest priority runs first: issue order by default, the
         # static critical-path rank in graph runs.
         self.priority: float = self.id
@@ -296,6 +300,7 @@ _DEFAULTS: dict[str, Any] = {
     "error": None,
     "fn": None,
     "frozen": None,
+    "handles": None,
     "inputs": (),
     "kwargs": None,
     "waiters": None,
@@ -342,7 +347,8 @@ class Pending(Future[T]):
     is woken when the task completes.
     """
 
-    __slots__ = ("_index", "_task")
+    # __weakref__: the scheduler tells whether a deferred task's value is still wanted.
+    __slots__ = ("__weakref__", "_index", "_task")
 
     def __init__(self, task: Task, index: int | None = None) -> None:
         self._task = task

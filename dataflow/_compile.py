@@ -1,0 +1,411 @@
+"""Compiled forwards: trace a model once per input signature, then launch the whole plan.
+
+``dataflow.compile(model)`` wraps an ``async def`` function or an ``ops.nn.Module``::
+
+    forward = dataflow.compile(model)            # or @dataflow.compile on a function
+    y = await forward(x)                         # arrays, like ``await model(x)``
+
+The first call with a new *signature* (each array argument's shape and dtype, and the value
+of every other argument) traces the program (``dataflow.trace``: its ops are recorded, not
+run), optimises the graph and prepares it for launching (``dataflow.graph._launch``). Later
+calls with that signature launch the prepared plan: the calling coroutine does O(1) work (two
+tasks created, one queued), a pool thread instantiates the plan's nodes, and the scheduler
+runs them. So a request costs the event loop a few microseconds, however many ops it has.
+
+**What tracing cannot see.** Like ``torch.jit.trace``, a trace records the ops one run issues,
+not the Python around them: loops are unrolled for the traced shapes, and a branch on a
+value is taken as it was for the example. The first compile of each signature traces twice,
+the second time with other input values, and refuses (a :class:`~dataflow.DataflowError`
+naming where) a program whose ops changed: its control flow depends on the values. That
+check cannot see every case (a branch that two random inputs take the same way), so a
+program that branches on values must not be compiled; ``check=False`` skips it.
+
+**Cross-request batching** (opt-in, ``batch_axis=``): calls that arrive while an earlier batch
+of the same compiled model is running are gathered, concatenated along ``batch_axis``, run as
+one launch (every op then runs once for all of them, with larger, faster kernels: the
+on-the-fly batching of DyNet, at the granularity of the whole program), and the outputs split
+back along ``batch_axis``. A call never waits for others when nothing of this model runs, and
+at most ``max_wait`` seconds otherwise. The batch is padded to a power of two (so at most a
+few sizes are traced), the padding rows being copies of the first input's. Every array input
+and output must have the batch axis, and rows must be independent (no op may mix the batch's
+rows: reductions over the batch axis, batch norm ...): the results are then those of running
+each call alone, within float rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ._errors import DataflowError, DataflowTypeError, DataflowValueError
+from ._runtime import Runtime, get_runtime
+from ._task import Pending
+from ._walk import replace
+
+__all__ = ["Compiled", "compile"]
+
+R = TypeVar("R")
+_ndarray = np.ndarray
+
+
+def compile(
+    fn: Callable[..., Any] | None = None,
+    *,
+    check: bool = True,
+    optimize: bool = True,
+    batch_axis: int | None = None,
+    max_batch: int = 32,
+    max_wait: float = 0.002,
+) -> Any:
+    """Compile a model function or module once per input signature (module docstring).
+
+    Use as ``dataflow.compile(model)`` or as a decorator (``@dataflow.compile`` or
+    ``@dataflow.compile(batch_axis=0)``).
+
+    Args:
+        fn: an ``async def`` function or an ``ops.nn.Module`` (a callable whose call is async).
+        check: trace each new signature twice and refuse value-dependent control flow.
+        optimize: run the graph passes (constant folding, CSE, DCE, elementwise fusion).
+        batch_axis: batch concurrent calls along this axis of every array input and output
+            (None: no batching).
+        max_batch: the most calls in one batch.
+        max_wait: the longest a call waits for others to join its batch, in seconds.
+
+    Example:
+        >>> forward = dataflow.compile(ensemble, batch_axis=1)
+        >>> async def handle(request):
+        ...     y = await forward(x)        # many requests: one launch per batch
+    """
+    for what, value in (("check", check), ("optimize", optimize)):
+        if type(value) is not bool:
+            raise DataflowTypeError(f"compile({what}=) must be True or False, got {value!r}")
+    if batch_axis is not None and (type(batch_axis) is not int):
+        raise DataflowTypeError(f"compile(batch_axis=) must be an int or None, got {batch_axis!r}")
+    if type(max_batch) is not int or max_batch < 1:
+        raise DataflowValueError(f"compile(max_batch=) must be a positive int, got {max_batch!r}")
+    if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait >= 0:
+        raise DataflowValueError(f"compile(max_wait=) must be >= 0 seconds, got {max_wait!r}")
+
+    def make(f: Callable[..., Any]) -> Compiled[Any]:
+        if not callable(f):
+            raise DataflowTypeError(
+                f"compile() needs an async function or a module, got {type(f).__name__}: {f!r}"
+            )
+        return Compiled(
+            f,
+            check=check,
+            optimize=optimize,
+            batch_axis=batch_axis,
+            max_batch=max_batch,
+            max_wait=float(max_wait),
+        )
+
+    return make if fn is None else make(fn)
+
+
+class Compiled(Generic[R]):
+    """A compiled forward: call it like the function; ``await`` gives the outputs' arrays.
+
+    Attributes:
+        programs: the prepared plans, by signature (read it to see what was compiled).
+        launches: how many plans were launched (a batch counts once).
+        calls: how many calls were made.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *,
+        check: bool,
+        optimize: bool,
+        batch_axis: int | None,
+        max_batch: int,
+        max_wait: float,
+    ) -> None:
+        self.fn = fn
+        self.check = check
+        self.optimize = optimize
+        self.batch_axis = batch_axis
+        self.max_batch = max_batch
+        self.max_wait = max_wait
+        self.programs: dict[Hashable, Any] = {}
+        self._compiling: dict[Hashable, list[Any]] = {}
+        self._batches: dict[Hashable, _Batch] = {}
+        self._running: dict[Hashable, int] = {}
+        self.launches = 0
+        self.calls = 0
+        functools.update_wrapper(self, fn, updated=())
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        return f"<dataflow.compile {name} signatures={len(self.programs)} calls={self.calls}>"
+
+    # -- signatures ------------------------------------------------------------------------
+
+    @staticmethod
+    def _split(args: tuple[Any, ...]) -> tuple[list[Any], list[Any], list[Any]]:
+        """(array arguments, the other arguments, the signature key's parts)."""
+        arrays: list[Any] = []
+        statics: list[Any] = []
+        key: list[Any] = []
+        for a in args:
+            if type(a) is _ndarray or isinstance(a, Pending):
+                shape = getattr(a, "shape", None)
+                dtype = getattr(a, "dtype", None)
+                if shape is None or dtype is None:
+                    raise DataflowTypeError(
+                        "a compiled forward takes arrays (or Tensors) and hashable values; "
+                        f"got a pending {type(a).__name__} without a shape and dtype"
+                    )
+                arrays.append(a)
+                statics.append(_ARRAY)
+                key.append((tuple(shape), np.dtype(dtype)))
+            else:
+                try:
+                    hash(a)
+                except TypeError:
+                    raise DataflowTypeError(
+                        f"a compiled forward's non-array arguments are part of its signature "
+                        f"and must be hashable: got {type(a).__name__}: {a!r:.60}"
+                    ) from None
+                statics.append(a)
+                key.append((type(a), a))
+        return arrays, statics, key
+
+    async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:
+        """The prepared plan of this signature, tracing it if it is new."""
+        found = self.programs.get(key)
+        if found is not None:
+            return found
+        rt = get_runtime("a compiled forward")
+        waiting = self._compiling.get(key)
+        if waiting is not None:  # another call is tracing it: wait for that one
+            assert rt.host is not None
+            waiter = rt.host.waiter()
+            waiting.append(waiter)
+            await waiter
+            found = self.programs.get(key)
+            if found is None:
+                raise DataflowError(f"{self!r}: compiling this signature failed (see above)")
+            return found
+        self._compiling[key] = []
+        try:
+            found = self.programs[key] = await self._trace(arrays, statics)
+        finally:
+            wake = self._compiling.pop(key)
+            if wake and rt.host is not None:
+                rt.host.wake(wake)
+        return found
+
+    async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:
+        from .graph import TracerWarning, trace_async
+        from .graph._launch import Program
+
+        fn = self.fn
+
+        async def program(*xs: Any) -> Any:
+            it = iter(xs)
+            call = [next(it) if s is _ARRAY else s for s in statics]
+            return await fn(*call)
+
+        program.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        examples = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TracerWarning)
+            graph = await trace_async(program, *examples, check=self.check)
+        problems = [str(w.message) for w in caught if issubclass(w.category, TracerWarning)]
+        for w in caught:
+            if not (self.check and issubclass(w.category, TracerWarning)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if problems and self.check:
+            raise DataflowError(
+                f"compile({program.__name__}): the program cannot be compiled: "
+                + "; ".join(problems)
+                + ". Compiled programs must issue the same ops whatever the input values; "
+                "pass check=False to compile anyway (at your own risk)"
+            )
+        if self.optimize:
+            graph = graph.optimize()
+        return Program(graph)
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def __call__(self, *args: Any) -> R:
+        self.calls += 1
+        arrays, statics, key = self._split(args)
+        if self.batch_axis is not None and arrays:
+            return await self._batched(arrays, statics, key)  # type: ignore[no-any-return]
+        prog = await self._program(tuple(key), arrays, statics)
+        return await self._launch(prog, arrays)  # type: ignore[no-any-return]
+
+    async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any:
+        from .graph._launch import launch
+
+        rt = get_runtime("a compiled forward")
+        self.launches += 1
+        gather = launch(rt, prog, arrays, rt._sched.owner_priority())
+        return await Pending(gather)
+
+    # -- batching --------------------------------------------------------------------------
+
+    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
+        axis = self.batch_axis
+        assert axis is not None
+        rows = []
+        for a in arrays:
+            shape = tuple(a.shape)
+            if not -len(shape) <= axis < len(shape):
+                raise DataflowValueError(
+                    f"{self!r}: batch_axis {axis} is out of range for an input of shape {shape}"
+                )
+            rows.append(shape[axis])
+        if len(set(rows)) != 1:
+            raise DataflowValueError(
+                f"{self!r}: every array input needs the same size along batch_axis {axis}, "
+                f"got {rows}"
+            )
+        # The group of calls that may share a batch: the signature less the batch axis.
+        group: list[Any] = []
+        for s, part in zip(statics, key, strict=True):
+            if s is _ARRAY:
+                shape, dtype = part
+                a = axis % len(shape)
+                part = (shape[:a] + shape[a + 1 :], dtype)
+            group.append(part)
+        gk = tuple(group)
+        rt = get_runtime("a compiled forward")
+        batch = self._batches.get(gk)
+        if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
+            batch = self._batches[gk] = _Batch(gk)
+        call = batch.join(arrays, rows[0], rt)
+        if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
+            self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
+        elif len(batch.calls) == 1:
+            batch.timer = _Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
+        return await call
+
+    def _flush(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
+        if batch.closed:
+            return
+        batch.closed = True
+        if self._batches.get(gk) is batch:
+            del self._batches[gk]
+        if batch.timer is not None:
+            batch.timer.cancel()
+        rt = batch.rt
+        assert rt is not None and rt.host is not None
+        self._running[gk] = self._running.get(gk, 0) + 1
+        rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
+
+    async def _run_batch(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
+        axis = self.batch_axis
+        assert axis is not None
+        try:
+            total = sum(batch.rows)
+            padded = 1 << (total - 1).bit_length()
+            inputs = []
+            for k in range(len(batch.calls[0])):
+                parts = [np.asarray(c[k].result()) if isinstance(c[k], Pending) else c[k]
+                         for c in batch.calls]  # fmt: skip
+                if padded > total:
+                    first = np.take(parts[0], [0], axis=axis)
+                    parts.append(np.repeat(first, padded - total, axis=axis))
+                inputs.append(np.concatenate(parts, axis=axis))
+            _, _, key = self._split(tuple(_with(statics, inputs)))
+            prog = await self._program(tuple(key), inputs, statics)
+            out = await self._launch(prog, inputs)
+            bounds = np.cumsum([0, *batch.rows])
+            for k, done in enumerate(batch.done):
+                lo, hi = int(bounds[k]), int(bounds[k + 1])
+                done(_slice(out, axis, lo, hi), None)
+        except BaseException as exc:
+            for done in batch.done:
+                done(None, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._running[gk] -= 1
+
+
+_ARRAY = object()  # marks an array argument's place among the static ones
+
+
+def _with(statics: list[Any], arrays: list[Any]) -> list[Any]:
+    it = iter(arrays)
+    return [next(it) if s is _ARRAY else s for s in statics]
+
+
+def _slice(out: Any, axis: int, lo: int, hi: int) -> Any:
+    def cut(v: Any) -> Any:
+        if type(v) is _ndarray and v.ndim:
+            index = [slice(None)] * v.ndim
+            index[axis] = slice(lo, hi)
+            return np.ascontiguousarray(v[tuple(index)])
+        return v
+
+    return replace(out, cut)
+
+
+class _Batch:
+    """Calls gathered for one launch."""
+
+    def __init__(self, key: Hashable) -> None:
+        self.key = key
+        self.calls: list[list[Any]] = []
+        self.rows: list[int] = []
+        self.done: list[Callable[[Any, BaseException | None], None]] = []
+        self.size = 0
+        self.closed = False
+        self.timer: _Timer | None = None
+        self.rt: Runtime | None = None
+
+    def join(self, arrays: list[Any], rows: int, rt: Runtime) -> Awaitable[Any]:
+        assert rt.host is not None
+        self.rt = rt
+        waiter = rt.host.waiter()
+        box: list[Any] = []
+
+        def done(value: Any, exc: BaseException | None) -> None:
+            box.append((value, exc))
+            assert rt.host is not None
+            rt.host.wake([waiter])
+
+        self.calls.append(arrays)
+        self.rows.append(rows)
+        self.done.append(done)
+        self.size += rows
+
+        async def result() -> Any:
+            await waiter
+            value, exc = box[0]
+            if exc is not None:
+                raise exc
+            return value
+
+        return result()
+
+
+class _Timer:
+    """Calls ``fn`` after ``seconds`` on the runtime's loop, unless cancelled first."""
+
+    def __init__(self, rt: Runtime, seconds: float, fn: Callable[[], None]) -> None:
+        import anyio
+
+        self.cancelled = False
+        host = rt.host
+        assert host is not None
+
+        async def wait() -> None:
+            await anyio.sleep(seconds)
+            if not self.cancelled:
+                fn()
+
+        host.spawn(wait(), "batch timer")
+
+    def cancel(self) -> None:
+        self.cancelled = True
+

@@ -1,0 +1,258 @@
+"""Launching a whole graph at once: what a compiled forward does per call.
+
+Eager dispatch (and ``graph.run``) submits one op at a time from the calling thread, each
+paying for argument scans, signature lookups and handles: some microseconds an op, all on the
+event loop. A :class:`Program` is a graph prepared once for repeated launches:
+
+* per node: its kernel, its arguments as a template with the constants already in place and a
+  list of the slots to fill from the graph's inputs and from other nodes' values, the nodes it
+  reads and the nodes that read it (deduplicated), and its static critical-path rank;
+* the structure of the outputs.
+
+A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks, *launch* and
+*gather*, and queues the first. The launch task runs on a pool thread: it creates every node's
+task, links them with the static structure (no argument scans, no meta or cost rules, no
+handles), and queues those with no inputs; from there the scheduler runs them like any task
+(placement, continuation, the GIL lane, value checks, failures). The gather task waits for the
+output nodes and builds the outputs; awaiting it gives the arrays. A node's value is dropped as
+soon as its last reader has run (unless it is an output).
+
+The graph's inputs are protected once, at launch (``dataflow._protect``): small writeable
+arrays are copied, large ones stay read-only until the gather has run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._pool import GRAPH_LOCK
+from .._protect import protect
+from .._task import PENDING, READY, Signature, Task, _next_id
+from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
+
+if TYPE_CHECKING:
+    from .._runtime import Runtime
+    from ._ir import Graph
+
+__all__ = ["PlanRun", "Program", "launch"]
+
+# Slot kinds of a node's argument template.
+_INPUT, _NODE, _NODE_OUT = range(3)
+
+
+class Program:
+    """A graph prepared for launches (see the module docstring)."""
+
+    def __init__(self, graph: Graph) -> None:
+        plan = graph.plan
+        nodes = graph.nodes
+        constants = graph.constants
+        n = len(nodes)
+        self.graph = graph
+        self.size = n
+        self.sigs: tuple[Signature, ...] = plan.sigs
+        self.rank = plan.rank
+        self.kernels: list[Callable[..., Any]] = [node.op.kernel for node in nodes]
+        self.args: list[tuple[Any, ...]] = []
+        self.slots: list[tuple[tuple[int, int, int, int | None], ...] | None] = []
+        self.kwargs: list[dict[str, Any] | None] = []
+        self.inputs: list[tuple[int, ...]] = []
+        self.readers: list[list[int]] = [[] for _ in range(n)]
+        for i, node in enumerate(nodes):
+            read = sorted({r.node for r in node.refs() if type(r) is NodeRef})
+            self.inputs.append(tuple(read))
+            for j in read:
+                self.readers[j].append(i)
+            flat = _flat_slots(node.args)
+            if flat is None or node.kwargs:
+                # Nested references (a list of values to stack): bound by the generic walk.
+                self.args.append(node.args)
+                self.slots.append(None)
+                self.kwargs.append(dict(node.kwargs) if node.kwargs else None)
+            else:
+                template = tuple(
+                    constants[a.name] if type(a) is ConstRef else a for a in node.args
+                )
+                self.args.append(template)
+                self.slots.append(flat)
+                self.kwargs.append(None)
+        self.constants = constants
+        self.outputs = graph.outputs
+        self.output_nodes = tuple(
+            sorted({r.node for r in iter_refs(graph.outputs) if type(r) is NodeRef})
+        )
+        self.is_output = [False] * n
+        for j in self.output_nodes:
+            self.is_output[j] = True
+        self.roots = tuple(i for i in range(n) if not self.inputs[i])
+        # One (i,) per node, made once: a node task's arguments (see PlanRun.call).
+        self.calls = tuple((i,) for i in range(n))
+        self.launch_sig = Signature(f"launch {graph.name}", inline=False)
+        self.gather_sig = Signature(f"{graph.name}", None)
+        self.gather_sig.seconds = 0.0  # building the outputs: small, runs where they finish
+
+    def __repr__(self) -> str:
+        return f"<Program {self.graph.name} nodes={self.size} outputs={len(self.output_nodes)}>"
+
+
+def _flat_slots(args: tuple[Any, ...]) -> tuple[tuple[int, int, int, int | None], ...] | None:
+    """The reference slots of arguments whose references are all at the top level."""
+    slots = []
+    for pos, a in enumerate(args):
+        t = type(a)
+        if t is InputRef:
+            slots.append((pos, _INPUT, a.index, None))
+        elif t is NodeRef:
+            slots.append((pos, _NODE if a.index is None else _NODE_OUT, a.node, a.index))
+        elif t is not ConstRef and any(True for _ in iter_refs(a)):
+            return None
+    return tuple(slots)
+
+
+class PlanRun:
+    """One launch of a program: its node tasks, and the values they read."""
+
+    __slots__ = ("base", "gather", "inputs", "left", "owner", "prog", "rt", "tasks")
+
+    def __init__(self, prog: Program, rt: Runtime, inputs: Sequence[Any]) -> None:
+        self.prog = prog
+        self.rt = rt
+        self.inputs = inputs
+        self.tasks: list[Task] = []
+        # Per node, one token per reader still to run (list.pop is atomic under the GIL).
+        self.left: list[list[None]] = []
+        self.base = 0.0
+        self.gather: Task | None = None
+        self.owner: Any = None  # the request it was launched for (see _scheduler)
+
+    def _value(self, ref: Any) -> Any:
+        t = type(ref)
+        if t is InputRef:
+            return self.inputs[ref.index]
+        if t is ConstRef:
+            return self.prog.constants[ref.name]
+        value = self.tasks[ref.node].value
+        return value if ref.index is None else value[ref.index]
+
+    def call(self, i: int) -> Any:
+        """Run node ``i``'s kernel on its inputs' values (a node task's kernel)."""
+        prog = self.prog
+        slots = prog.slots[i]
+        if slots is None:
+            args = map_refs(prog.args[i], self._value)
+            kwargs = prog.kwargs[i]
+            if kwargs:
+                kwargs = map_refs(kwargs, self._value)
+        else:
+            args = list(prog.args[i])
+            tasks = self.tasks
+            for pos, kind, src, index in slots:
+                if kind == _NODE:
+                    args[pos] = tasks[src].value
+                elif kind == _NODE_OUT:
+                    args[pos] = tasks[src].value[index]
+                else:
+                    args[pos] = self.inputs[src]
+            kwargs = None
+        value = prog.kernels[i](*args, **kwargs) if kwargs else prog.kernels[i](*args)
+        # This reader is done with its inputs: drop a value once its last reader is.
+        is_output = prog.is_output
+        for j in prog.inputs[i]:
+            tokens = self.left[j]
+            tokens.pop()
+            if not tokens and not is_output[j]:
+                self.tasks[j].value = None
+        return value
+
+    def start(self) -> None:
+        """Create and link every node's task, and queue the roots (the launch task's kernel)."""
+        prog = self.prog
+        rt = self.rt
+        sigs = prog.sigs
+        rank = prog.rank
+        base = self.base
+        call = self.call
+        calls = prog.calls
+        tasks = [Task(sigs[i], call, calls[i], None, rt) for i in range(prog.size)]
+        self.tasks = tasks
+        self.left = [[None] * len(r) for r in prog.readers]
+        for i, t in enumerate(tasks):
+            t.priority = base + rank[i]
+            readers = prog.readers[i]
+            if readers:
+                t.dependents = [tasks[k] for k in readers]
+            t.waiting = len(prog.inputs[i])
+        gather = self.gather
+        assert gather is not None
+        for j in prog.output_nodes:
+            t = tasks[j]
+            if t.dependents is None:
+                t.dependents = [gather]
+            else:
+                t.dependents.append(gather)
+        sched = rt._sched
+        owner = self.owner
+        with GRAPH_LOCK:
+            sched.inflight += len(tasks)
+            pool = sched.pool
+            for i in prog.roots:
+                tasks[i].state = READY
+            if owner is not None:
+                for t in tasks:
+                    owner.add(t)
+                if owner.dropped:  # the request was cancelled while this started
+                    gather.dependents = None
+                    sched.drop_locked_tasks(tasks)
+                    return
+            if pool is not None:
+                for i in prog.roots:
+                    pool.push_locked(tasks[i])
+        if pool is None:  # the synchronous mode: run them here, in order
+            for i in prog.roots:
+                sched.execute_now(tasks[i])
+
+    def finish(self, *inputs: Any) -> Any:
+        """The outputs, built from the output nodes' values (the gather task's kernel)."""
+        out = map_refs(self.prog.outputs, self._value)
+        self.tasks = []  # the run is over: let every value go
+        return out
+
+
+def launch(rt: Runtime, prog: Program, inputs: Sequence[Any], priority: float | None) -> Task:
+    """Launch ``prog`` on ``rt``'s scheduler; the gather task, whose value is the outputs.
+
+    The calling thread creates two tasks and queues one (see the module docstring).
+    ``priority``: where the run's tasks go among ready ones (default: now, in issue order).
+    """
+    run = PlanRun(prog, rt, inputs)
+    run.base = float(_next_id()) if priority is None else priority
+    gather = Task(prog.gather_sig, run.finish, tuple(inputs), None, rt)
+    protect(gather)  # small inputs copied, big ones read-only until the outputs are built
+    run.inputs = gather.args  # type: ignore[assignment]
+    run.gather = gather
+    gather.waiting = len(prog.output_nodes)
+    gather.priority = run.base + prog.size
+    starter = Task(prog.launch_sig, _start, (run,), None, rt)
+    starter.priority = run.base - 1
+    sched = rt._sched
+    run.owner = sched.adopt([starter, gather])
+    with GRAPH_LOCK:
+        sched.inflight += 2
+        if gather.waiting == 0:
+            gather.state = READY
+        starter.state = READY
+        if sched.pool is not None:
+            sched.pool.push_locked(starter)
+            if gather.state == READY:
+                sched.pool.push_locked(gather)
+    if sched.pool is None:
+        sched.execute_now(starter)
+        if gather.state == READY:
+            sched.execute_now(gather)
+    assert gather.state >= PENDING
+    return gather
+
+
+def _start(run: PlanRun) -> None:
+    run.start()

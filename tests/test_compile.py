@@ -1,0 +1,358 @@
+"""Compiled forwards (issue #12): traced once per signature, launched whole, batched."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from examples.lstm_ensemble import Ensemble
+
+Array = np.ndarray[Any, Any]
+
+
+def _x(*shape: int, seed: int = 0) -> Array:
+    out: Array = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return out
+
+
+class Mlp(ops.nn.Module):
+    def __init__(self) -> None:
+        self.fc1 = ops.nn.Linear(6, 8, seed=1)
+        self.fc2 = ops.nn.Linear(8, 3, seed=2)
+
+    async def forward(self, x: Any, scale: float = 1.0) -> Any:
+        h = ops.tanh(await self.fc1(x))
+        return ops.multiply(await self.fc2(h), scale)
+
+
+def _reference(m: Mlp, x: Array, scale: float = 1.0) -> Array:
+    h = np.tanh(x @ m.fc1.weight.T + m.fc1.bias)
+    out: Array = (h @ m.fc2.weight.T + m.fc2.bias) * scale
+    return out
+
+
+class TestCompile:
+    def test_gives_the_eager_results_as_arrays(self) -> None:
+        """await forward(x) equals the eager model's output, as an array."""
+        m = Mlp()
+        forward = dataflow.compile(m)
+        x = _x(4, 6)
+
+        async def main() -> Any:
+            return await forward(x)
+
+        out = dataflow.run(main)
+        assert isinstance(out, np.ndarray)
+        np.testing.assert_allclose(out, _reference(m, x), rtol=1e-5, atol=1e-6)
+
+    def test_traces_once_per_signature(self) -> None:
+        """Repeated calls reuse the plan; a new shape, dtype or static value compiles anew."""
+        m = Mlp()
+        forward = dataflow.compile(m)
+
+        async def main() -> None:
+            for seed in range(3):
+                x = _x(4, 6, seed=seed)
+                np.testing.assert_allclose(await forward(x), _reference(m, x), rtol=1e-5)
+            assert len(forward.programs) == 1
+            await forward(_x(5, 6))  # another batch size
+            y = await forward(_x(5, 6), 2.0)  # a static argument's value
+            np.testing.assert_allclose(y, _reference(m, _x(5, 6), 2.0), rtol=1e-5)
+            assert len(forward.programs) == 3
+
+        dataflow.run(main)
+
+    def test_another_dtype_compiles_anew(self) -> None:
+        """The same shape in another dtype is another signature."""
+
+        async def f(x: Any) -> Any:
+            return ops.tanh(x)
+
+        forward = dataflow.compile(f)
+
+        async def main() -> list[str]:
+            a = await forward(np.zeros(3, np.float32))
+            b = await forward(np.zeros(3, np.float64))
+            return [str(a.dtype), str(b.dtype)]
+
+        assert dataflow.run(main) == ["float32", "float64"]
+        assert len(forward.programs) == 2
+
+    def test_concurrent_first_calls_trace_once(self) -> None:
+        """Many calls of a new signature at once: one trace, all right."""
+        m = Mlp()
+        forward = dataflow.compile(m)
+        xs = [_x(2, 6, seed=k) for k in range(8)]
+
+        async def main() -> list[Array]:
+            return list(await asyncio.gather(*(forward(x) for x in xs)))
+
+        outs = dataflow.run(main)
+        assert len(forward.programs) == 1
+        for x, y in zip(xs, outs, strict=True):
+            np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+
+    def test_value_dependent_control_flow_is_refused(self) -> None:
+        """A program whose ops depend on the input values is not compiled (torch.jit.trace's
+        check): a clear error; check=False compiles it anyway."""
+
+        async def branchy(x: Any) -> Any:
+            if float(np.asarray(await ops.sum(x))) > 0:
+                return ops.tanh(x)
+            return ops.exp(x)
+
+        async def main(fn: Any) -> Any:
+            return await fn(np.ones(3, np.float32))
+
+        with pytest.raises(dataflow.DataflowError, match="cannot be compiled"):
+            dataflow.run(main, dataflow.compile(branchy))
+        with pytest.warns(dataflow.TracerWarning):
+            out = dataflow.run(main, dataflow.compile(branchy, check=False))
+        np.testing.assert_allclose(out, np.tanh(np.ones(3)), rtol=1e-6)
+
+    def test_the_ensemble(self) -> None:
+        """The tutorial's ensemble, compiled: the same output as eager."""
+        ens = Ensemble(2, 16, seed=3)
+        forward = dataflow.compile(ens)
+        x = _x(6, 2, 16)
+
+        async def main() -> tuple[Array, Array]:
+            return await ens(x), await forward(x)
+
+        eager, compiled = dataflow.run(main)
+        np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-6)
+
+    def test_a_kernel_error_reaches_the_caller(self) -> None:
+        """A kernel failing in a launched plan raises at the call, with its type."""
+        bad = dataflow.op("bad_c", meta=ops.spec_of, handle=ops.Tensor)(
+            lambda x: (_ for _ in ()).throw(ZeroDivisionError("in plan"))
+        )
+
+        async def prog(x: Any) -> Any:
+            return ops.tanh(bad(x))
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> None:
+            with pytest.raises(ZeroDivisionError, match="in plan"):
+                await forward(np.ones(2))
+
+        dataflow.run(main)
+
+    def test_the_synchronous_mode(self) -> None:
+        """interop_threads=0 launches run in order on the loop thread."""
+        m = Mlp()
+        forward = dataflow.compile(m)
+        x = _x(3, 6)
+
+        async def main() -> Any:
+            return await forward(x)
+
+        np.testing.assert_allclose(dataflow.run(main, interop_threads=0), _reference(m, x),
+                                   rtol=1e-5)  # fmt: skip
+
+    def test_inputs_changed_after_the_call_are_not_read(self) -> None:
+        """The launch copies (or freezes) its inputs: a later write changes nothing."""
+        m = Mlp()
+        forward = dataflow.compile(m)
+        x = _x(4, 6)
+        want = _reference(m, x)
+
+        async def main() -> Any:
+            await forward(x)  # compiled
+            call = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0)  # launched
+            x[:] = 100.0
+            return await call
+
+        np.testing.assert_allclose(dataflow.run(main), want, rtol=1e-5, atol=1e-6)
+
+    def test_arguments_are_checked(self) -> None:
+        """Non-array arguments must be hashable; the options are validated."""
+        forward = dataflow.compile(Mlp())
+
+        async def main() -> None:
+            with pytest.raises(TypeError, match="must be hashable"):
+                await forward(_x(2, 6), [1.0])
+
+        dataflow.run(main)
+        with pytest.raises(TypeError, match="batch_axis"):
+            dataflow.compile(Mlp(), batch_axis="0")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="max_batch"):
+            dataflow.compile(Mlp(), max_batch=0)
+
+
+class TestBatching:
+    def test_concurrent_calls_run_as_one_launch_with_the_same_results(self) -> None:
+        """32 concurrent calls: fewer launches than calls, each call its own rows back."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0)
+        xs = [_x(1, 6, seed=k) for k in range(32)]
+
+        async def main() -> list[Array]:
+            gate = asyncio.Event()
+
+            async def call(x: Array) -> Array:
+                await gate.wait()
+                out: Array = await forward(x)
+                return out
+
+            calls = [asyncio.ensure_future(call(x)) for x in xs]
+            await asyncio.sleep(0)
+            gate.set()
+            return list(await asyncio.gather(*calls))
+
+        outs = dataflow.run(main)
+        assert forward.calls == 32 and forward.launches < 32
+        for x, y in zip(xs, outs, strict=True):
+            assert y.shape == (1, 3)
+            np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+
+    def test_different_batch_sizes_share_a_batch(self) -> None:
+        """Calls of 1, 2 and 3 rows batch together; each gets its own rows."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0)
+        xs = [_x(n, 6, seed=n) for n in (1, 2, 3, 1)]
+
+        async def main() -> list[Array]:
+            return list(await asyncio.gather(*(forward(x) for x in xs)))
+
+        for x, y in zip(xs, dataflow.run(main), strict=True):
+            np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+
+    def test_a_lone_call_does_not_wait(self) -> None:
+        """With nothing of the model running, a call launches at once (no max_wait)."""
+        forward = dataflow.compile(Mlp(), batch_axis=0, max_wait=60.0)
+
+        async def main() -> Any:
+            return await asyncio.wait_for(forward(_x(1, 6)), 10)
+
+        assert dataflow.run(main).shape == (1, 3)
+
+    def test_the_ensemble_batches_on_axis_1(self) -> None:
+        """The ensemble's (T, B, C) input batches on axis 1."""
+        ens = Ensemble(2, 8, seed=4)
+        forward = dataflow.compile(ens, batch_axis=1)
+        xs = [_x(5, 1, 8, seed=k) for k in range(6)]
+
+        async def main() -> tuple[list[Array], list[Array]]:
+            eager = [await ens(x) for x in xs]
+            return eager, list(await asyncio.gather(*(forward(x) for x in xs)))
+
+        eager, batched = dataflow.run(main)
+        for e, b in zip(eager, batched, strict=True):
+            np.testing.assert_allclose(b, e, rtol=1e-4, atol=1e-5)
+
+    def test_bad_batch_axis(self) -> None:
+        """A batch axis out of range for an input is refused, naming the shape."""
+        forward = dataflow.compile(Mlp(), batch_axis=3)
+
+        async def main() -> None:
+            with pytest.raises(ValueError, match="out of range for an input of shape"):
+                await forward(_x(2, 6))
+
+        dataflow.run(main)
+
+
+def _gate_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+gate_op = dataflow.op("gate_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor, inline=False)(
+    _gate_kernel
+)
+slow_neg = dataflow.op("slow_neg", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.negative)
+
+
+class TestRequests:
+    def test_a_cancelled_request_drops_its_queued_ops(self) -> None:
+        """Cancelling the task that dispatched a chain drops the chain's unstarted ops
+        (counted from the trace: tasks cancelled, never started)."""
+
+        async def request(gate: threading.Event) -> Any:
+            y = gate_op(np.zeros(4), gate)
+            for _ in range(200):
+                y = slow_neg(y)
+            return await y
+
+        async def main() -> int:
+            gate = threading.Event()
+            req = asyncio.ensure_future(request(gate))
+            await asyncio.sleep(0.05)
+            req.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await req
+            gate.set()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            return rt._sched.dropped
+
+        with dataflow.profile() as prof:
+            dropped = dataflow.run(main, interop_threads=2)
+        summary = prof.trace()
+        started = [t for t in summary.tasks if t.op == "slow_neg"]
+        assert dropped == 200 and started == []
+
+    def test_what_someone_else_waits_for_is_kept(self) -> None:
+        """A value another live coroutine awaits is not dropped with its request."""
+
+        async def main() -> Any:
+            gate = threading.Event()
+            shared: list[Any] = []
+
+            async def request() -> None:
+                y = slow_neg(gate_op(np.ones(2), gate))
+                shared.append(y)
+                await asyncio.sleep(10)
+
+            req = asyncio.ensure_future(request())
+            await asyncio.sleep(0.05)
+            waiter = asyncio.ensure_future(_await(shared[0]))
+            await asyncio.sleep(0.01)
+            req.cancel()
+            gate.set()
+            return await waiter
+
+        np.testing.assert_array_equal(dataflow.run(main), [-1.0, -1.0])
+
+    def test_the_oldest_request_runs_first(self) -> None:
+        """With one worker busy, queued work of an older request runs before a newer one's."""
+        order: list[str] = []
+
+        def record(x: Any, name: str) -> Any:
+            order.append(name)
+            return x
+
+        mark = dataflow.op("mark", meta=lambda x, n: ops.spec_of(x), handle=ops.Tensor,
+                           inline=False)(record)  # fmt: skip
+
+        async def main() -> None:
+            gate = threading.Event()
+            busy = gate_op(np.zeros(1), gate)  # occupies the only worker
+
+            async def request(name: str, n: int) -> None:
+                handles = [mark(np.zeros(1), f"{name}{k}") for k in range(n)]
+                await asyncio.gather(*(_await(h) for h in handles))
+
+            burst = [asyncio.ensure_future(request(f"new{j}-", 3)) for j in range(3)]
+            await asyncio.sleep(0.01)
+            old = asyncio.ensure_future(request("old", 2))
+            await asyncio.sleep(0.01)
+            gate.set()
+            await busy
+            await asyncio.gather(old, *burst)
+
+        dataflow.run(main, interop_threads=1)
+        # The burst's requests started first: they are the older ones, and run first, in order.
+        assert order == [f"new{j}-{k}" for j in range(3) for k in range(3)] + ["old0", "old1"]
+
+
+async def _await(h: Any) -> Any:
+    return await h
