@@ -271,6 +271,27 @@ def _transpose(a: Any, axes: Any = None) -> Tensor:
     return _shape.transpose(a, axes)
 
 
+def _matmul(x1: Any, x2: Any, /) -> Tensor:  # np.linalg.matmul
+    return _linalg.matmul(x1, x2)
+
+
+def _dot(a: Any, b: Any, out: Any = None) -> Tensor:
+    _check_keywords("np.dot", out=out)
+    # np.dot converts its operands first (a Python scalar is a strong int64/float64 array).
+    a = a if isinstance(a, Tensor) else np.asarray(a)
+    b = b if isinstance(b, Tensor) else np.asarray(b)
+    if not a.ndim or not b.ndim:
+        return e.multiply(a, b)
+    if a.ndim <= 2 and b.ndim <= 2:
+        return _linalg.matmul(a, b)
+    raise OpTypeError(
+        f"np.dot of arrays of shapes {a.shape} and {b.shape} has no op (for more than 2 "
+        "dimensions it sums over the last axis of a and the second-to-last of b, pairing "
+        "every batch with every batch): use ops.matmul (np.matmul's batching), or await "
+        "the Tensor first"
+    )
+
+
 def _where(condition: Any, *xy: Any) -> Tensor:
     if len(xy) != 2:
         raise OpTypeError(
@@ -330,5 +351,11 @@ FUNCTIONS: dict[Any, Any] = {
     np.ndim: _np_ndim,
     np.size: _np_size,
 }
-if hasattr(np, "astype"):  # numpy >= 2.1
-    FUNCTIONS[np.astype] = _astype
+FUNCTIONS[np.dot] = _dot
+# numpy 2's array-API names for the same functions.
+for _name, _impl in (("concat", _concatenate), ("permute_dims", _transpose), ("astype", _astype)):
+    if hasattr(np, _name):
+        FUNCTIONS[getattr(np, _name)] = _impl
+del _name, _impl
+if hasattr(np.linalg, "matmul"):
+    FUNCTIONS[np.linalg.matmul] = _matmul

@@ -193,7 +193,16 @@ FUNCTIONS: list[tuple[str, Callable[[Any], Any]]] = [
     ("transpose", lambda t: np.transpose(t, (1, 0))),
     ("where", lambda t: np.where(t > 0, t, B)),
     ("flip", lambda t: np.flip(t, 0)),
+    ("dot", lambda t: np.dot(t, S)),
+    ("dot_vector", lambda t: np.dot(t[0], t[1])),
+    ("dot_scalar", lambda t: np.dot(2, t)),
 ]
+if hasattr(np, "concat"):  # numpy 2's array-API names
+    FUNCTIONS += [
+        ("concat", lambda t: np.concat([t, B], axis=0)),
+        ("permute_dims", lambda t: np.permute_dims(t, (1, 0))),
+        ("linalg.matmul", lambda t: np.linalg.matmul(t, S)),
+    ]
 
 
 class TestFunctions:
@@ -268,6 +277,11 @@ class TestFunctions:
             np.cumsum(ops.asarray(A))
         with pytest.raises(OpTypeError, match=r"np\.linalg\.norm has no op"):
             np.linalg.norm(ops.asarray(A))
+
+    def test_dot_beyond_2d_is_refused(self) -> None:
+        """np.dot of 3-D operands (not matmul's batching) is refused, pointing at matmul."""
+        with pytest.raises(OpTypeError, match=r"np\.dot of arrays of shapes .*ops\.matmul"):
+            np.dot(ops.asarray(np.ones((2, 3, 4))), np.ones((4, 2)))
 
     def test_one_argument_where_is_refused(self) -> None:
         """np.where(t) has a data-dependent shape: refused, pointing at the 3-argument form."""
