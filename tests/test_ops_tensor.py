@@ -12,7 +12,7 @@ import pytest
 import dataflow
 import ops
 from dataflow import OpInputError
-from tests._ops_helpers import blocked, check, rand
+from tests._ops_helpers import check, rand
 
 # -- Tensor ------------------------------------------------------------------------------------
 
@@ -74,7 +74,7 @@ class TestOperators:
 
         async def main() -> bool:
             gate = threading.Event()
-            t = blocked(gate, A)
+            t = _blocked(gate, A)
             # ndarray on the left: each must defer to the Tensor's reflected operator.
             results = [B + t, B @ t.T, 1 - t, np.float32(2) * t, B < t]  # noqa: SIM300
             pending = all(isinstance(r, ops.Tensor) and not r.done() for r in results)
@@ -196,3 +196,22 @@ class TestPublicApi:
         check(lambda: double(A[0]), A[0] * 2)
         with pytest.raises(OpInputError, match=r"double: expected a 1-D array"):
             double(A)
+
+
+def _wait_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+_wait_op = ops.define(
+    "wait_for_gate",
+    _wait_kernel,
+    meta=lambda x, gate: ops.spec_of(x),
+    cost=lambda x, gate: dataflow.Cost(1e12, 0),
+    inline=False,  # it blocks: never on the event loop, whatever time it was measured at
+)
+
+
+def _blocked(gate: threading.Event, x: np.ndarray) -> Any:
+    """A Tensor of ``x`` that stays pending until ``gate`` is set."""
+    return _wait_op(x, gate)

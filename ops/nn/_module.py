@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataflow import DataflowError, DataflowTypeError
+import dataflow
+from dataflow import DataflowError
 
 __all__ = [
     "IncompatibleKeys",
@@ -55,7 +56,7 @@ def check_flag(where: str, name: str, value: Any) -> bool:
     """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise DataflowTypeError(
+    raise dataflow.DataflowTypeError(
         f"{where}: {name} must be True or False, got {type(value).__name__}: {value!r}"
     )
 
@@ -69,11 +70,11 @@ def float_dtype(where: str, dtype: Any) -> np.dtype[Any]:
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError as exc:
-        raise DataflowTypeError(
+        raise dataflow.DataflowTypeError(
             f"{where}: dtype {dtype!r} is not a numpy dtype ({exc}); use np.float32"
         ) from exc
     if dt.kind != "f":
-        raise DataflowTypeError(
+        raise dataflow.DataflowTypeError(
             f"{where}: dtype must be a floating dtype (float16, float32 or float64), got "
             f"{dt}: parameters drawn from U(-1/sqrt(n), 1/sqrt(n)) would not survive it"
         )
@@ -218,7 +219,7 @@ class Module:
             DataflowTypeError: ``state_dict`` is not a mapping, or ``strict`` not a bool.
         """
         if not isinstance(state_dict, Mapping):
-            raise DataflowTypeError(
+            raise dataflow.DataflowTypeError(
                 f"{type(self).__name__}.load_state_dict: state_dict must be a mapping of "
                 f"parameter names to arrays (as state_dict() returns), got "
                 f"{type(state_dict).__name__}"
