@@ -292,7 +292,7 @@ def spec_of(x: Any) -> TensorSpec:
     if type(x) is np.ndarray:
         return TensorSpec(x.shape, x.dtype)
     if isinstance(x, np.ndarray):
-        _checks.refuse_subclass("", "the argument", x)
+        _checks.refuse_subclass("", "an argument", x)
     a = np.asarray(x)
     return TensorSpec(a.shape, a.dtype)
 
