@@ -20,7 +20,10 @@ from ._tensor import define as define
 from ._tensor import spec_of as spec_of
 
 # isort: split
+from ._elementwise import abs as abs
 from ._elementwise import add as add
+from ._elementwise import clip as clip
+from ._elementwise import cos as cos
 from ._elementwise import divide as divide
 from ._elementwise import equal as equal
 from ._elementwise import exp as exp
@@ -36,6 +39,8 @@ from ._elementwise import negative as negative
 from ._elementwise import not_equal as not_equal
 from ._elementwise import relu as relu
 from ._elementwise import sigmoid as sigmoid
+from ._elementwise import sin as sin
+from ._elementwise import sqrt as sqrt
 from ._elementwise import subtract as subtract
 from ._elementwise import tanh as tanh
 from ._elementwise import where as where
@@ -44,6 +49,8 @@ from ._linalg import linear as linear
 from ._linalg import matmul as matmul
 from ._recurrent import gru_cell as gru_cell
 from ._recurrent import lstm_cell as lstm_cell
+from ._reduce import argmax as argmax
+from ._reduce import argmin as argmin
 from ._reduce import max as max
 from ._reduce import mean as mean
 from ._reduce import min as min
@@ -57,6 +64,8 @@ from ._shape import reshape as reshape
 from ._shape import split as split
 from ._shape import stack as stack
 from ._shape import transpose as transpose
+from ._softmax import log_softmax as log_softmax
+from ._softmax import softmax as softmax
 
 # isort: split
 from . import nn as nn  # last: the modules build on the ops above
@@ -73,14 +82,22 @@ __all__ = (
     "multiply",
     "divide",
     "negative",
+    "abs",
+    "sqrt",
     "exp",
     "log",
+    "sin",
+    "cos",
     "tanh",
     "sigmoid",
     "relu",
     "maximum",
     "minimum",
+    "clip",
     "where",
+    # activations over an axis
+    "softmax",
+    "log_softmax",
     # comparisons
     "greater",
     "less",
@@ -94,6 +111,8 @@ __all__ = (
     "var",
     "max",
     "min",
+    "argmax",
+    "argmin",
     # linear algebra
     "matmul",
     "linear",

@@ -19,7 +19,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -35,10 +35,12 @@ __all__ = [
     "check_int_scalar",
     "check_output_size",
     "dtype_of",
+    "int_bounds",
     "normalize_axes",
     "normalize_axis",
     "operand",
     "quiet",
+    "refuse_subclass",
     "shape_nbytes",
     "shape_of",
     "size_of",
@@ -100,22 +102,62 @@ def _from_sequence(op: str, pos: int | str, x: Sequence[Any]) -> np.ndarray:
         ) from exc
 
 
+def _subclass_name(t: type) -> str:
+    # The subclasses users meet most, by the name they write them with. (np.ma is imported
+    # here, on this error path only: numpy does not import it by itself.)
+    known_names = (
+        (np.ma.MaskedArray, "np.ma.MaskedArray"),
+        (np.matrix, "np.matrix"),
+        (np.memmap, "np.memmap"),
+    )
+    for known, name in known_names:
+        if issubclass(t, known):
+            return name if t is known else f"{t.__module__}.{t.__qualname__} (a {name})"
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def refuse_subclass(op: str, pos: int | str, x: np.ndarray) -> NoReturn:
+    """Refuse an ndarray subclass: ops compute on plain ndarrays only (docs/ops.md).
+
+    numpy gives subclasses their own semantics (a masked array's mask, ``np.matrix``'s 2-D
+    results and ``*``, a memmap's file, units ...), which a plain-ndarray kernel would silently
+    drop or return with another shape than the meta rule declared.
+    """
+    t = type(x)
+    name = _subclass_name(t)
+    if isinstance(x, np.ma.MaskedArray):
+        fix = (
+            "x.filled(value) to replace the masked entries first, or np.asarray(x) to compute "
+            "on the data ignoring the mask"
+        )
+    elif isinstance(x, np.matrix):
+        fix = "np.asarray(x), the same data as a 2-D ndarray (no copy)"
+    else:
+        fix = "np.asarray(x), the same data as a plain ndarray (no copy)"
+    where = f"{op}: " if op else ""
+    raise OpTypeError(
+        f"{where}{_label(pos)} is a {name}, a numpy.ndarray subclass: ops compute on plain "
+        f"ndarrays only, and would silently lose what the subclass adds; pass {fix}"
+    )
+
+
 def operand(op: str, pos: int | str, x: Any) -> tuple[Shape, DtypeKey]:
     """The shape and dtype key of one array operand, or an OpTypeError saying what is accepted.
 
     ``pos`` is the 1-based argument position (or a label such as ``"item 2 of argument 1"``).
+    ndarray subclasses are refused (:func:`refuse_subclass`).
     """
     if isinstance(x, Tensor):
         dtype: np.dtype[Any] = x.dtype
         if dtype.kind not in _NUMERIC:
             _check_dtype(op, pos, dtype)
         return x.shape, dtype
-    if isinstance(x, np.ndarray):
+    t = type(x)
+    if t is np.ndarray:
         dtype = x.dtype
         if dtype.kind not in _NUMERIC:
             _check_dtype(op, pos, dtype)
         return x.shape, dtype
-    t = type(x)
     if t is float or t is int or t is complex:
         return (), t
     if t is bool:
@@ -123,6 +165,8 @@ def operand(op: str, pos: int | str, x: Any) -> tuple[Shape, DtypeKey]:
     if isinstance(x, np.generic):
         _check_dtype(op, pos, x.dtype)
         return (), x.dtype
+    if isinstance(x, np.ndarray):
+        refuse_subclass(op, pos, x)
     if t is list or t is tuple:
         a = _from_sequence(op, pos, x)
         _check_dtype(op, pos, a.dtype)
@@ -180,19 +224,20 @@ def ufunc_dtypes(op: str, ufunc: np.ufunc, keys: tuple[DtypeKey, ...]) -> tuple[
 
 
 @functools.cache
-def _int_bounds(dtype: np.dtype[Any]) -> tuple[int, int]:
+def int_bounds(dtype: np.dtype[Any]) -> tuple[int, int]:
+    """The smallest and largest value of an integer dtype."""
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
 
 
-def check_int_scalar(op: str, pos: int, value: int, dtype: np.dtype[Any]) -> None:
+def check_int_scalar(op: str, pos: int | str, value: int, dtype: np.dtype[Any]) -> None:
     """A Python int mixed with an integer array must fit its dtype (numpy raises otherwise)."""
     if dtype.kind not in "iu":
         return
-    lo, hi = _int_bounds(dtype)
+    lo, hi = int_bounds(dtype)
     if not lo <= value <= hi:
         raise OpInputError(
-            f"{op}: Python integer {value} (argument {pos}) is out of bounds for {dtype} "
+            f"{op}: Python integer {value} ({_label(pos)}) is out of bounds for {dtype} "
             f"[{lo}, {hi}]: cast the array to a wider dtype first "
             f"(ops.asarray(x, dtype=np.int64))"
         )

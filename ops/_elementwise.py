@@ -25,16 +25,20 @@ from ._checks import (
     check_int_scalar,
     check_output_size,
     dtype_of,
+    int_bounds,
     operand,
     quiet,
     shape_of,
     size_of,
     ufunc_dtypes,
 )
-from ._tensor import Tensor, TensorSpec, define
+from ._tensor import Tensor, TensorSpec, declare
 
 __all__ = [
+    "abs",
     "add",
+    "clip",
+    "cos",
     "divide",
     "equal",
     "exp",
@@ -50,6 +54,8 @@ __all__ = [
     "not_equal",
     "relu",
     "sigmoid",
+    "sin",
+    "sqrt",
     "subtract",
     "tanh",
     "where",
@@ -83,7 +89,9 @@ def _out_size(sx: tuple[int, ...], sy: tuple[int, ...]) -> int:
 def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> Op[..., Tensor]:
     """Declare ``name(x, y)``: the ufunc with broadcasting and numpy's dtype rules."""
 
-    def meta(x: Any, y: Any) -> TensorSpec:
+    # Positional-only, like the ufunc: ops.add(x, y=1) fails here, at the call (the kernel,
+    # the ufunc itself, would refuse the keyword only when it runs).
+    def meta(x: Any, y: Any, /) -> TensorSpec:
         sx, kx = operand(name, 1, x)
         sy, ky = operand(name, 2, y)
         dtypes = ufunc_dtypes(name, ufunc, (kx, ky))
@@ -103,7 +111,7 @@ def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> O
         check_output_size(name, shape, out)
         return TensorSpec(shape, out)
 
-    def cost(x: Any, y: Any) -> Cost:
+    def cost(x: Any, y: Any, /) -> Cost:
         sx, bx, ix = _info(x)
         sy, by, iy = _info(y)
         n = _out_size(sx, sy)
@@ -111,7 +119,7 @@ def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> O
         return Cost(float(n), float(bx + by + n * itemsize))
 
     kernel = ufunc if compare else quiet(ufunc)
-    op = define(name, kernel, meta, cost)
+    op = declare(name, kernel, meta, cost)
     op.__doc__ = doc
     return op
 
@@ -154,7 +162,7 @@ less_equal: Op[..., Tensor] = _binary(
 
 
 def _unary_meta(name: str, ufunc: np.ufunc) -> Any:
-    def meta(x: Any) -> TensorSpec:
+    def meta(x: Any, /) -> TensorSpec:  # positional-only, like the ufunc (see _binary)
         shape, key = operand(name, 1, x)
         return TensorSpec(shape, ufunc_dtypes(name, ufunc, (key,))[-1])
 
@@ -170,7 +178,7 @@ def _unary_cost(factor: float) -> Any:
 
 
 def _unary(name: str, ufunc: np.ufunc, factor: float, doc: str) -> Op[..., Tensor]:
-    op = define(name, quiet(ufunc), _unary_meta(name, ufunc), _unary_cost(factor))
+    op = declare(name, quiet(ufunc), _unary_meta(name, ufunc), _unary_cost(factor))
     op.__doc__ = doc
     return op
 
@@ -185,6 +193,14 @@ log: Op[..., Tensor] = _unary(
     "log", np.log, 4, "Natural log; ``log(0) = -inf``, negative -> NaN, like numpy."
 )
 tanh: Op[..., Tensor] = _unary("tanh", np.tanh, 6, "Hyperbolic tangent elementwise.")
+sqrt: Op[..., Tensor] = _unary(
+    "sqrt", np.sqrt, 2, "Square root; negative -> NaN, like numpy (``np.sqrt``)."
+)
+abs: Op[..., Tensor] = _unary(  # numpy's name; this module must not use the builtin below
+    "abs", np.absolute, 1, "``|x|``; complex gives the real modulus (``np.abs``)."
+)
+sin: Op[..., Tensor] = _unary("sin", np.sin, 8, "Sine elementwise, in radians (``np.sin``).")
+cos: Op[..., Tensor] = _unary("cos", np.cos, 8, "Cosine elementwise, in radians (``np.cos``).")
 
 
 @functools.cache
@@ -211,7 +227,7 @@ def _sigmoid_meta(x: Any) -> TensorSpec:
     return TensorSpec(shape, ufunc_dtypes("sigmoid", np.exp, (key,))[-1])
 
 
-sigmoid: Op[..., Tensor] = define("sigmoid", quiet(_sigmoid_kernel), _sigmoid_meta, _unary_cost(6))
+sigmoid: Op[..., Tensor] = declare("sigmoid", quiet(_sigmoid_kernel), _sigmoid_meta, _unary_cost(6))
 sigmoid.__doc__ = "``1 / (1 + exp(-x))`` elementwise, in the dtype ``exp`` would give."
 
 
@@ -229,7 +245,7 @@ def _relu_meta(x: Any) -> TensorSpec:
     return TensorSpec(shape, dtype)
 
 
-relu: Op[..., Tensor] = define("relu", _relu_kernel, _relu_meta, _unary_cost(1))
+relu: Op[..., Tensor] = declare("relu", _relu_kernel, _relu_meta, _unary_cost(1))
 relu.__doc__ = "``max(x, 0)`` elementwise; NaN stays NaN (like ``torch.relu``)."
 
 
@@ -271,8 +287,80 @@ def _where_kernel(condition: Any, x: Any, y: Any) -> Any:
     return np.where(condition, x, y)
 
 
-where: Op[..., Tensor] = define("where", _where_kernel, _where_meta, _where_cost)
+where: Op[..., Tensor] = declare("where", _where_kernel, _where_meta, _where_cost)
 where.__doc__ = (
     "Elementwise ``x if condition else y`` with broadcasting (the three-argument "
     "``np.where``; the one-argument form has a data-dependent shape and is not an op)."
+)
+
+
+# -- clip --------------------------------------------------------------------------------
+
+
+@functools.cache
+def _clip_dtype(keys: tuple[DtypeKey, DtypeKey, DtypeKey]) -> np.dtype[Any]:
+    # np.clip's ufunc promotes its three operands to one dtype, weak Python scalars included.
+    return np.result_type(*(_WEAK_VALUE[k] if isinstance(k, type) else k for k in keys))
+
+
+def _clip_meta(x: Any, a_min: Any = None, a_max: Any = None) -> TensorSpec:
+    sx, kx = operand("clip", 1, x)
+    dx = dtype_of(kx)  # np.clip converts x first: a Python scalar x has its default dtype
+    lo, hi = a_min, a_max
+    if dx.kind in "iu":
+        # numpy's rule (np.clip under NEP 50): a Python int bound beyond the integer dtype's
+        # range clips nothing and is dropped.
+        low, high = int_bounds(dx)
+        if type(lo) is int and lo <= low:
+            lo = None
+        if type(hi) is int and hi >= high:
+            hi = None
+    if lo is None and hi is None:
+        # numpy returns np.positive(x), a copy (and refuses bool: positive has no bool loop).
+        return TensorSpec(sx, ufunc_dtypes("clip", np.positive, (dx,))[-1])
+    shapes = [sx]
+    keys: list[DtypeKey] = [dx]
+    for label, bound in (("a_min", lo), ("a_max", hi)):
+        if bound is not None:
+            sb, kb = operand("clip", label, bound)
+            shapes.append(sb)
+            keys.append(kb)
+    if len(keys) == 2:  # one-sided: numpy calls np.maximum(x, a_min) or np.minimum(x, a_max)
+        ufunc = np.maximum if hi is None else np.minimum
+        dtype = ufunc_dtypes("clip", ufunc, (dx, keys[1]))[-1]
+    else:
+        ufunc_dtypes("clip", np.maximum, (dx, keys[1]))  # refuses what has no loop (bool - ...)
+        dtype = _clip_dtype((dx, keys[1], keys[2]))
+    for label, bound in (("a_min", lo), ("a_max", hi)):
+        if type(bound) is int:
+            check_int_scalar("clip", label, bound, dtype)
+    if shapes.count(sx) == len(shapes):
+        return TensorSpec(sx, dtype)
+    shape = broadcast_shapes("clip", *shapes)
+    check_output_size("clip", shape, dtype)
+    return TensorSpec(shape, dtype)
+
+
+def _clip_cost(x: Any, a_min: Any = None, a_max: Any = None) -> Cost:
+    sx, nbytes, itemsize = _info(x)
+    shapes = [sx]
+    for bound in (a_min, a_max):
+        if bound is not None:
+            sb, bb, _ = _info(bound)
+            shapes.append(sb)
+            nbytes += bb
+    n = size_of(sx) if shapes.count(sx) == len(shapes) else size_of(broadcast_shapes("", *shapes))
+    return Cost(2.0 * n, float(nbytes + n * itemsize))
+
+
+def _clip_kernel(x: Any, a_min: Any = None, a_max: Any = None) -> Any:
+    if a_min is None and a_max is None:
+        return np.positive(x)  # what np.clip does (numpy < 2.1 refuses two None bounds)
+    return np.clip(x, a_min, a_max)
+
+
+clip: Op[..., Tensor] = declare("clip", quiet(_clip_kernel), _clip_meta, _clip_cost)
+clip.__doc__ = (
+    "``clip(x, a_min=None, a_max=None)``: ``x`` limited to ``[a_min, a_max]`` (``np.clip``); "
+    "the bounds broadcast, either may be None, a NaN bound gives NaN."
 )

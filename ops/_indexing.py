@@ -22,7 +22,7 @@ import numpy as np
 from dataflow import Cost, Op, OpInputError, OpTypeError
 
 from ._checks import Shape, broadcast_shapes, check_output_size, shape_nbytes
-from ._tensor import Tensor, TensorSpec, define
+from ._tensor import Tensor, TensorSpec, declare
 
 __all__ = ["getitem"]
 
@@ -206,7 +206,7 @@ def _given_cost(x: Any, key: Any, spec: TensorSpec, cost: Cost) -> Cost:
 
 
 # The public getitem works the index out once and hands the op its spec and cost.
-_getitem: Op[..., Tensor] = define("getitem", _take, _given_spec, _given_cost)
+_getitem: Op[..., Tensor] = declare("getitem", _take, _given_spec, _given_cost)
 
 
 def getitem(x: Any, key: Any) -> Tensor:

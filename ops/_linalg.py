@@ -27,7 +27,7 @@ from ._checks import (
     size_of,
     ufunc_dtypes,
 )
-from ._tensor import Tensor, TensorSpec, define
+from ._tensor import Tensor, TensorSpec, declare
 
 __all__ = ["linear", "matmul"]
 
@@ -70,7 +70,7 @@ def _matmul_shape(op: str, sa: Shape, sb: Shape, what: tuple[str, str]) -> Shape
     return batch + sa[-2:-1] + sb[-1:] if len(sb) > 1 else batch + sa[-2:-1]
 
 
-def _matmul_meta(a: Any, b: Any) -> TensorSpec:
+def _matmul_meta(a: Any, b: Any, /) -> TensorSpec:  # positional-only, like np.matmul
     sa, ka = operand("matmul", 1, a)
     sb, kb = operand("matmul", 2, b)
     dtype = ufunc_dtypes("matmul", np.matmul, (ka, kb))[-1]
@@ -84,14 +84,14 @@ def _flops(sa: Shape, sb: Shape, out: Shape) -> float:
     return 2.0 * sa[-1] * size_of(out) if sa else 0.0
 
 
-def _matmul_cost(a: Any, b: Any) -> Cost:
+def _matmul_cost(a: Any, b: Any, /) -> Cost:
     sa, sb = shape_of(a), shape_of(b)
     out = _matmul_shape("matmul", sa, sb, ("", ""))
     itemsize = max(getattr(a, "dtype", np.dtype(float)).itemsize, 1)
     return Cost(_flops(sa, sb, out), float(_nbytes(a) + _nbytes(b) + size_of(out) * itemsize))
 
 
-matmul: Op[..., Tensor] = define("matmul", quiet(np.matmul), _matmul_meta, _matmul_cost)
+matmul: Op[..., Tensor] = declare("matmul", quiet(np.matmul), _matmul_meta, _matmul_cost)
 matmul.__doc__ = (
     "``a @ b`` (``np.matmul``): batched over leading axes, 1-D operands promoted, "
     "``shapes (m, k) and (k2, n) are not aligned`` when ``k != k2``."
@@ -153,7 +153,7 @@ def _linear_cost(x: Any, w: Any, b: Any = None) -> Cost:
     return Cost(flops, float(_nbytes(x) + _nbytes(w) + _nbytes(b) + n_out * itemsize))
 
 
-linear: Op[..., Tensor] = define("linear", quiet(_linear_kernel), _linear_meta, _linear_cost)
+linear: Op[..., Tensor] = declare("linear", quiet(_linear_kernel), _linear_meta, _linear_cost)
 linear.__doc__ = (
     "``linear(x, w, b=None) = x @ w.T + b`` (torch's convention: ``w`` is "
     "``(out_features, in_features)``, ``b`` is ``(out_features,)``)."

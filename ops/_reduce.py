@@ -1,9 +1,13 @@
-"""Reductions: ``sum``, ``mean``, ``var``, ``max`` and ``min`` over ``axis=None | int | tuple``.
+"""Reductions: ``sum``, ``mean``, ``var``, ``max``, ``min`` over ``axis=None | int | tuple``, and
+``argmax``/``argmin`` over ``axis=None | int``.
 
 Shapes and dtypes follow numpy: ``axis=None`` reduces every axis, ``keepdims=True`` keeps the
 reduced axes with length 1, ``sum`` of bool/small ints accumulates in the platform integer,
 ``mean``/``var`` of integers are float64 and ``var`` of complex is real. ``max``/``min`` over an
-axis of length 0 has no identity and is refused at the call (numpy raises in the kernel).
+axis of length 0 has no identity and is refused at the call (numpy raises in the kernel), and
+so is ``argmax``/``argmin`` of an empty axis. ``argmax``/``argmin`` give ``np.intp`` indices
+(flat indices for ``axis=None``); the first of equal values wins, and NaN counts as the largest
+and the smallest value (numpy's rule, and torch's).
 
 Zero-size means: where numpy warns ("Mean of empty slice", "Degrees of freedom <= 0") and
 returns NaN or inf, these kernels return the same values without the warning, so an empty
@@ -22,10 +26,10 @@ import numpy as np
 
 from dataflow import Cost, Op, OpInputError, OpTypeError
 
-from ._checks import dtype_of, normalize_axes, operand, quiet, shape_of, size_of
-from ._tensor import Tensor, TensorSpec, define
+from ._checks import dtype_of, normalize_axes, normalize_axis, operand, quiet, shape_of, size_of
+from ._tensor import Tensor, TensorSpec, declare
 
-__all__ = ["max", "mean", "min", "sum", "var"]
+__all__ = ["argmax", "argmin", "max", "mean", "min", "sum", "var"]
 
 _NAMES = {"max": "maximum", "min": "minimum"}
 
@@ -145,7 +149,7 @@ def _min_kernel(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
 
 def _declare(kind: str, kernel: Any, factor: float, doc: str) -> Op[..., Tensor]:
     meta = _var_meta if kind == "var" else _meta(kind)
-    op = define(kind, quiet(kernel), meta, _cost(factor))
+    op = declare(kind, quiet(kernel), meta, _cost(factor))
     op.__doc__ = doc
     return op
 
@@ -179,4 +183,71 @@ min: Op[..., Tensor] = _declare(
     _min_kernel,
     1,
     "``min(x, axis=None, keepdims=False)``: minimum; NaN propagates (``np.min``).",
+)
+
+
+# -- argmax / argmin -------------------------------------------------------------------------
+
+_INTP = np.dtype(np.intp)
+
+
+def _arg_meta(kind: str) -> Any:
+    def meta(x: Any, axis: Any = None, keepdims: Any = False) -> TensorSpec:
+        shape, _ = operand(kind, 1, x)
+        if not isinstance(keepdims, (bool, np.bool_)):
+            raise OpTypeError(f"{kind}: keepdims must be a bool, got {type(keepdims).__name__}")
+        if axis is None:
+            if not size_of(shape):
+                raise OpInputError(
+                    f"{kind}: the input of shape {shape} is empty, so it has no {kind}: check "
+                    "why it is empty"
+                )
+            return TensorSpec((1,) * len(shape) if keepdims else (), _INTP)
+        if type(axis) is tuple:
+            raise OpTypeError(
+                f"{kind}: axis must be None or an int (one axis, like np.{kind}), got {axis!r}; "
+                "reshape to merge axes first"
+            )
+        if not shape:
+            # numpy reads a 0-d input as one element: axis 0 and -1 are valid.
+            normalize_axis(kind, axis, 1)
+            return TensorSpec((), _INTP)
+        ax = normalize_axis(kind, axis, len(shape))
+        if not shape[ax]:
+            raise OpInputError(
+                f"{kind}: axis {ax} of the input of shape {shape} has length 0, so it has no "
+                f"{kind}: check why it is empty"
+            )
+        if keepdims:
+            return TensorSpec((*shape[:ax], 1, *shape[ax + 1 :]), _INTP)
+        return TensorSpec((*shape[:ax], *shape[ax + 1 :]), _INTP)
+
+    return meta
+
+
+def _arg_cost(x: Any, axis: Any = None, keepdims: Any = False) -> Cost:
+    shape = shape_of(x)
+    n = size_of(shape)
+    itemsize = x.dtype.itemsize if isinstance(x, (Tensor, np.ndarray)) else 8
+    m = 1 if axis is None or not shape else n // shape[axis]
+    return Cost(float(n), float(n * itemsize + m * _INTP.itemsize))
+
+
+def _argmax_kernel(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    return np.argmax(x, axis=axis, keepdims=bool(keepdims))
+
+
+def _argmin_kernel(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    return np.argmin(x, axis=axis, keepdims=bool(keepdims))
+
+
+argmax: Op[..., Tensor] = declare("argmax", _argmax_kernel, _arg_meta("argmax"), _arg_cost)
+argmax.__doc__ = (
+    "``argmax(x, axis=None, keepdims=False)``: index of the largest value (``np.argmax``); "
+    "the first wins, NaN counts as largest; ``np.intp`` indices, flat for ``axis=None``."
+)
+argmin: Op[..., Tensor] = declare("argmin", _argmin_kernel, _arg_meta("argmin"), _arg_cost)
+argmin.__doc__ = (
+    "``argmin(x, axis=None, keepdims=False)``: index of the smallest value (``np.argmin``); "
+    "the first wins, NaN counts as smallest; ``np.intp`` indices, flat for ``axis=None``."
 )

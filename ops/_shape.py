@@ -32,7 +32,7 @@ from ._checks import (
     shape_nbytes,
     size_of,
 )
-from ._tensor import Tensor, TensorSpec, define
+from ._tensor import Tensor, TensorSpec, declare, declare_multi
 
 __all__ = [
     "asarray",
@@ -104,7 +104,7 @@ def _reshape_kernel(x: Any, shape: Any) -> Any:
     return np.reshape(x, shape)
 
 
-reshape: Op[..., Tensor] = define("reshape", _reshape_kernel, _reshape_meta, _free)
+reshape: Op[..., Tensor] = declare("reshape", _reshape_kernel, _reshape_meta, _free)
 reshape.__doc__ = "``reshape(x, shape)``: same data, new shape (one ``-1`` is inferred)."
 
 
@@ -131,7 +131,7 @@ def _transpose_kernel(x: Any, axes: Any = None) -> Any:
     return np.transpose(x, axes)
 
 
-transpose: Op[..., Tensor] = define("transpose", _transpose_kernel, _transpose_meta, _free)
+transpose: Op[..., Tensor] = declare("transpose", _transpose_kernel, _transpose_meta, _free)
 transpose.__doc__ = "``transpose(x, axes=None)``: permute axes (reverse them by default)."
 
 
@@ -145,7 +145,7 @@ def _flip_kernel(x: Any, axis: Any = None) -> Any:
     return np.flip(x, axis)
 
 
-flip: Op[..., Tensor] = define("flip", _flip_kernel, _flip_meta, _free)
+flip: Op[..., Tensor] = declare("flip", _flip_kernel, _flip_meta, _free)
 flip.__doc__ = "``flip(x, axis=None)``: reverse the order along ``axis`` (all axes if None)."
 
 
@@ -192,10 +192,28 @@ def _split_kernel(x: Any, indices_or_sections: Any, axis: int = 0) -> Any:
     return np.split(x, indices_or_sections, axis)
 
 
-split: Op[..., Tensor] = define("split", _split_kernel, _split_meta, _free)
-split.__doc__ = (
-    "``split(x, indices_or_sections, axis=0)``: a tuple of Tensors (views), like ``np.split``."
-)
+_split: Op[..., Any] = declare_multi("split", _split_kernel, _split_meta, _free)
+
+
+def split(x: Any, indices_or_sections: Any, axis: Any = 0) -> tuple[Tensor, ...]:
+    """``split(x, indices_or_sections, axis=0)``: a tuple of Tensors (views), like ``np.split``.
+
+    ``indices_or_sections`` is a number of equal sections or the cut points (a list, tuple or
+    1-D integer array).
+
+    Example:
+        >>> head, tail = ops.split(x, [1], axis=0)
+    """
+    ios = indices_or_sections
+    if isinstance(ios, np.ndarray) and ios.ndim == 1 and ios.dtype.kind in "iu":
+        # Cut points set the output shapes, and the op's signature cache knows an array
+        # argument by its shape and dtype only: pass them as values.
+        ios = tuple(ios.tolist())
+    # The call is recorded as written (a traced graph prints `ops.split(h, 2, axis=1)`).
+    pieces: tuple[Tensor, ...] = (
+        _split(x, ios) if type(axis) is int and axis == 0 else _split(x, ios, axis=axis)
+    )
+    return pieces
 
 
 # -- concatenate / stack -----------------------------------------------------------------
@@ -281,11 +299,11 @@ def _stack_kernel(arrays: Sequence[Any], axis: Any = 0) -> Any:
     return np.stack(arrays, axis=axis)
 
 
-concatenate: Op[..., Tensor] = define(
+concatenate: Op[..., Tensor] = declare(
     "concatenate", _concatenate_kernel, _concatenate_meta, _copy_cost
 )
 concatenate.__doc__ = "``concatenate(arrays, axis=0)``: join along an existing axis (a copy)."
-stack: Op[..., Tensor] = define("stack", _stack_kernel, _stack_meta, _copy_cost)
+stack: Op[..., Tensor] = declare("stack", _stack_kernel, _stack_meta, _copy_cost)
 stack.__doc__ = "``stack(arrays, axis=0)``: join same-shape arrays along a new axis (a copy)."
 
 
@@ -318,7 +336,7 @@ def _astype_kernel(x: Any, dtype: Any) -> Any:
     return np.asarray(x).astype(dtype)
 
 
-astype: Op[..., Tensor] = define("astype", _astype_kernel, _astype_meta, _astype_cost)
+astype: Op[..., Tensor] = declare("astype", _astype_kernel, _astype_meta, _astype_cost)
 astype.__doc__ = "``astype(x, dtype)``: a copy converted to ``dtype`` (numpy's unsafe casting)."
 
 
@@ -331,7 +349,7 @@ def _constant_meta(x: Any) -> TensorSpec:
 
 
 # An already-converted array, wrapped as a done Tensor (inline: no inputs, nothing to run).
-_constant: Op[..., Tensor] = define("asarray", _identity, _constant_meta, _free, inline=True)
+_constant: Op[..., Tensor] = declare("asarray", _identity, _constant_meta, _free, inline=True)
 
 
 def asarray(x: Any, dtype: Any = None) -> Tensor:

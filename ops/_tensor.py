@@ -14,7 +14,16 @@ import numpy as np
 import dataflow
 from dataflow import Cost, Pending, Task
 
-__all__ = ["Tensor", "TensorSpec", "check_value", "define", "define_multi", "spec_of"]
+__all__ = [
+    "Tensor",
+    "TensorSpec",
+    "check_value",
+    "declare",
+    "declare_multi",
+    "define",
+    "define_multi",
+    "spec_of",
+]
 
 P = ParamSpec("P")
 
@@ -224,29 +233,55 @@ class Tensor(Pending[np.ndarray]):
         out: Tensor = _reduce.min(self, axis, keepdims)
         return out
 
+    def clip(self, min: Any = None, max: Any = None) -> Tensor:
+        """See :func:`ops.clip` (``t.clip(0, 1)``, ``t.clip(max=6)``)."""
+        out: Tensor = _elementwise.clip(self, min, max)
+        return out
+
+    def argmax(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """See :func:`ops.argmax`."""
+        out: Tensor = _reduce.argmax(self, axis, keepdims)
+        return out
+
+    def argmin(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """See :func:`ops.argmin`."""
+        out: Tensor = _reduce.argmin(self, axis, keepdims)
+        return out
+
+    def __abs__(self) -> Tensor:
+        out: Tensor = _elementwise.abs(self)
+        return out
+
     # -- numpy interop: np.add(a, t), ndarray @ t, np.exp(t), np.concatenate([t, a]) ... -----
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """Route numpy ufunc calls that involve a Tensor to the ops (a pending Tensor back).
 
-        Only plain calls without keywords (``out=``, ``where=``, ``dtype=``) of the ufuncs that
-        have an op are handled; others get NotImplemented, so numpy raises a TypeError rather
-        than blocking on the pending value.
+        A plain call of a ufunc that has an op (``np.sin(t)``, ``ndarray + t``) is that op.
+        Keywords at numpy's defaults are accepted; ``out=``, ``where=``, ``dtype=``, ufunc
+        methods (``np.add.reduce``) and ufuncs without an op raise an OpTypeError that says
+        what to do instead. Nothing here waits for a pending value.
         """
-        if method != "__call__" or kwargs:
-            return NotImplemented
-        op = _interop.UFUNCS.get(ufunc)
-        if op is None:
-            return NotImplemented
-        return op(*inputs)
+        if method == "__call__" and not kwargs:
+            op = _interop.UFUNCS.get(ufunc)
+            if op is not None:
+                return op(*inputs)
+        return _interop.ufunc_fallback(ufunc, method, inputs, kwargs)
 
     def __array_function__(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """Route ``np.concatenate``, ``np.stack``, ``np.sum`` and friends to the ops."""
+        """Route ``np.concatenate``, ``np.sum``, ``np.clip``, ``np.argmax`` ... to the ops.
+
+        A function with no op raises an OpTypeError saying so; one whose arguments include a
+        foreign array type (neither a Tensor nor an ndarray) is left to that type.
+        """
+        for t in types:
+            if not issubclass(t, (Tensor, np.ndarray)):
+                return NotImplemented
         impl = _interop.FUNCTIONS.get(func)
-        if impl is None or not all(issubclass(t, (Tensor, np.ndarray)) for t in types):
-            return NotImplemented
+        if impl is None:
+            _interop.function_fallback(func)
         return impl(*args, **kwargs)
 
 
@@ -255,11 +290,17 @@ def _make(task: Task, index: int | None, spec: TensorSpec) -> Tensor:
 
 
 def spec_of(x: Any) -> TensorSpec:
-    """The spec of a Tensor or an array-like (scalars and lists are converted)."""
+    """The spec of a Tensor or an array-like (scalars and lists are converted).
+
+    ndarray subclasses (masked arrays, ``np.matrix`` ...) are refused with an OpTypeError,
+    as every op refuses them (docs/ops.md, "ndarray subclasses").
+    """
     if isinstance(x, Tensor):
         return TensorSpec(x.shape, x.dtype)
-    if isinstance(x, np.ndarray):
+    if type(x) is np.ndarray:
         return TensorSpec(x.shape, x.dtype)
+    if isinstance(x, np.ndarray):
+        _checks.refuse_subclass("", "an argument", x)
     a = np.asarray(x)
     return TensorSpec(a.shape, a.dtype)
 
@@ -298,6 +339,35 @@ def define(
     return dataflow.Op(name, kernel, meta, _make, cost, inline, check=check_value)
 
 
+def declare(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[P, Any],
+    cost: Callable[..., Cost] | None = None,
+    inline: bool | None = None,
+) -> dataflow.Op[P, Tensor]:
+    """:func:`define` for the ops of this package: the meta rule also takes the op's name.
+
+    Python names the function in its own argument errors, so ``ops.add(x)`` says
+    ``add() missing 1 required positional argument: 'y'`` rather than ``meta() ...``. (Not
+    done by :func:`define`: a user's function is not renamed behind their back.)
+    """
+    meta.__qualname__ = name
+    return define(name, kernel, meta, cost, inline)
+
+
+def declare_multi(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[P, Any],
+    cost: Callable[..., Cost] | None = None,
+    inline: bool | None = None,
+) -> dataflow.Op[P, Any]:
+    """:func:`define_multi` for the ops of this package (see :func:`declare`)."""
+    meta.__qualname__ = name
+    return define_multi(name, kernel, meta, cost, inline)
+
+
 def define_multi(
     name: str,
     kernel: Callable[..., Any],
@@ -325,4 +395,4 @@ def _binary(op: dataflow.Op[..., Tensor], x: Any, y: Any) -> Tensor:
 
 # The op modules import this one (for Tensor and define); importing them at the end, once
 # Tensor exists, breaks the cycle. The operators above look them up at call time.
-from . import _elementwise, _indexing, _interop, _linalg, _reduce, _shape  # noqa: E402
+from . import _checks, _elementwise, _indexing, _interop, _linalg, _reduce, _shape  # noqa: E402

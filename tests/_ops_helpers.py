@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import dataflow
+import ops
 
 
 def rand(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
@@ -68,3 +70,22 @@ def check(build: Callable[[], Any], expected: Any) -> None:
     """build() matches ``expected`` both eagerly and in a runtime."""
     for got in both(build):
         assert_like(got, expected)
+
+
+def _wait_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+_wait_op = ops.define(
+    "wait_for_gate",
+    _wait_kernel,
+    meta=lambda x, gate: ops.spec_of(x),
+    cost=lambda x, gate: dataflow.Cost(1e12, 0),
+    inline=False,  # it blocks: never on the event loop, whatever time it was measured at
+)
+
+
+def blocked(gate: threading.Event, x: np.ndarray) -> Any:
+    """A Tensor of ``x`` that stays pending until ``gate`` is set (in a runtime)."""
+    return _wait_op(x, gate)

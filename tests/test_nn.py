@@ -279,6 +279,48 @@ class TestLinear:
         with pytest.raises(ValueError, match="in_features must be a positive int"):
             nn.Linear(0, 2)
 
+    @pytest.mark.parametrize("dtype", ["int32", np.int64, np.bool_, np.complex64], ids=str)
+    def test_non_floating_dtype_refused(self, dtype: Any) -> None:
+        """dtype='int32' is refused naming the argument (its weights would all be 0)."""
+        with pytest.raises(dataflow.DataflowTypeError, match=r"nn.Linear: dtype must be a float"):
+            nn.Linear(3, 4, dtype=dtype)
+
+    def test_unknown_dtype_refused(self) -> None:
+        """dtype='banana' names the argument."""
+        with pytest.raises(TypeError, match=r"nn.Linear: dtype 'banana' is not a numpy dtype"):
+            nn.Linear(3, 4, dtype="banana")
+
+    @pytest.mark.parametrize("dtype", [np.float16, "float64", np.dtype(np.float32)], ids=str)
+    def test_floating_dtypes_accepted(self, dtype: Any) -> None:
+        """Every floating dtype gives non-zero weights of that dtype."""
+        fc = nn.Linear(3, 4, dtype=dtype, seed=0)
+        assert fc.weight.dtype == np.dtype(dtype) and np.any(fc.weight != 0)
+
+    @pytest.mark.parametrize("flag", ["False", "no", 0, 1, None], ids=repr)
+    def test_bias_flag_must_be_a_bool(self, flag: Any) -> None:
+        """bias='False' is refused rather than read as True by truthiness."""
+        with pytest.raises(dataflow.DataflowTypeError, match=r"nn.Linear: bias must be True or"):
+            nn.Linear(3, 4, bias=flag)
+
+    def test_numpy_bool_flag_accepted(self) -> None:
+        """np.False_ is a real bool."""
+        flag: Any = np.False_
+        assert nn.Linear(3, 4, bias=flag).bias is None
+
+    @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+    def test_subclass_input_refused(self) -> None:
+        """A masked array or np.matrix input is refused at the call, naming nn.Linear."""
+        fc = nn.Linear(2, 2)
+
+        async def main() -> None:
+            x = np.ma.masked_array(np.ones((1, 2), np.float32), mask=[[False, True]])
+            with pytest.raises(dataflow.OpTypeError, match=r"nn.Linear: x is a np\.ma\."):
+                await fc(x)
+            with pytest.raises(dataflow.OpTypeError, match=r"nn.Linear: x is a np\.matrix"):
+                await fc(np.matrix([[1.0, 2.0]], np.float32))
+
+        dataflow.run(main)
+
 
 CONFIGS = list(itertools.product(["LSTM", "GRU"], [1, 2], [False, True], [False, True]))
 
@@ -452,6 +494,28 @@ class TestStateDict:
         assert result.missing_keys == ["bias_hh_l0"]
         assert result.unexpected_keys == ["weight_ih_l1"]
         assert np.all(m.weight_ih_l0 == 0)
+
+    @pytest.mark.parametrize("strict", ["no", "False", 0, None], ids=repr)
+    def test_strict_must_be_a_bool(self, strict: Any) -> None:
+        """strict='no' is refused naming the argument, not read as strict."""
+        m = nn.Linear(2, 2)
+        with pytest.raises(dataflow.DataflowTypeError, match=r"load_state_dict: strict must"):
+            m.load_state_dict({}, strict=strict)
+
+    @pytest.mark.parametrize("sd", [None, [("weight", np.zeros((2, 2)))], "weight"], ids=repr)
+    def test_state_dict_must_be_a_mapping(self, sd: Any) -> None:
+        """load_state_dict(None) names the argument and what it expects."""
+        m = nn.Linear(2, 2)
+        with pytest.raises(TypeError, match=r"load_state_dict: state_dict must be a mapping"):
+            m.load_state_dict(sd)
+
+    def test_any_mapping_loads(self) -> None:
+        """A read-only mapping (types.MappingProxyType) loads like a dict."""
+        import types
+
+        m, n = nn.Linear(2, 2, seed=0), nn.Linear(2, 2, seed=1)
+        n.load_state_dict(types.MappingProxyType(m.state_dict()))
+        assert np.array_equal(n.weight, m.weight)
 
     def test_shape_and_dtype_mismatch(self) -> None:
         """A wrong shape or dtype is an error even with strict=False."""

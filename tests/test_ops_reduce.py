@@ -1,4 +1,4 @@
-"""ops reductions: sum, mean, var, max and min over every axis form, against numpy and torch."""
+"""ops reductions: sum, mean, var, max, min, argmax, argmin, against numpy and torch."""
 
 from __future__ import annotations
 
@@ -206,3 +206,102 @@ class TestTorch:
         for build, expected in pairs:
             for got in both(build):
                 np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -- argmax / argmin ---------------------------------------------------------------------------
+
+ARG: list[tuple[Any, Any]] = [(ops.argmax, np.argmax), (ops.argmin, np.argmin)]
+
+
+class TestArgExtremum:
+    @pytest.mark.parametrize("keepdims", [False, True])
+    @pytest.mark.parametrize("axis", [None, 0, 1, -1], ids=str)
+    @pytest.mark.parametrize(
+        "dtype", [np.float32, np.float64, np.int8, np.uint8, np.bool_, np.float16]
+    )
+    @pytest.mark.parametrize(("op", "ref"), ARG, ids=_ids(ARG))
+    def test_matches_numpy(self, op: Any, ref: Any, dtype: Any, axis: Any, keepdims: bool) -> None:
+        """Indices (np.intp), shapes with keepdims, flat index for axis=None: numpy's."""
+        x = rand((4, 5, 3), dtype, 1)
+        check(lambda: op(x, axis, keepdims), ref(x, axis=axis, keepdims=keepdims))
+
+    @pytest.mark.parametrize(("op", "ref"), ARG, ids=_ids(ARG))
+    def test_ties_give_the_first_index(self, op: Any, ref: Any) -> None:
+        """Equal values: the first index wins."""
+        x = np.array([[1, 3, 3, 1], [2, 2, 2, 2]], np.int32)
+        check(lambda: op(x, 1), ref(x, 1))
+        check(lambda: op(x), ref(x))
+
+    @pytest.mark.parametrize(("op", "ref"), ARG, ids=_ids(ARG))
+    def test_nan_wins(self, op: Any, ref: Any) -> None:
+        """The first NaN is both the argmax and the argmin, like numpy and torch."""
+        x = np.array([[1.0, np.nan, 3.0, np.nan], [np.inf, 0.0, -np.inf, 1.0]])
+        check(lambda: op(x, axis=1), ref(x, axis=1))
+
+    def test_complex_orders_lexicographically(self) -> None:
+        """Complex input: numpy's order (real part, then imaginary)."""
+        z = np.array([1 + 2j, 1 + 3j, 0 + 9j])
+        check(lambda: ops.argmax(z), np.argmax(z))
+        check(lambda: ops.argmin(z), np.argmin(z))
+
+    def test_0d_and_python_scalar(self) -> None:
+        """A 0-d input is one element: index 0 (axis None, 0 or -1)."""
+        check(lambda: ops.argmax(np.float32(3.0)), np.argmax(np.float32(3.0)))
+        check(lambda: ops.argmin(2.5, axis=0), np.argmin(np.array(2.5), axis=0))
+        check(lambda: ops.argmax(np.array(1), -1, True), np.argmax(np.array(1), -1, keepdims=True))
+
+    def test_empty_other_axis(self) -> None:
+        """argmax over a non-empty axis of an empty array is an empty index array."""
+        x = np.zeros((0, 3))
+        check(lambda: ops.argmax(x, axis=1), np.argmax(x, axis=1))
+
+    @pytest.mark.parametrize(("op", "ref"), ARG, ids=_ids(ARG))
+    def test_empty_axis_refused_at_the_call(self, op: Any, ref: Any) -> None:
+        """An empty axis (or empty input with axis=None) is refused where numpy raises."""
+        x = np.zeros((0, 3))
+        for axis in (None, 0):
+            with pytest.raises(ValueError):
+                ref(x, axis=axis)
+            with pytest.raises(OpInputError, match=rf"{op.name}: .* (empty|length 0)"):
+                op(x, axis=axis)
+
+    def test_tuple_axis_refused(self) -> None:
+        """argmax takes one axis (numpy's rule), with a hint."""
+        with pytest.raises(OpTypeError, match=r"argmax: axis must be None or an int.*reshape"):
+            ops.argmax(np.ones((2, 2)), axis=(0, 1))
+
+    def test_axis_out_of_bounds(self) -> None:
+        """An out-of-range axis names the op and the valid axes."""
+        with pytest.raises(OpInputError, match=r"argmin: axis 2 is out of bounds"):
+            ops.argmin(np.ones((2, 2)), axis=2)
+
+    def test_keepdims_must_be_a_bool(self) -> None:
+        """keepdims='no' is refused, not read as True."""
+        with pytest.raises(OpTypeError, match=r"argmax: keepdims must be a bool"):
+            ops.argmax(np.ones(3), keepdims="no")
+
+    def test_index_a_tensor_with_the_result(self) -> None:
+        """The indices of a pending argmax index another Tensor (advanced getitem)."""
+        x = rand((4, 6), np.float32, 3)
+
+        def build() -> Any:
+            idx = ops.argmax(x, axis=1)
+            return ops.asarray(x)[np.arange(4), idx]
+
+        check(build, x[np.arange(4), np.argmax(x, axis=1)])
+
+    def test_cost(self) -> None:
+        """One comparison per input element; bytes: input plus intp output."""
+        assert ops.argmax.cost is not None
+        x = np.ones((4, 5), np.float32)
+        assert ops.argmax.cost(x, 1) == dataflow.Cost(20.0, 80.0 + 4 * 8.0)
+
+    def test_match_torch(self) -> None:
+        """argmax/argmin over a dim equal torch's (int64 indices)."""
+        torch = pytest.importorskip("torch")
+        x = rand((6, 7), np.float32, 4)
+        tx = torch.from_numpy(x)
+        for got in both(lambda: ops.argmax(x, axis=1)):
+            np.testing.assert_array_equal(got, torch.argmax(tx, dim=1).numpy())
+        for got in both(lambda: ops.argmin(x, axis=0, keepdims=True)):
+            np.testing.assert_array_equal(got, torch.argmin(tx, dim=0, keepdim=True).numpy())

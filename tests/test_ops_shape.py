@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -214,6 +215,15 @@ class TestSplit:
         """Zero sections are refused."""
         with pytest.raises(OpInputError, match=r"split: the number of sections must be > 0"):
             ops.split(np.ones(4), 0)
+
+    def test_index_arrays_of_one_shape_give_their_own_pieces(self) -> None:
+        """np.array([1, 3]) then np.array([2, 3]): each call's own shapes (not a cached one)."""
+        x = np.arange(6.0)
+        for cuts in (np.array([1, 3]), np.array([2, 3]), np.array([0, 5], np.int32)):
+            expected = np.split(x, cuts)
+            for got in both(functools.partial(ops.split, x, cuts)):
+                for g, e in zip(got, expected, strict=True):
+                    assert_like(g, e)
 
     def test_tensor_indices_refused(self) -> None:
         """Split points must be known: a Tensor is an OpTypeError."""

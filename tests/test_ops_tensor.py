@@ -11,8 +11,8 @@ import pytest
 
 import dataflow
 import ops
-from dataflow import NotReadyError, OpInputError
-from tests._ops_helpers import assert_like, check, rand
+from dataflow import OpInputError
+from tests._ops_helpers import check, rand
 
 # -- Tensor ------------------------------------------------------------------------------------
 
@@ -147,120 +147,21 @@ class TestMethods:
         check(lambda: ops.asarray(A).T.reshape(2, 6), A.T.reshape(2, 6))
         check(lambda: ops.asarray(A).astype(np.float64), A.astype(np.float64))
 
+    def test_clip_method(self) -> None:
+        """t.clip(min, max) takes ndarray.clip's names; either bound may be left out."""
+        check(lambda: ops.asarray(A).clip(-0.5, 0.5), A.clip(-0.5, 0.5))
+        check(lambda: ops.asarray(A).clip(max=0.0), A.clip(max=0.0))
+        check(lambda: ops.asarray(A).clip(min=B), A.clip(min=B))
 
-class TestNumpyProtocols:
-    @pytest.mark.parametrize(
-        ("ufunc", "arity"),
-        [
-            (np.add, 2),
-            (np.subtract, 2),
-            (np.multiply, 2),
-            (np.divide, 2),
-            (np.true_divide, 2),
-            (np.maximum, 2),
-            (np.minimum, 2),
-            (np.greater, 2),
-            (np.less_equal, 2),
-            (np.equal, 2),
-            (np.negative, 1),
-            (np.exp, 1),
-            (np.log, 1),
-            (np.tanh, 1),
-        ],
-        ids=lambda v: getattr(v, "__name__", str(v)),
-    )
-    def test_ufuncs_route_to_ops(self, ufunc: np.ufunc, arity: int) -> None:
-        """np.add(a, t), np.exp(t), ... return Tensors equal to numpy's result."""
-        x = np.abs(A) + np.float32(0.5)
-        args = (ops.asarray(x), B)[:arity]
-        out = ufunc(*args)
-        assert isinstance(out, ops.Tensor)
-        assert_like(out.result(), ufunc(*(x, B)[:arity]))
-        if arity == 2:
-            assert_like(ufunc(B, ops.asarray(x)).result(), ufunc(B, x))
+    def test_argmax_argmin_methods(self) -> None:
+        """t.argmax/argmin take numpy's axis and keepdims."""
+        check(lambda: ops.asarray(A).argmax(), A.argmax())
+        check(lambda: ops.asarray(A).argmax(axis=1, keepdims=True), A.argmax(1, keepdims=True))
+        check(lambda: ops.asarray(A).argmin(0), A.argmin(0))
 
-    def test_np_matmul(self) -> None:
-        """np.matmul(ndarray, t) is a Tensor."""
-        out = np.matmul(A, ops.asarray(S))
-        assert isinstance(out, ops.Tensor)
-        assert_like(out.result(), A @ S)
-
-    def test_unsupported_ufunc_raises(self) -> None:
-        """np.sin(t) has no op: numpy raises TypeError instead of blocking."""
-        with pytest.raises(TypeError, match="sin"):
-            np.sin(ops.asarray(A))
-
-    def test_ufunc_keywords_are_not_supported(self) -> None:
-        """np.add(t, 1, out=...) is refused rather than silently ignored."""
-        with pytest.raises(TypeError):
-            np.add(ops.asarray(A), 1, out=np.empty((3, 4), np.float32))
-
-    def test_ufunc_methods_are_not_supported(self) -> None:
-        """np.add.reduce(t) is refused (use ops.sum)."""
-        with pytest.raises(TypeError):
-            np.add.reduce(ops.asarray(A))
-
-    def test_array_functions_route_to_ops(self) -> None:
-        """np.concatenate, stack, sum, mean, var, max, min, reshape, transpose, where, flip,
-        split work on Tensors and return Tensors."""
-        t = ops.asarray(A)
-        pairs: list[tuple[Any, Any]] = [
-            (np.concatenate([t, B], axis=1), np.concatenate([A, B], axis=1)),
-            (np.stack([t, B]), np.stack([A, B])),
-            (np.sum(t, axis=0), np.sum(A, axis=0)),
-            (np.mean(t, keepdims=True), np.mean(A, keepdims=True)),
-            (np.var(t, axis=1, ddof=1), np.var(A, axis=1, ddof=1)),
-            (np.max(t, axis=1), np.max(A, axis=1)),
-            (np.amin(t), np.amin(A)),
-            (np.reshape(t, (4, 3)), np.reshape(A, (4, 3))),
-            (np.transpose(t), np.transpose(A)),
-            (np.where(t > 0, t, B), np.where(A > 0, A, B)),
-            (np.flip(t, 0), np.flip(A, 0)),
-        ]
-        for got, expected in pairs:
-            assert isinstance(got, ops.Tensor)
-            assert_like(got.result(), expected)
-        pieces = np.split(t, 2, axis=1)
-        assert isinstance(pieces, tuple) and len(pieces) == 2
-        assert_like(pieces[1].result(), np.split(A, 2, axis=1)[1])
-
-    def test_shape_queries(self) -> None:
-        """np.shape, np.ndim and np.size answer from the spec, without the value."""
-        t = ops.asarray(A)
-        assert (np.shape(t), np.ndim(t), np.size(t), np.size(t, 1)) == ((3, 4), 2, 12, 4)
-
-    def test_unsupported_function_raises(self) -> None:
-        """np.cumsum(t) has no op: TypeError, not a blocking conversion."""
-        with pytest.raises(TypeError, match="cumsum"):
-            np.cumsum(ops.asarray(A))
-
-    def test_unsupported_keywords_raise(self) -> None:
-        """np.sum(t, dtype=...) and np.where(cond) are refused."""
-        t = ops.asarray(A)
-        with pytest.raises(TypeError):
-            np.sum(t, dtype=np.float64)
-        with pytest.raises(TypeError):
-            np.where(t)
-
-    def test_asarray_of_done_tensor(self) -> None:
-        """np.asarray of a done Tensor is its array."""
-        assert_like(np.asarray(ops.exp(A)), np.exp(A))
-
-    def test_asarray_of_pending_tensor_raises(self) -> None:
-        """np.asarray(t) on a pending Tensor in a running loop raises NotReadyError."""
-
-        async def main() -> str:
-            gate = threading.Event()
-            t = ops.exp(_blocked(gate, A))
-            try:
-                with pytest.raises(NotReadyError, match=r"would block: write `await t`"):
-                    np.asarray(t)
-            finally:
-                gate.set()
-            assert_like(await t, np.exp(A))
-            return "ok"
-
-        assert dataflow.run(main, interop_threads=2) == "ok"
+    def test_abs_builtin(self) -> None:
+        """abs(t) is ops.abs, like abs(ndarray)."""
+        check(lambda: abs(ops.asarray(A)), abs(A))
 
 
 class TestPublicApi:

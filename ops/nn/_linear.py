@@ -9,9 +9,10 @@ import numpy as np
 
 from dataflow import OpInputError, OpTypeError
 
+from .._checks import refuse_subclass
 from .._linalg import linear
 from .._tensor import Tensor, spec_of
-from ._module import Module, make_rng, uniform
+from ._module import Module, check_flag, float_dtype, make_rng, uniform
 
 __all__ = ["Linear"]
 
@@ -27,8 +28,8 @@ class Linear(Module):
     Args:
         in_features: size of x's last axis.
         out_features: size of y's last axis.
-        bias: whether to add a bias.
-        dtype: parameter dtype (float32 by default).
+        bias: whether to add a bias (a bool).
+        dtype: parameter dtype, floating (float32 by default).
         seed: seed for the initial weights (or pass ``rng``, a numpy Generator).
 
     Example:
@@ -49,18 +50,21 @@ class Linear(Module):
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"nn.Linear: {name} must be a positive int, got {v!r}")
+        with_bias = check_flag("nn.Linear", "bias", bias)
+        dt = float_dtype("nn.Linear", dtype)
         self.in_features = in_features
         self.out_features = out_features
         gen = make_rng(seed, rng, "nn.Linear")
         bound = 1.0 / math.sqrt(in_features)
-        dt = np.dtype(dtype)
         self.weight = uniform(gen, bound, (out_features, in_features), dt)
-        self.bias: Array | None = uniform(gen, bound, (out_features,), dt) if bias else None
+        self.bias: Array | None = uniform(gen, bound, (out_features,), dt) if with_bias else None
 
     async def forward(self, x: Tensor | Array) -> Tensor:
         """``x @ weight.T + bias`` for x of shape (..., in_features)."""
         if not isinstance(x, Tensor | np.ndarray):
             x = np.asarray(x)
+        elif isinstance(x, np.ndarray) and type(x) is not np.ndarray:
+            refuse_subclass("nn.Linear", "x", x)
         s = spec_of(x)
         if not s.shape or s.shape[-1] != self.in_features:
             raise OpInputError(

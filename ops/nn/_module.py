@@ -19,7 +19,15 @@ import numpy as np
 import dataflow
 from dataflow import DataflowError
 
-__all__ = ["IncompatibleKeys", "Module", "StateDictError", "make_rng", "uniform"]
+__all__ = [
+    "IncompatibleKeys",
+    "Module",
+    "StateDictError",
+    "check_flag",
+    "float_dtype",
+    "make_rng",
+    "uniform",
+]
 
 
 class StateDictError(DataflowError, ValueError):
@@ -38,6 +46,39 @@ def make_rng(seed: int | None, rng: np.random.Generator | None, where: str) -> n
     if seed is not None and rng is not None:
         raise ValueError(f"{where}: give seed or rng, not both")
     return rng if rng is not None else np.random.default_rng(seed)
+
+
+def check_flag(where: str, name: str, value: Any) -> bool:
+    """``value`` as a bool, or a DataflowTypeError naming the argument.
+
+    Only a real bool (or numpy's) is accepted: ``bias='False'`` is a non-empty string, so
+    truthiness would read it as True.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise dataflow.DataflowTypeError(
+        f"{where}: {name} must be True or False, got {type(value).__name__}: {value!r}"
+    )
+
+
+def float_dtype(where: str, dtype: Any) -> np.dtype[Any]:
+    """``dtype`` as a floating numpy dtype, or a DataflowTypeError naming the argument.
+
+    Parameters are drawn from U(-bound, bound) with bound < 1, so an integer dtype would
+    silently make them all zero.
+    """
+    try:
+        dt: np.dtype[Any] = np.dtype(dtype)
+    except TypeError as exc:
+        raise dataflow.DataflowTypeError(
+            f"{where}: dtype {dtype!r} is not a numpy dtype ({exc}); use np.float32"
+        ) from exc
+    if dt.kind != "f":
+        raise dataflow.DataflowTypeError(
+            f"{where}: dtype must be a floating dtype (float16, float32 or float64), got "
+            f"{dt}: parameters drawn from U(-1/sqrt(n), 1/sqrt(n)) would not survive it"
+        )
+    return dt
 
 
 def uniform(
@@ -185,7 +226,15 @@ class Module:
         Raises:
             StateDictError: with every problem listed: missing or unexpected keys (strict),
                 a shape or dtype that differs from the parameter's.
+            DataflowTypeError: ``state_dict`` is not a mapping, or ``strict`` not a bool.
         """
+        if not isinstance(state_dict, Mapping):
+            raise dataflow.DataflowTypeError(
+                f"{type(self).__name__}.load_state_dict: state_dict must be a mapping of "
+                f"parameter names to arrays (as state_dict() returns), got "
+                f"{type(state_dict).__name__}"
+            )
+        strict = check_flag(f"{type(self).__name__}.load_state_dict", "strict", strict)
         slots = self._slots()
         missing = [k for k in slots if k not in state_dict]
         unexpected = [k for k in state_dict if k not in slots]
