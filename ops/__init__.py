@@ -61,6 +61,8 @@ from ._shape import transpose as transpose
 # isort: split
 from . import nn as nn  # last: the modules build on the ops above
 
+del annotations  # the `from __future__` feature, not part of the API (dir(ops))
+
 __all__ = (
     # the pending array
     "Tensor",

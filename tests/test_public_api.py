@@ -15,7 +15,6 @@ class TestExports:
     def test_all_matches_public_names(self, module: types.ModuleType) -> None:
         """__all__ lists exactly the public names the package defines (no drift)."""
         public = {n for n in vars(module) if not n.startswith("_")}
-        public -= {"annotations"}  # from __future__
         public -= {n for n, v in vars(module).items() if isinstance(v, types.ModuleType)}
         assert sorted(public - set(module.__all__)) == []
         assert sorted(set(module.__all__) - set(vars(module))) == []
@@ -33,6 +32,41 @@ class TestExports:
             if callable(getattr(module, n)) and not (getattr(module, n).__doc__ or "").strip()
         ]
         assert missing == []
+
+
+@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+def test_dir_shows_no_future_import(module: types.ModuleType) -> None:
+    """dir() of the package lists no `annotations` (the `from __future__` name)."""
+    assert "annotations" not in dir(module)
+
+
+class TestErrorNames:
+    @pytest.mark.parametrize(
+        "name", [n for n in dataflow.__all__ if n.endswith(("Error", "Warning"))]
+    )
+    def test_errors_name_their_public_module(self, name: str) -> None:
+        """Every exported error says `dataflow.X` in reprs, not its private module."""
+        cls = getattr(dataflow, name)
+        assert cls.__module__ == "dataflow"
+        assert repr(cls) == f"<class 'dataflow.{name}'>"
+
+    def test_traceback_shows_the_public_name(self) -> None:
+        """A traceback's last line reads `dataflow.OpInputError: ...`."""
+        import traceback
+
+        try:
+            raise dataflow.OpInputError("bad input")
+        except dataflow.OpInputError as exc:
+            last = traceback.format_exception(exc)[-1]
+        assert last == "dataflow.OpInputError: bad input\n"
+
+    def test_errors_still_pickle(self) -> None:
+        """An error pickles and unpickles by its public name (Dask sends errors back)."""
+        import pickle
+
+        again = pickle.loads(pickle.dumps(dataflow.OpInputError("bad input")))
+        assert type(again) is dataflow.OpInputError
+        assert str(again) == "bad input"
 
 
 def test_dataflow_never_imports_ops() -> None:
