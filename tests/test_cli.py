@@ -148,3 +148,18 @@ class TestInfo:
         assert r.returncode == 0 and "inter-op threads" in r.stdout
         r = dataflow_cmd("--version")
         assert r.returncode == 0 and "dataflow" in r.stdout
+
+    def test_info_does_not_warn_about_defaults(self) -> None:
+        """`dataflow info` with nothing chosen prints no oversubscription warning."""
+        chosen = ("DATAFLOW_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        env = {k: v for k, v in os.environ.items() if k not in chosen}
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "info"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "WARNING" not in r.stdout
