@@ -331,7 +331,7 @@ def trace_group() -> None:
 def _load_trace(path: str, command: str) -> Trace:
     try:
         return load(path)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
         click.echo(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)
 

@@ -77,6 +77,13 @@ def _natural(name: str) -> tuple[int, list[Any]]:
     return (0 if name == "loop" else 1 if name.startswith("loop") else 2, parts)
 
 
+def _number(value: Any) -> str:
+    """A number in 3 significant digits; anything else (a foreign trace's) as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.3g}"
+    return f"{value!r:.40}"
+
+
 def _bar_title(t: TaskSpan, lane: str) -> str:
     lines = [f"{t.name} ({t.op}): {format_seconds(t.duration / 1e9)} on {lane}"]
     lines.append(f"start {format_seconds(t.start / 1e9)}, end {format_seconds(t.end / 1e9)}")
@@ -86,7 +93,7 @@ def _bar_title(t: TaskSpan, lane: str) -> str:
     elif "shapes" in a:
         lines.append(f"outs {a.get('shapes')} {a.get('dtypes', '')}".rstrip())
     if "flops" in a:
-        lines.append(f"{a['flops']:.3g} flops, {a.get('bytes', 0):.3g} bytes")
+        lines.append(f"{_number(a['flops'])} flops, {_number(a.get('bytes', 0))} bytes")
     if t.inputs:
         shown = ", ".join(t.inputs[:6]) + (", ..." if len(t.inputs) > 6 else "")
         lines.append(f"inputs: {shown}")

@@ -292,6 +292,25 @@ class TestBadFiles:
         _edit_json(path, edit)
         self._error(path, "the op rejects the recorded arguments")
 
+    def test_complex_of_a_string(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
+        """{"complex": [1, "a"]} is refused by name, not by complex()'s TypeError."""
+        path, _, _ = saved
+        _edit_json(path, lambda d: d["nodes"][0]["args"].append({"complex": [1, "a"]}))
+        for reader in (dataflow.load, read):
+            with pytest.raises(GraphFormatError, match="a complex needs two numbers"):
+                reader(str(path))
+
+    @pytest.mark.parametrize("ref", [{"arg": 0}, {"tmp": 0}])
+    def test_step_references_outside_a_fused_step(
+        self, saved: tuple[Path, dataflow.Graph, Array], ref: dict[str, int]
+    ) -> None:
+        """{"arg": i} / {"tmp": j} anywhere but a fused step's arguments is refused."""
+        path, _, _ = saved
+        _edit_json(path, lambda d: d.update(outputs=ref))
+        for reader in (dataflow.load, read):
+            with pytest.raises(GraphFormatError, match="may only be an argument of a fused step"):
+                reader(str(path))
+
     def test_missing_file_is_file_not_found(self, tmp_path: Path) -> None:
         """A path with no file is a FileNotFoundError, as for open()."""
         with pytest.raises(FileNotFoundError):

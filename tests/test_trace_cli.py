@@ -143,6 +143,68 @@ class TestTraceSummary:
         assert "dataflow trace summary: error: TraceFormatError:" in result.stderr
 
 
+class TestHostileTraces:
+    def _error(self, tmp_path: Path, text: str, match: str) -> None:
+        """summary and render both print one `TraceFormatError` line matching, exit 1."""
+        path = tmp_path / "t.json"
+        path.write_text(text)
+        for command in ("summary", "render"):
+            result = CliRunner().invoke(cli, ["trace", command, str(path)], catch_exceptions=False)
+            assert result.exit_code == 1
+            (line,) = result.stderr.strip().splitlines()
+            assert line.startswith(f"dataflow trace {command}: error: TraceFormatError: ")
+            assert match in line
+
+    def test_deep_json(self, tmp_path: Path) -> None:
+        """JSON nested 100,000 deep: a one-line error, not a RecursionError traceback."""
+        self._error(tmp_path, "[" * 100_000 + "]" * 100_000, "more than 64 deep")
+
+    def test_deep_args(self, tmp_path: Path) -> None:
+        """An event whose args nest 900 deep (JSON can parse it) is refused the same way."""
+        event = '{"ph": "X", "ts": 0, "dur": 1, "args": ' + "[" * 900 + "]" * 900 + "}"
+        self._error(tmp_path, '{"traceEvents": [' + event + "]}", "more than 64 deep")
+
+    @pytest.mark.parametrize("ts", ["1e400", "-1e400", "NaN", '"5"', "1e20"])
+    def test_timestamps_that_are_not_times(self, tmp_path: Path, ts: str) -> None:
+        """`ts: 1e400` (infinite), NaN, a string: an error naming the event and field."""
+        text = '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": ' + ts + ', "dur": 1}]}'
+        self._error(tmp_path, text, "event 0 (ph 'X'): ts must be a finite number")
+
+    def test_negative_duration(self, tmp_path: Path) -> None:
+        """A slice with a negative duration is refused by name."""
+        text = '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": 5, "dur": -3}]}'
+        self._error(tmp_path, text, "dur must be a duration")
+
+    def test_args_of_the_wrong_kind(self, tmp_path: Path) -> None:
+        """args that is not an object, inputs that is not a list: named."""
+        text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": [1, 2]}]}'
+        self._error(tmp_path, text, "args must be an object")
+        text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": {"inputs": 3}}]}'
+        self._error(tmp_path, text, "args.inputs must be a list of task names")
+
+    def test_string_thread_ids_load(self, tmp_path: Path) -> None:
+        """A foreign trace naming threads by strings loads; the lane keeps the string."""
+        path = tmp_path / "t.json"
+        path.write_text(
+            '{"traceEvents": [{"ph": "X", "name": "a", "tid": "gpu", "ts": 1, "dur": 2},'
+            '{"ph": "X", "name": "b", "tid": "cpu", "ts": 2, "dur": 2}]}'
+        )
+        trace = load(path)
+        assert sorted(trace.threads.values()) == ["cpu", "gpu"]
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
+        assert result.exit_code == 0 and "gpu" in result.stdout
+
+    def test_foreign_values_in_args_render(self, tmp_path: Path) -> None:
+        """flops given as a string (a foreign trace) is shown as it is, not a crash."""
+        path = tmp_path / "t.json"
+        path.write_text(
+            '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": 1, "dur": 2, '
+            '"args": {"flops": "many", "bytes": [1]}}]}'
+        )
+        svg = render_svg(load(path))
+        assert "&#x27;many&#x27; flops, [1] bytes" in svg
+
+
 class TestTraceRender:
     def test_svg_has_a_bar_per_task(self, saved_trace: Path, tmp_path: Path) -> None:
         """`trace render -o x.svg` writes parseable SVG with one titled bar per task."""

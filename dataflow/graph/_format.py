@@ -419,10 +419,8 @@ class _Decoder:
             return InputRef(self._int(v["input"], where))
         if keys == {"const"} and isinstance(v["const"], str):
             return ConstRef(v["const"])
-        if keys == {"arg"}:
-            return Arg(self._int(v["arg"], where))
-        if keys == {"tmp"}:
-            return Tmp(self._int(v["tmp"], where))
+        if keys == {"arg"} or keys == {"tmp"}:
+            raise Problem(f"{where}: {v!r:.40} may only be an argument of a fused step")
         if keys == {"tuple"} and type(v["tuple"]) is list:
             return tuple(self.value(x, where) for x in v["tuple"])
         if keys == {"dict"} and type(v["dict"]) is dict:
@@ -435,6 +433,8 @@ class _Decoder:
             return float(v["float"])
         if keys == {"complex"} and type(v["complex"]) is list and len(v["complex"]) == 2:
             re, im = (self.value(x, where) for x in v["complex"])
+            if not all(type(part) in (int, float) for part in (re, im)):
+                raise Problem(f"{where}: a complex needs two numbers, got {v!r:.80}")
             return complex(re, im)
         if keys == {"dtype"}:
             return self.dtype(v["dtype"], where)
@@ -452,6 +452,14 @@ class _Decoder:
             fields = [self.value(x, where) for x in v["fields"]]
             return self.named_tuple(v["namedtuple"], fields, where)
         raise Problem(f"{where}: unexpected value {v!r:.80}")
+
+    def step_arg(self, v: Any, where: str) -> Any:
+        """An argument of a fused step: ``{"arg": i}``, ``{"tmp": j}`` or a value."""
+        if type(v) is dict and set(v) == {"arg"}:
+            return Arg(self._int(v["arg"], where))
+        if type(v) is dict and set(v) == {"tmp"}:
+            return Tmp(self._int(v["tmp"], where))
+        return self.value(v, where)
 
     @staticmethod
     def _int(v: Any, where: str) -> int:
@@ -610,7 +618,7 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
                 if type(step) is not dict:
                     raise Problem(f"{swhere}: expected an object")
                 sop = dec.op(_field(step, "op", str, swhere), swhere)
-                sargs = tuple(dec.value(_field(step, "args", list, swhere), swhere))
+                sargs = tuple(dec.step_arg(a, swhere) for a in _field(step, "args", list, swhere))
                 for a in sargs:
                     missing_arg = type(a) is Arg and a.index >= len(args)
                     if missing_arg or (type(a) is Tmp and a.index >= j):
