@@ -159,7 +159,8 @@ def _use_dask(address: str) -> None:
 
     if importlib.util.find_spec("distributed") is None:
         raise click.UsageError(
-            "--dask needs dask.distributed, which is not installed: pip install 'dataflow[dask]'"
+            "--dask needs dask.distributed, which is not installed: pip install "
+            "'dask[distributed]>=2024.1' (in a checkout: pip install -e '.[dask]')"
         )
     from ._runtime import DASK_ADDRESS_ENV
 

@@ -193,10 +193,15 @@ def parallel_info() -> str:
     return "\n".join(lines)
 
 
+#: The distribution that installs the `dataflow` and `ops` packages (PyPI's "dataflow" is
+#: another project).
+DISTRIBUTION = "numpy-dataflow"
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("dataflow")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # pragma: no cover - running from a checkout
         return "unknown"

@@ -81,3 +81,47 @@ def test_dataflow_never_imports_ops() -> None:
         if re.search(r"^\s*(from ops\b|import ops\b)", p.read_text(), re.MULTILINE)
     ]
     assert offenders == []
+
+
+class TestDistributionName:
+    ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+    def test_distribution_is_not_a_pypi_project_of_another(self) -> None:
+        """pyproject names numpy-dataflow (PyPI's dataflow and ops are other projects)."""
+        import tomllib
+
+        from dataflow import _threads
+
+        project = tomllib.loads((self.ROOT / "pyproject.toml").read_text())["project"]
+        assert project["name"] == _threads.DISTRIBUTION == "numpy-dataflow"
+
+    def test_version_is_read_from_that_distribution(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """dataflow --version asks importlib.metadata for numpy-dataflow, not dataflow."""
+        import importlib.metadata
+
+        from dataflow import _threads
+
+        asked: list[str] = []
+
+        def version(distribution: str) -> str:
+            asked.append(distribution)
+            return "9.9"
+
+        monkeypatch.setattr(importlib.metadata, "version", version)
+        assert _threads._version() == "9.9"
+        assert asked == ["numpy-dataflow"]
+
+    def test_no_install_command_fetches_another_project(self) -> None:
+        """No doc or message says `pip install dataflow` / `'dataflow[...]'` / `ops`."""
+        import re
+
+        bad = re.compile(r"pip install\s+['\"]?(dataflow|ops)\b(?!-)")
+        files = [self.ROOT / "README.md", *sorted((self.ROOT / "docs").glob("*.md"))]
+        files += sorted((self.ROOT / "dataflow").rglob("*.py"))
+        offenders = [
+            f"{path.relative_to(self.ROOT)}:{n}"
+            for path in files
+            for n, line in enumerate(path.read_text().splitlines(), start=1)
+            if bad.search(line) and "never `pip install" not in line
+        ]
+        assert offenders == []
