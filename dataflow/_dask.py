@@ -79,7 +79,7 @@ from ._task import CANCELLED, DONE, FAILED, READY, RUNNING, Cost, Pending, Task
 __all__ = ["DASK_ADDRESS_ENV", "DaskRuntime", "KernelFailed", "run_op"]
 
 
-_INSTALL_HINT = "pip install 'dataflow[dask]'"
+_INSTALL_HINT = "pip install 'dask[distributed]>=2024.1'"
 _FINAL = ("finished", "error", "cancelled")
 
 

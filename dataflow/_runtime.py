@@ -248,7 +248,7 @@ class Runtime:
             task with :class:`~dataflow.OpTimeoutError`; it cannot be interrupted, so it runs
             on (its thread replaced in the pool) and its late result is discarded.
         backend: ``"local"`` (this process's pool) or ``"dask"`` (ops run on a Dask cluster;
-            needs ``pip install 'dataflow[dask]'``; see docs/dask.md). Default: ``"dask"`` when
+            needs ``pip install -e '.[dask]'``; see docs/dask.md). Default: ``"dask"`` when
             ``address``/``client`` is given or ``$DATAFLOW_DASK_ADDRESS`` is set (as
             ``dataflow run --dask ADDRESS`` does), else ``"local"``.
         address, client, **options: the Dask backend's scheduler address or asynchronous
