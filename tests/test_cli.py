@@ -141,6 +141,51 @@ class TestRun:
         assert proc.returncode == 130, err
 
 
+HANGING = """
+import asyncio, time, dataflow
+
+def hang():
+    time.sleep(300)  # a kernel that does not return, with no timeout
+
+async def main():
+    dataflow.fork(hang)
+    print("ready", flush=True)
+    await asyncio.sleep(300)
+
+dataflow.run(main)
+"""
+
+
+class TestInterrupt:
+    @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+    @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+    def test_second_ctrl_c_exits_while_a_kernel_hangs(self, tmp_path: Path, loop: str) -> None:
+        """Ctrl-C waits for the running kernel; a second one exits 130 at once."""
+        script = tmp_path / "hang.py"
+        script.write_text(HANGING)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataflow", "run", "--loop", loop, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(0.3)  # the kernel is running
+            proc.send_signal(signal.SIGINT)
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)  # the clean-up waits for the kernel
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines()[-1] == "dataflow run: interrupted"
+        assert "Traceback" not in err
+
+
 class TestInfo:
     def test_info_and_version(self) -> None:
         """`dataflow info` prints parallel_info; --version the version."""
