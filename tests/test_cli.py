@@ -95,13 +95,63 @@ class TestRun:
         assert "no such script" in r.stderr
 
     def test_syntax_error(self, tmp_path: Path) -> None:
-        """A syntax error is a one-line error naming file and line, exit 1."""
+        """A syntax error shows as python shows it: file, line, the source, a caret; exit 1."""
         script = tmp_path / "bad.py"
         script.write_text("x = 1\ndef (:\n")
         r = dataflow_cmd("run", str(script))
         assert r.returncode == 1
-        assert r.stderr.strip().count("\n") == 0
-        assert "bad.py:2: SyntaxError" in r.stderr
+        assert r.stderr.splitlines() == [
+            f'  File "{script}", line 2',
+            "    def (:",
+            "        ^",
+            "SyntaxError: invalid syntax",
+        ]
+
+    def test_run_module_from_the_current_folder(self, tmp_path: Path) -> None:
+        """-m finds a module in the current folder, as python -m does, from a console script."""
+        work, bin_dir = tmp_path / "work", tmp_path / "bin"
+        work.mkdir()
+        bin_dir.mkdir()
+        (work / "mymod.py").write_text(SCRIPT)
+        # Like the installed `dataflow` script: its own folder, not the current one, on sys.path.
+        launcher = bin_dir / "dataflow_launcher.py"
+        launcher.write_text("from dataflow._cli import main\nmain()\n")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        r = subprocess.run(
+            [sys.executable, str(launcher), "run", "-m", "mymod", "3"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=work,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "result 6" in r.stdout
+
+    def test_dataflow_option_after_the_script_is_warned_about(self, tmp_path: Path) -> None:
+        """`run script.py --trace x.json` passes --trace to the script, and says so."""
+        script = tmp_path / "s.py"
+        script.write_text("import sys\nprint(sys.argv[1:])\n")
+        r = dataflow_cmd("run", str(script), "--trace", "x.json", "--epochs", "3")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "['--trace', 'x.json', '--epochs', '3']"
+        assert r.stderr.strip() == (
+            f"dataflow run: warning: --trace after {script} goes to the script, not to "
+            "dataflow run: put dataflow's options before the script"
+        )
+        assert not (ROOT / "x.json").exists()
+
+    def test_script_options_are_not_warned_about(self, tmp_path: Path) -> None:
+        """Options dataflow run does not have pass to the script silently."""
+        script = tmp_path / "s.py"
+        script.write_text("import sys\nprint(sys.argv[1:])\n")
+        r = dataflow_cmd("run", str(script), "--epochs", "3", "-v")
+        assert r.returncode == 0 and r.stderr == ""
+
+    def test_help_says_options_go_first(self) -> None:
+        """`dataflow run --help` says options go before the script."""
+        r = dataflow_cmd("run", "--help")
+        assert "Options go before SCRIPT" in r.stdout
 
     def test_bad_usage(self) -> None:
         """Bad options exit 2 with a message."""

@@ -125,6 +125,87 @@ class TestRunTrace:
         assert "tasks done" not in proc.stderr
 
 
+PRINTING = """
+import time
+import numpy as np
+import dataflow, ops
+
+async def main():
+    x = np.ones((32, 32), dtype=np.float32)
+    for k in range(30):
+        await ops.tanh(ops.matmul(x, x))
+        print(f"line {k}")
+        time.sleep(0.03)  # the status line is redrawn every 0.1 s: between these prints
+
+dataflow.run(main)
+"""
+
+
+def _screen(output: str) -> list[str]:
+    """What a terminal shows for ``output`` (carriage returns, newlines, ESC [K only)."""
+    lines, col = [""], 0
+    i = 0
+    while i < len(output):
+        if output.startswith("\x1b[K", i):
+            lines[-1] = lines[-1][:col]
+            i += 3
+            continue
+        ch = output[i]
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            lines.append("")
+            col = 0
+        else:
+            line = lines[-1]
+            lines[-1] = line[:col] + ch + line[col + 1 :]
+            col += 1
+        i += 1
+    return lines
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX terminal")
+class TestProgressOnATerminal:
+    def test_status_line_and_script_output_do_not_collide(self, tmp_path: Path) -> None:
+        """With --progress on a terminal, every line the script prints stands on its own."""
+        import pty
+
+        script = tmp_path / "printing.py"
+        script.write_text(PRINTING)
+        master, slave = pty.openpty()
+        paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataflow", "run", "--progress", str(script)],
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        )
+        os.close(slave)
+        chunks = []
+        try:
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            proc.kill()
+            os.close(master)
+        output = b"".join(chunks).decode()
+        assert "tasks done" in output  # the status line was drawn
+        screen = [line for line in _screen(output) if line]
+        assert [line for line in screen if line.startswith("line")] == [
+            f"line {k}" for k in range(30)
+        ]
+        assert screen[-1] == "dataflow: 60/60 tasks done"
+
+
 class TestTraceSummary:
     def test_prints_summary_and_table(self, saved_trace: Path) -> None:
         """`dataflow trace summary` recomputes the figures from the file."""
