@@ -463,17 +463,25 @@ def trace_summary(path: str) -> None:
     "[default: PATH with .svg]",
 )
 @click.option("--width", type=click.IntRange(min=400), default=1200, show_default=True)
-def trace_render(path: str, output: str | None, width: int) -> None:
-    """Draw PATH as a per-thread timeline: a bar per task, arrows for dependencies."""
+@click.option(
+    "--arrows",
+    type=click.Choice(["critical", "all", "none"]),
+    default="critical",
+    show_default=True,
+    help="Which dependencies to draw: the critical path's, every one, or none.",
+)
+def trace_render(path: str, output: str | None, width: int, arrows: str) -> None:
+    """Draw PATH as a per-thread timeline: a bar per task, the critical path outlined."""
     out = output or os.path.splitext(path)[0] + ".svg"
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".svg", ".html", ".htm"):
         raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
     trace = _load_trace(path, "render")
     if ext == ".svg":
-        text = render_svg(trace, width=width)
+        text = render_svg(trace, width=width, arrows=arrows)
     else:
-        text = render_html(trace, title=f"dataflow timeline: {os.path.basename(path)}", width=width)
+        title = f"dataflow timeline: {os.path.basename(path)}"
+        text = render_html(trace, title=title, width=width, arrows=arrows)
     try:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text)

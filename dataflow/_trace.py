@@ -30,7 +30,17 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Span", "TaskSpan", "Trace", "describe_spec", "load", "thread_label", "to_chrome"]
+__all__ = [
+    "Span",
+    "TaskSpan",
+    "Trace",
+    "describe_spec",
+    "is_loop_lane",
+    "lanes",
+    "load",
+    "thread_label",
+    "to_chrome",
+]
 
 FORMAT_VERSION = 1
 
@@ -90,6 +100,42 @@ class Trace:
             f"<Trace tasks={len(self.tasks)} threads={len(self.threads)} "
             f"wall={self.wall / 1e9:.6f}s>"
         )
+
+
+def lanes(trace: Trace) -> dict[int, str]:
+    """The timeline lane of each thread that ran tasks: ``{native id: lane name}``.
+
+    A lane is a thread *name*: each ``dataflow.run`` starts its pool's workers again, so a
+    script that runs ten times has ten threads named ``interop-0``, one after the other. Those
+    that share a name and never overlap in time share its lane; one that overlaps them (two
+    pools at once) gets a lane of its own, ``interop-0 (2)``. So the lanes are the threads that
+    really ran side by side, and the summary and the picture count the same ones.
+    """
+    extent: dict[int, list[int]] = {}
+    for t in trace.tasks:
+        span = extent.setdefault(t.thread, [t.start, t.end])
+        span[0] = min(span[0], t.start)
+        span[1] = max(span[1], t.end)
+    by_name: dict[str, list[int]] = {}
+    for tid in sorted(extent, key=lambda tid: extent[tid][0]):
+        by_name.setdefault(trace.threads.get(tid, str(tid)), []).append(tid)
+    out: dict[int, str] = {}
+    for name, tids in by_name.items():
+        ends: list[int] = []  # per lane of this name, when its last thread's last task ended
+        for tid in tids:
+            start, end = extent[tid]
+            k = next((k for k, e in enumerate(ends) if e <= start), len(ends))
+            if k == len(ends):
+                ends.append(end)
+            else:
+                ends[k] = end
+            out[tid] = name if k == 0 else f"{name} ({k + 1})"
+    return out
+
+
+def is_loop_lane(name: str) -> bool:
+    """Whether a lane is an event loop's thread (``loop``, ``loop (MainThread)``)."""
+    return name == "loop" or name.startswith("loop ")
 
 
 def thread_label() -> str:

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 import dataflow
 import ops
 from dataflow._cli import cli
-from dataflow._render import MAX_ARROWS, render_html, render_svg
-from dataflow._trace import TaskSpan, Trace, load
+from dataflow._render import MAX_ARROWS, MAX_LABEL, render_html, render_svg
+from dataflow._trace import TaskSpan, Trace, lanes, load
 
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,13 +293,15 @@ class TestTraceRender:
         result = CliRunner().invoke(cli, ["trace", "render", str(saved_trace), "-o", str(out)])
         assert result.exit_code == 0, result.output
         root = ET.parse(out).getroot()
-        bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task"]
+        bars = [r for r in root.iter(f"{SVG}rect") if "task" in (r.get("class") or "").split()]
         tasks = {e["args"]["task"] for e in x_events(saved_trace)}
         assert len(bars) == len(tasks) == 13
         assert {b.get("data-task") for b in bars} == tasks
         assert all(b.find(f"{SVG}title") is not None for b in bars)
+        drawn = {t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"}
+        assert drawn == set(lanes(load(saved_trace)).values())  # whichever threads ran tasks
         texts = "".join(t.text or "" for t in root.iter(f"{SVG}text"))
-        assert "interop-0" in texts and "matmul" in texts and "time (ms)" in texts
+        assert "matmul" in texts and "time (ms)" in texts
 
     def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
         """`-o x.html` embeds the SVG in a page with the summary and the op table."""
@@ -309,6 +311,19 @@ class TestTraceRender:
         page = out.read_text()
         assert page.startswith("<!doctype html>") and page.count("<svg") == 1
         assert "<title>matmul#" in page and "critical path" in page
+
+    def test_arrows_option(self, saved_trace: Path, tmp_path: Path) -> None:
+        """--arrows all draws every dependency, none draws none; other values are refused."""
+        counts = {}
+        for arrows in ("critical", "all", "none"):
+            out = tmp_path / f"{arrows}.svg"
+            args = ["trace", "render", str(saved_trace), "-o", str(out), "--arrows", arrows]
+            assert CliRunner().invoke(cli, args).exit_code == 0
+            root = ET.parse(out).getroot()
+            counts[arrows] = len([p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"])
+        assert counts["none"] == 0 and counts["all"] > counts["critical"]
+        bad = ["trace", "render", str(saved_trace), "--arrows", "some"]
+        assert CliRunner().invoke(cli, bad).exit_code == 2
 
     def test_default_output_and_bad_suffix(self, saved_trace: Path, tmp_path: Path) -> None:
         """Without -o the SVG goes next to the trace; other suffixes are a usage error."""
@@ -338,12 +353,79 @@ class TestRenderSvg:
     def _parse(self, svg: str) -> ET.Element:
         return ET.fromstring(svg)
 
-    def test_arrows_for_dependencies(self) -> None:
-        """An arrow per dependency, except back-to-back tasks on one lane."""
-        root = self._parse(render_svg(DIAMOND))
-        deps = [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
+    def _deps(self, root: ET.Element) -> list[ET.Element]:
+        return [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
+
+    def test_all_arrows(self) -> None:
+        """arrows="all": an arrow per dependency, except back-to-back tasks on one lane."""
+        root = self._parse(render_svg(DIAMOND, arrows="all"))
+        deps = self._deps(root)
         assert len(deps) == 3  # load->right, left->join, right->join; load->left is adjacent
         assert all(p.get("marker-end") == "url(#arrow)" for p in deps)
+
+    def test_critical_path_by_default(self) -> None:
+        """By default only the critical path: its bars outlined, an arrow across its gap."""
+        svg = render_svg(DIAMOND)
+        root = self._parse(svg)
+        critical = [
+            r.get("data-task") for r in root.iter(f"{SVG}rect") if r.get("class") == "task critical"
+        ]
+        assert critical == ["load#1", "left#2", "join#4"]
+        assert len(self._deps(root)) == 1  # left -> join (load -> left is back to back)
+        assert "the critical path, 3 tasks" in svg
+
+    def test_no_arrows(self) -> None:
+        """arrows="none": no arrows, nothing outlined; a bad value is a ValueError."""
+        root = self._parse(render_svg(DIAMOND, arrows="none"))
+        assert self._deps(root) == []
+        assert not [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task critical"]
+        with pytest.raises(ValueError, match="critical"):
+            render_svg(DIAMOND, arrows="some")
+
+    def test_one_lane_per_thread_name_over_successive_runs(self) -> None:
+        """12 runs' fresh pool threads (24 ids, 2 names) and the loop: 3 lanes, as the header."""
+        tasks, threads = [_span("inline#0", 99, 0, 5)], {99: "loop"}
+        for run in range(12):
+            for k in range(2):
+                tid = 100 + 2 * run + k
+                threads[tid] = f"interop-{k}"
+                name = f"op#{1 + 2 * run + k}"
+                tasks.append(_span(name, tid, 10 + 100 * run, 90 + 100 * run))
+        svg = render_svg(Trace(tasks=tasks, threads=threads, wall=1300))
+        root = self._parse(svg)
+        labels = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"]
+        assert labels == ["loop", "interop-0", "interop-1"]
+        assert "25 tasks on 2 pool threads and the loop" in svg
+
+    def test_long_lane_names_fit(self) -> None:
+        """Dask worker threads are drawn by port; other long names are cut in the middle."""
+        names = {
+            1: "dask tcp://127.0.0.1:42543 0-Dask-Default-Threads-30554-0",
+            2: "dask tcp://127.0.0.1:45587 1-Dask-Default-Threads-30554-1",
+            3: "a-pool-with-a-very-long-name-thread-7",
+        }
+        tasks = [_span(f"t#{tid}", tid, 10 * tid, 10 * tid + 5) for tid in names]
+        root = self._parse(render_svg(Trace(tasks=tasks, threads=names, wall=40)))
+        lanes_drawn = {
+            t.text: t.find(f"{SVG}title").text  # type: ignore[union-attr]
+            for t in root.iter(f"{SVG}text")
+            if t.get("class") == "lane"
+        }
+        assert lanes_drawn == {
+            "dask :42543": names[1],
+            "dask :45587": names[2],
+            "a-pool-with\u2026e-thread-7": names[3],
+        }
+        assert all(len(label or "") <= MAX_LABEL for label in lanes_drawn)
+
+    def test_dask_worker_with_several_threads(self) -> None:
+        """Two threads of one worker keep a thread number: dask :42543 t0 / t1."""
+        base = "dask tcp://127.0.0.1:42543 "
+        names = {1: base + "Dask-Default-Threads-1-0", 2: base + "Dask-Default-Threads-1-1"}
+        tasks = [_span(f"t#{tid}", tid, 0, 5) for tid in names]
+        root = self._parse(render_svg(Trace(tasks=tasks, threads=names, wall=5)))
+        labels = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"]
+        assert labels == ["dask :42543 t0", "dask :42543 t1"]
 
     def test_lanes_and_colours(self) -> None:
         """A lane per thread that ran tasks; one colour per op, the same on every bar."""
@@ -354,7 +436,7 @@ class TestRenderSvg:
             if t.get("font-weight") == "bold" and t.get("font-size") == "12"
         ]
         assert labels == ["interop-0", "interop-1"]
-        bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task"]
+        bars = [r for r in root.iter(f"{SVG}rect") if "task" in (r.get("class") or "").split()]
         fills = {b.get("data-task"): b.get("fill") for b in bars}
         assert len(set(fills.values())) == 4
 
@@ -364,7 +446,7 @@ class TestRenderSvg:
         tasks = [_span("a#1", 1, 0, 10)] + [
             _span(f"b#{i}", 2, 20 + i, 21 + i, "a#1") for i in range(2, n + 2)
         ]
-        svg = render_svg(Trace(tasks=tasks, threads={1: "x", 2: "y"}, wall=n + 30))
+        svg = render_svg(Trace(tasks=tasks, threads={1: "x", 2: "y"}, wall=n + 30), arrows="all")
         root = self._parse(svg)
         assert not [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
         assert f"{n} dependency arrows left out" in svg
