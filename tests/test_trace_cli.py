@@ -300,8 +300,9 @@ class TestTraceRender:
         assert all(b.find(f"{SVG}title") is not None for b in bars)
         drawn = {t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"}
         assert drawn == set(lanes(load(saved_trace)).values())  # whichever threads ran tasks
-        texts = "".join(t.text or "" for t in root.iter(f"{SVG}text"))
-        assert "matmul" in texts and "time (ms)" in texts
+        texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+        assert any(t.startswith("matmul: ") for t in texts)  # its legend entry
+        assert {"time (s)", "time (ms)", "time (us)"} & set(texts)  # the unit fits the run
 
     def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
         """`-o x.html` embeds the SVG in a page with the summary and the op table."""
