@@ -111,7 +111,7 @@ def describe(argv: list[str] | None = None) -> dict[str, Any]:
         "uvloop": _version("uvloop"),
         "anyio": _version("anyio"),
         "threadpoolctl": _version("threadpoolctl"),
-        "dataflow": _version("dataflow"),
+        "dataflow": _version("numpy-dataflow"),
         "dataflow_git_commit": _git_commit(),
         "torch_parallel_info": _torch_threads(),
         "blas": _blas(),

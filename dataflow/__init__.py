@@ -58,6 +58,25 @@ from .graph import TracerWarning as TracerWarning
 from .graph import load as load
 from .graph import trace as trace
 
+# Errors name their public module in tracebacks and reprs (``dataflow.TaskError``, not
+# ``dataflow._errors.TaskError``); pickles (Dask sends errors back) find them here too.
+for _error in (
+    DataflowError,
+    NoRuntimeError,
+    NotReadyError,
+    OpInputError,
+    OpTypeError,
+    OpTimeoutError,
+    TaskError,
+    CancelledTaskError,
+    UnobservedTaskError,
+    GraphFormatError,
+    TracerWarning,
+):
+    _error.__module__ = __name__
+del _error
+del annotations  # the `from __future__` feature, not part of the API (dir(dataflow))
+
 __all__ = (
     # tasks
     "fork",

@@ -443,5 +443,15 @@ def run(
             result = await coro
             return await materialize(result)  # type: ignore[no-any-return]
 
-    with asyncio.Runner(loop_factory=factory) as runner:
+    runner = asyncio.Runner(loop_factory=factory)
+    stuck = False
+    try:
         return runner.run(_main())
+    except KeyboardInterrupt:
+        # A second Ctrl-C, while the first one's clean-up waits for a kernel that does not
+        # return: leave now (docs/hardening.md); the stuck loop is left unclosed.
+        stuck = any(not t.done() for t in asyncio.all_tasks(runner.get_loop()))
+        raise
+    finally:
+        if not stuck:
+            runner.close()

@@ -11,10 +11,11 @@ import logging
 import os
 import runpy
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO, cast
 
 import click
 
@@ -55,13 +56,23 @@ def configure_logging(fmt: str, level: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
 
 
 def _identity(_: Any, __: str, event: Any) -> Any:
     return event
+
+
+class _CurrentStderr:
+    """Writes to ``sys.stderr`` as it is at each write (so --progress's wrapper sees logs)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -125,12 +136,16 @@ def run(
 
     The options become the process defaults, so a script that calls
     ``dataflow.run(main)`` under ``if __name__ == "__main__":`` picks them up.
+
+    Options go before SCRIPT: everything after it is the script's own argv
+    (dataflow run --trace t.json script.py --epochs 3).
     """
     if module is None and script is None:
         raise click.UsageError("give a SCRIPT to run, or -m MODULE")
     if module is not None and script is not None:
         # With -m, the first positional is the module's first argument, not a script.
         args, script = (script, *args), None
+    _warn_about_late_options(list(args), script or module or "")
     level = logging.getLevelName(log_level.upper())
     if log_tasks and isinstance(level, int) and level > logging.DEBUG:
         log_level = "debug"  # --log-tasks lines are debug lines
@@ -153,13 +168,27 @@ def run(
     sys.exit(_run_main(module, script, list(args), options))
 
 
+def _warn_about_late_options(args: list[str], target: str) -> None:
+    """Say so when an option of ``dataflow run`` comes after the script: it is the script's."""
+    ours = {opt for param in run.params for opt in param.opts if opt.startswith("--")}
+    late = sorted({a.split("=", 1)[0] for a in args} & ours)
+    if late:
+        verb = "go" if len(late) > 1 else "goes"
+        click.echo(
+            f"dataflow run: warning: {', '.join(late)} after {target} {verb} to the script, "
+            "not to dataflow run: put dataflow's options before the script",
+            err=True,
+        )
+
+
 def _use_dask(address: str) -> None:
     """--dask ADDRESS: make the Dask backend the default of every Runtime the script creates."""
     import importlib.util
 
     if importlib.util.find_spec("distributed") is None:
         raise click.UsageError(
-            "--dask needs dask.distributed, which is not installed: pip install 'dataflow[dask]'"
+            "--dask needs dask.distributed, which is not installed: pip install "
+            "'dask[distributed]>=2024.1' (in a checkout: pip install -e '.[dask]')"
         )
     from ._backend import DASK_ADDRESS_ENV
 
@@ -173,11 +202,20 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         problem = _script_problem(script)
         if problem is not None:
             message, status = problem
-            click.echo(f"dataflow run: error: {message}", err=True)
+            click.echo(
+                message if message.startswith("  File") else f"dataflow run: error: {message}",
+                err=True,
+            )
             return status
-    elif module is not None and not _module_exists(module):
-        click.echo(f"dataflow run: error: no module named {module!r}", err=True)
-        return 2
+    elif module is not None:
+        # As `python -m`: the current folder first on sys.path (the `dataflow` console
+        # script's own folder is there instead).
+        cwd = os.getcwd()
+        if sys.path[:1] != [cwd]:
+            sys.path.insert(0, cwd)
+        if not _module_exists(module):
+            click.echo(f"dataflow run: error: no module named {module!r}", err=True)
+            return 2
     sys.argv = [script if script is not None else str(module), *args]
     try:
         with ExitStack() as stack:
@@ -230,8 +268,8 @@ def _script_problem(script: str) -> tuple[str, int] | None:
     try:
         with open(script, "rb") as f:
             compile(f.read(), script, "exec")
-    except SyntaxError as exc:
-        return f"{script}:{exc.lineno}: SyntaxError: {exc.msg}", 1
+    except SyntaxError as exc:  # as python shows it: file, line, the source and a caret
+        return "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n"), 1
     except (OSError, ValueError) as exc:  # unreadable, or null bytes in the source
         return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
     return None
@@ -302,18 +340,87 @@ def _log_tasks_hook(options: dict[str, Any]) -> Iterator[None]:
         remove_instrument(inst)
 
 
+class _StatusLine:
+    """Keeps --progress's status line and the script's own output apart on one terminal.
+
+    The status line is drawn with no newline at the end, so a line the script printed after
+    it would start on the same screen line. So the script's writes (through
+    :class:`_Clearing`) first clear the status line, and the status line is not drawn over a
+    line the script has not finished; it comes back at the next redraw.
+    """
+
+    def __init__(self, terminal: TextIO) -> None:
+        self.terminal = terminal
+        self.lock = threading.RLock()
+        self._shown = False  # the status line is on the screen
+        self._partial = False  # the script's last write left its line unfinished
+
+    # Progress draws through these two.
+    def write(self, text: str) -> int:
+        with self.lock:
+            if self._partial:
+                if not text.endswith("\n"):
+                    return len(text)  # not over the script's unfinished line
+                self.terminal.write("\n")
+                self._partial = False
+            self.terminal.write(text)
+            self._shown = not text.endswith("\n")
+            return len(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            self.terminal.flush()
+
+    def script_write(self, stream: TextIO, text: str) -> int:
+        """Write the script's ``text`` to ``stream``, clearing the status line first."""
+        with self.lock:
+            if self._shown:
+                self.terminal.write("\r\x1b[K")
+                self.terminal.flush()
+                self._shown = False
+            n = stream.write(text)
+            stream.flush()
+            if text:
+                self._partial = not text.endswith("\n")
+            return n
+
+
+class _Clearing:
+    """The script's sys.stdout or sys.stderr while a status line is shown (see _StatusLine)."""
+
+    def __init__(self, stream: TextIO, status: _StatusLine) -> None:
+        self._stream = stream
+        self._status = status
+
+    def write(self, text: str) -> int:
+        return self._status.script_write(self._stream, text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, flush ...
+        return getattr(self._stream, name)
+
+
 @contextmanager
 def _progress_hook(options: dict[str, Any]) -> Iterator[None]:
     """--progress: a status line on stderr, only when it is a terminal."""
     if not options.get("progress") or not sys.stderr.isatty():
         yield
         return
-    inst = Progress(sys.stderr)
+    stdout, stderr = sys.stdout, sys.stderr
+    status = _StatusLine(stderr)
+    inst = Progress(cast(TextIO, status))
+    sys.stderr = cast(TextIO, _Clearing(stderr, status))
+    if stdout.isatty():  # the same screen: keep the script's lines clear of the status line
+        sys.stdout = cast(TextIO, _Clearing(stdout, status))
     add_instrument(inst)
     try:
         yield
     finally:
         remove_instrument(inst)
+        sys.stdout, sys.stderr = stdout, stderr
         inst.close()
 
 
@@ -331,7 +438,7 @@ def trace_group() -> None:
 def _load_trace(path: str, command: str) -> Trace:
     try:
         return load(path)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
         click.echo(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)
 
@@ -356,17 +463,25 @@ def trace_summary(path: str) -> None:
     "[default: PATH with .svg]",
 )
 @click.option("--width", type=click.IntRange(min=400), default=1200, show_default=True)
-def trace_render(path: str, output: str | None, width: int) -> None:
-    """Draw PATH as a per-thread timeline: a bar per task, arrows for dependencies."""
+@click.option(
+    "--arrows",
+    type=click.Choice(["critical", "all", "none"]),
+    default="critical",
+    show_default=True,
+    help="Which dependencies to draw: the critical path's, every one, or none.",
+)
+def trace_render(path: str, output: str | None, width: int, arrows: str) -> None:
+    """Draw PATH as a per-thread timeline: a bar per task, the critical path outlined."""
     out = output or os.path.splitext(path)[0] + ".svg"
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".svg", ".html", ".htm"):
         raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
     trace = _load_trace(path, "render")
     if ext == ".svg":
-        text = render_svg(trace, width=width)
+        text = render_svg(trace, width=width, arrows=arrows)
     else:
-        text = render_html(trace, title=f"dataflow timeline: {os.path.basename(path)}", width=width)
+        title = f"dataflow timeline: {os.path.basename(path)}"
+        text = render_html(trace, title=title, width=width, arrows=arrows)
     try:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text)

@@ -30,7 +30,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import DataflowError
 from ._instrument import add_instrument, remove_instrument
-from ._trace import Span, TaskSpan, Trace, describe_spec, save, thread_label
+from ._trace import (
+    Span,
+    TaskSpan,
+    Trace,
+    describe_spec,
+    is_loop_lane,
+    lanes,
+    save,
+    thread_label,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -48,6 +57,7 @@ __all__ = [
     "op_table",
     "profile",
     "summarize",
+    "threads_text",
 ]
 
 # Record kinds (the first item of each record), named after the hooks, and record lengths:
@@ -353,15 +363,22 @@ class Summary:
         wall_s: the time the graph ran: from the first task's readiness to the last task's end
             (setup before the first op, such as imports and loading data, is left out).
         profiled_s: the whole profiled interval.
-        busy_s: kernel time per thread (nested kernels counted once), by thread name.
-        threads: how many threads ran kernels.
+        busy_s: kernel time per lane (nested kernels counted once), by lane name: a lane is a
+            thread name, shared by same-named threads that never ran at the same time (each
+            ``dataflow.run`` starts its pool's ``interop-N`` workers again; see
+            :func:`~dataflow._trace.lanes`).
+        threads: how many lanes ran kernels (the event loop's included).
+        pool_threads: of those, the lanes that are not an event loop's: the inter-op pool's
+            threads (or a Dask cluster's).
         parallelism: total busy time / wall time: how many threads were busy on average.
         tasks: kernels that ran; ``failed`` of them raised.
         unrun: tasks that never ran (an input failed, or they were cancelled).
         critical_path_s: the longest chain of dependent kernels, by kernel time: no schedule
             can finish the run faster, with any number of threads.
         critical_path: the names of the tasks on it, first to last.
-        lower_bound_s: ``max(critical_path_s, total busy / threads)``.
+        lower_bound_s: ``max(critical_path_s, pool busy / pool_threads, busiest loop)``: the
+            kernels that ran on the pool, spread evenly over its threads, and those that ran
+            inline on an event loop, one after the other there.
         ready_wait_s: total time tasks spent ready but not yet started (queued for a thread).
         dispatch_s: of that, the time after the thread that ran it was free: the cost of the
             hand-off itself (waking a worker, popping the queue).
@@ -382,6 +399,7 @@ class Summary:
     ready_wait_s: float
     dispatch_s: float
     overhead_share: float
+    pool_threads: int = 0
 
     @property
     def total_busy_s(self) -> float:
@@ -396,7 +414,7 @@ class Summary:
         lines = [
             f"wall time       {fs(self.wall_s)}  ({self.tasks} tasks{failed}{unrun}; "
             f"{fs(self.profiled_s)} profiled)",
-            f"busy            {fs(self.total_busy_s)}  on {self.threads} thread(s): "
+            f"busy            {fs(self.total_busy_s)}  on {threads_text(self)}: "
             f"parallelism {self.parallelism:.2f}",
         ]
         width = max([len(n) for n in self.busy_s] + [8])
@@ -412,8 +430,8 @@ class Summary:
             lines.append(f"  {shown}")
         ratio = self.wall_s / self.lower_bound_s if self.lower_bound_s else 0.0
         lines.append(
-            f"lower bound     {fs(self.lower_bound_s)}  = max(critical path, busy / threads); "
-            f"wall is {ratio:.2f}x that"
+            f"lower bound     {fs(self.lower_bound_s)}  = max(critical path, pool busy / "
+            f"pool threads, loop busy); wall is {ratio:.2f}x that"
         )
         mean_wait = self.ready_wait_s / self.tasks if self.tasks else 0.0
         lines.append(
@@ -425,7 +443,18 @@ class Summary:
 
 
 def _thread_key(name: str) -> tuple[int, str]:
-    return (0 if name.startswith("loop") else 1, name)
+    return (0 if is_loop_lane(name) else 1, name)
+
+
+def threads_text(summary: Summary) -> str:
+    """``2 pool threads and the loop``, ``1 pool thread``, ``the loop``, ..."""
+    loops = summary.threads - summary.pool_threads
+    parts = []
+    if summary.pool_threads:
+        parts.append(f"{summary.pool_threads} pool thread" + "s" * (summary.pool_threads > 1))
+    if loops:
+        parts.append("the loop" if loops == 1 else f"{loops} loops")
+    return " and ".join(parts) or "no thread"
 
 
 def format_seconds(s: float) -> str:
@@ -492,14 +521,16 @@ def active_span(trace: Trace) -> tuple[int, int]:
 
 def summarize(trace: Trace) -> Summary:
     """Compute the :class:`Summary` of a trace."""
-    by_label: dict[str, list[tuple[int, int]]] = {}
+    lane_of = lanes(trace)
+    by_lane: dict[str, list[tuple[int, int]]] = {}
     by_thread: dict[int, list[TaskSpan]] = {}
     for t in trace.tasks:
-        label = trace.threads.get(t.thread, str(t.thread))
-        by_label.setdefault(label, []).append((t.start, t.end))
+        by_lane.setdefault(lane_of[t.thread], []).append((t.start, t.end))
         by_thread.setdefault(t.thread, []).append(t)
-    busy = {label: _union(iv) / 1e9 for label, iv in by_label.items()}
+    busy = {lane: _union(iv) / 1e9 for lane, iv in by_lane.items()}
     total_busy = sum(busy.values())
+    pool = {lane: b for lane, b in busy.items() if not is_loop_lane(lane)}
+    loop_busy = max((b for lane, b in busy.items() if is_loop_lane(lane)), default=0.0)
     first, last = active_span(trace)
     wall = (last - first) / 1e9
     ready_wait = dispatch = 0
@@ -511,24 +542,25 @@ def summarize(trace: Trace) -> Summary:
             dispatch += max(0, t.start - since)
             free_at = t.end if free_at is None else max(free_at, t.end)
     cp_ns, cp_names = critical_path(trace.tasks)
-    threads = len(busy)
     cp = cp_ns / 1e9
+    spread = sum(pool.values()) / len(pool) if pool else 0.0
     dispatch_s = dispatch / 1e9
     return Summary(
         wall_s=wall,
         profiled_s=trace.wall / 1e9,
         busy_s=busy,
-        threads=threads,
+        threads=len(busy),
         parallelism=total_busy / wall if wall else 0.0,
         tasks=len(trace.tasks),
         failed=sum(1 for t in trace.tasks if t.failed),
         unrun=trace.unrun_failed + trace.unrun_cancelled,
         critical_path_s=cp,
         critical_path=tuple(cp_names),
-        lower_bound_s=max(cp, total_busy / threads if threads else 0.0),
+        lower_bound_s=max(cp, spread, loop_busy),
         ready_wait_s=ready_wait / 1e9,
         dispatch_s=dispatch_s,
         overhead_share=dispatch_s / (total_busy + dispatch_s) if dispatch_s else 0.0,
+        pool_threads=len(pool),
     )
 
 

@@ -171,7 +171,8 @@ class Runtime:
         inline_threshold: kernels measured (or estimated) faster than this many seconds run
             inline (see :func:`set_inline_threshold`); default: the process default.
         backend: ``"local"`` (this process's pool) or ``"dask"`` (ops run on a Dask cluster;
-            see docs/dask.md). Default: ``"dask"`` when ``address``/``client`` is given or
+            see docs/dask.md; needs dask.distributed: ``pip install -e '.[dask]'`` in a
+            checkout). Default: ``"dask"`` when ``address``/``client`` is given or
             ``$DATAFLOW_DASK_ADDRESS`` is set (as ``dataflow run --dask ADDRESS`` does), else
             ``"local"``.
         **options: the backend's own options (Dask: ``address``, ``client``,

@@ -5,6 +5,11 @@
   threadpoolctl. For OpenBLAS the setting is process-wide: choose it once per process.
 
 The product of the two should not exceed the cores, or the threads fight for them.
+:func:`parallel_info` warns when a count someone *chose* (a call, a ``run``/CLI option or an
+environment variable) makes it exceed them. The defaults (inter-op: the cores; intra-op:
+BLAS's own default, the cores) never warn: they are what a newcomer gets, and on 2 cores with
+OpenBLAS, 2 inter-op x 2 BLAS threads showed no consistent cost against 2 x 1 (see
+docs/getting-started.md).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ __all__ = [
 
 _ENV_INTEROP = "DATAFLOW_NUM_INTEROP_THREADS"
 _interop_default: int | None = None
+# Environment variables that choose BLAS's thread count.
+_ENV_INTRAOP = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+_intraop_chosen = False  # set_num_threads was called
 
 
 def _cores() -> int:
@@ -100,14 +108,31 @@ def set_num_threads(n: int) -> None:
     """
     from threadpoolctl import threadpool_limits
 
+    global _intraop_chosen
     n = _check_count(n, "set_num_threads(n)")
     threadpool_limits(limits=n, user_api="blas")
+    _intraop_chosen = True
 
 
 def get_num_threads() -> int:
     """The intra-op (BLAS) thread count; 1 when no threaded BLAS is loaded."""
     infos = _blas_info()
     return max((int(i.get("num_threads", 1)) for i in infos), default=1)
+
+
+def _chosen(interop: int, cores: int) -> list[str]:
+    """Which levels' counts were chosen rather than left at their defaults."""
+    out = []
+    running = shared_pool_size()
+    if (
+        _interop_default is not None
+        or _ENV_INTEROP in os.environ
+        or (running is not None and running != cores)
+    ):
+        out.append("inter-op")
+    if _intraop_chosen or any(var in os.environ for var in _ENV_INTRAOP):
+        out.append("intra-op")
+    return out
 
 
 def _loop_name() -> str:
@@ -128,7 +153,8 @@ def parallel_info() -> str:
     """A readable report of the thread settings, like ``torch.__config__.parallel_info()``.
 
     Lists the inter-op and intra-op thread counts, the BLAS library and its version, the event
-    loop in use, and warns when inter-op x intra-op threads exceed the cores.
+    loop in use, and warns when inter-op x intra-op threads exceed the cores because of a
+    count someone chose (the defaults never warn; see the module docstring).
     """
     import numpy as np
 
@@ -136,12 +162,16 @@ def parallel_info() -> str:
     interop = get_num_interop_threads()
     running = shared_pool_size() is not None
     intra = get_num_threads()
+    chosen = _chosen(interop, cores)
     lines = [
         f"dataflow {_version()} on Python {platform.python_version()} ({sys.platform})",
         f"numpy {np.__version__}",
         f"cores available: {cores}",
-        f"inter-op threads: {interop}" + (" (shared pool running)" if running else ""),
-        f"intra-op threads (BLAS): {intra}",
+        f"inter-op threads: {interop}"
+        + (" (shared pool running)" if running else "")
+        + ("" if "inter-op" in chosen else " (default: the cores)"),
+        f"intra-op threads (BLAS): {intra}"
+        + ("" if "intra-op" in chosen else " (default: BLAS's own)"),
     ]
     for info in _blas_info():
         lines.append(
@@ -155,7 +185,7 @@ def parallel_info() -> str:
         if var in os.environ:
             lines.append(f"{var}={os.environ[var]}")
     lines.append(f"event loop: {_loop_name()}")
-    if interop * intra > cores:
+    if interop * intra > cores and chosen:
         lines.append(
             f"WARNING: inter-op x intra-op threads = {interop} x {intra} = {interop * intra} "
             f"exceeds the {cores} cores: threads will compete. Lower one of them, e.g. "
@@ -164,10 +194,15 @@ def parallel_info() -> str:
     return "\n".join(lines)
 
 
+#: The distribution that installs the `dataflow` and `ops` packages (PyPI's "dataflow" is
+#: another project).
+DISTRIBUTION = "numpy-dataflow"
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("dataflow")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # pragma: no cover - running from a checkout
         return "unknown"

@@ -24,12 +24,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Span", "TaskSpan", "Trace", "describe_spec", "load", "thread_label", "to_chrome"]
+__all__ = [
+    "Span",
+    "TaskSpan",
+    "Trace",
+    "describe_spec",
+    "is_loop_lane",
+    "lanes",
+    "load",
+    "thread_label",
+    "to_chrome",
+]
 
 FORMAT_VERSION = 1
 
@@ -89,6 +100,42 @@ class Trace:
             f"<Trace tasks={len(self.tasks)} threads={len(self.threads)} "
             f"wall={self.wall / 1e9:.6f}s>"
         )
+
+
+def lanes(trace: Trace) -> dict[int, str]:
+    """The timeline lane of each thread that ran tasks: ``{native id: lane name}``.
+
+    A lane is a thread *name*: each ``dataflow.run`` starts its pool's workers again, so a
+    script that runs ten times has ten threads named ``interop-0``, one after the other. Those
+    that share a name and never overlap in time share its lane; one that overlaps them (two
+    pools at once) gets a lane of its own, ``interop-0 (2)``. So the lanes are the threads that
+    really ran side by side, and the summary and the picture count the same ones.
+    """
+    extent: dict[int, list[int]] = {}
+    for t in trace.tasks:
+        span = extent.setdefault(t.thread, [t.start, t.end])
+        span[0] = min(span[0], t.start)
+        span[1] = max(span[1], t.end)
+    by_name: dict[str, list[int]] = {}
+    for tid in sorted(extent, key=lambda tid: extent[tid][0]):
+        by_name.setdefault(trace.threads.get(tid, str(tid)), []).append(tid)
+    out: dict[int, str] = {}
+    for name, tids in by_name.items():
+        ends: list[int] = []  # per lane of this name, when its last thread's last task ended
+        for tid in tids:
+            start, end = extent[tid]
+            k = next((k for k, e in enumerate(ends) if e <= start), len(ends))
+            if k == len(ends):
+                ends.append(end)
+            else:
+                ends[k] = end
+            out[tid] = name if k == 0 else f"{name} ({k + 1})"
+    return out
+
+
+def is_loop_lane(name: str) -> bool:
+    """Whether a lane is an event loop's thread (``loop``, ``loop (MainThread)``)."""
+    return name == "loop" or name.startswith("loop ")
 
 
 def thread_label() -> str:
@@ -265,18 +312,110 @@ class TraceFormatError(ValueError):
     """A file is not a Chrome trace this module can read."""
 
 
+#: How deep a trace's arrays and objects may nest (dataflow writes 4 levels).
+MAX_JSON_DEPTH = 64
+# Times beyond this many microseconds (about 31 years) are not times.
+_MAX_US = 1e15
+
+
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by :func:`save` (or any Chrome trace with ``X`` slices)."""
+    """Read a trace written by :func:`save` (or any Chrome trace with ``X`` slices).
+
+    Raises:
+        TraceFormatError: the file is not JSON, nests deeper than :data:`MAX_JSON_DEPTH`, or an
+            event's field is not what the format says (the message names the event).
+        OSError: the file cannot be read.
+    """
+    source = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+    except RecursionError:  # deeper than the C parser goes: far beyond the limit
+        data = None
+        deep = True
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"{source} is not UTF-8 JSON: {exc}") from exc
     except json.JSONDecodeError as exc:
-        raise TraceFormatError(f"{os.fspath(path)} is not JSON: {exc}") from exc
-    return from_chrome(data, source=os.fspath(path))
+        raise TraceFormatError(f"{source} is not JSON: {exc}") from exc
+    else:
+        deep = _too_deep(data)
+    if deep:
+        raise TraceFormatError(
+            f"{source} nests arrays and objects more than {MAX_JSON_DEPTH} deep: not a trace"
+        )
+    return from_chrome(data, source=source)
+
+
+def _too_deep(data: Any) -> bool:
+    """Whether lists and dicts nest more than MAX_JSON_DEPTH deep (iterative: any depth)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+class _Fields:
+    """Reads one event's fields, refusing values of the wrong kind with the event named."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.event: dict[str, Any] = {}
+        self.index = 0
+        self.tids: dict[str, int] = {}  # a thread id given as a string: a stand-in int
+
+    def bad(self, key: str, value: Any, expected: str) -> TraceFormatError:
+        where = f"event {self.index} (ph {self.event.get('ph')!r:.20}): " if self.index >= 0 else ""
+        return TraceFormatError(
+            f"{self.source}: {where}{key} must be {expected}, got {value!r:.60}"
+        )
+
+    def ns(self, value: Any, key: str) -> int:
+        """Microseconds (a finite number) as integer nanoseconds."""
+        if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > _MAX_US:
+            raise self.bad(key, value, f"a finite number of microseconds (at most {_MAX_US:g})")
+        ns: int = round(value * 1000.0)
+        return ns
+
+    def time(self, key: str, default: float = 0) -> int:
+        return self.ns(self.event.get(key, default), key)
+
+    def tid(self, key: str = "tid") -> int:
+        value = self.event.get(key, 0)
+        if type(value) is int:
+            return value
+        if type(value) is str:
+            return self.tids.setdefault(value, -1 - len(self.tids))
+        raise self.bad(key, value, "an integer or a string")
+
+    def obj(self, key: str) -> dict[str, Any]:
+        value = self.event.get(key)
+        if value is None:
+            return {}
+        if type(value) is not dict:
+            raise self.bad(key, value, "an object")
+        return value
+
+    def count(self, meta: dict[str, Any], key: str) -> int:
+        value = meta.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise TraceFormatError(
+                f"{self.source}: otherData.dataflow.{key} must be a non-negative integer, "
+                f"got {value!r:.60}"
+            )
+        return value
 
 
 def from_chrome(data: Any, source: str = "trace") -> Trace:
-    """Rebuild a :class:`Trace` from a Chrome Trace Event JSON object or array."""
+    """Rebuild a :class:`Trace` from a Chrome Trace Event JSON object or array.
+
+    Raises:
+        TraceFormatError: no event list, or an event field of the wrong kind (named).
+    """
     if isinstance(data, dict):
         events = data.get("traceEvents")
         other = data.get("otherData") or {}
@@ -291,50 +430,63 @@ def from_chrome(data: Any, source: str = "trace") -> Trace:
     meta = meta if isinstance(meta, dict) else {}
     threads: dict[int, str] = {}
     tasks: list[TaskSpan] = []
-    opened: dict[tuple[str, Any], dict[str, Any]] = {}
+    opened: dict[tuple[str, Any], tuple[dict[str, Any], int, int]] = {}
     spans: list[Span] = []
     pid = 0
-    to_ns = _ns
-    for ev in events:
+    read = _Fields(source)
+    for index, ev in enumerate(events):
         if not isinstance(ev, dict):
             continue
+        read.event, read.index = ev, index
         ph = ev.get("ph")
         if ph == "M" and ev.get("name") == "thread_name":
-            threads[int(ev.get("tid", 0))] = str((ev.get("args") or {}).get("name", ""))
+            threads[read.tid()] = str(read.obj("args").get("name", ""))
         elif ph == "X":
-            pid = pid or int(ev.get("pid", 0))
-            args = dict(ev.get("args") or {})
-            start = to_ns(ev.get("ts", 0))
-            end = start + to_ns(ev.get("dur", 0))
+            pid = pid or (ev["pid"] if type(ev.get("pid")) is int else 0)
+            args = dict(read.obj("args"))
+            start = read.time("ts")
+            duration = read.time("dur")
+            if duration < 0:
+                raise read.bad("dur", ev.get("dur"), "a duration (not negative)")
+            end = start + duration
             name = str(args.pop("task", f"{ev.get('name', 'task')}#{len(tasks) + 1}"))
-            queued = to_ns(args.pop("queued_us", 0))
+            queued = read.ns(args.pop("queued_us", 0), "args.queued_us")
             failed = args.pop("status", None) == "failed"
-            inputs = tuple(str(i) for i in args.pop("inputs", ()) or ())
+            inputs = args.pop("inputs", None) or []
+            if not isinstance(inputs, list):
+                raise read.bad("args.inputs", inputs, "a list of task names")
             op = str(args.pop("op", ev.get("name", "task")))
             args.pop("id", None)
-            tid = int(ev.get("tid", 0))
-            threads.setdefault(tid, str(tid))
-            tasks.append(TaskSpan(name, op, tid, start, end, start - queued, inputs, args, failed))
+            tid = read.tid()
+            threads.setdefault(tid, str(ev.get("tid", 0)))  # (a string id names itself)
+            tasks.append(
+                TaskSpan(
+                    name, op, tid, start, end, start - queued, tuple(map(str, inputs)), args, failed
+                )
+            )
         elif ph in ("b", "e") and ev.get("cat") in ("fork", "wait"):
-            key = (str(ev["cat"]), ev.get("id"))
+            key = (str(ev["cat"]), ev.get("id") if type(ev.get("id")) in (int, str) else None)
             if ph == "b":
-                opened[key] = ev
+                opened[key] = (ev, read.tid(), read.time("ts"))
                 continue
-            begin = opened.pop(key, None)
-            if begin is None:
+            begun = opened.pop(key, None)
+            if begun is None:
                 continue
+            begin, tid, begin_ts = begun
             kind = key[0]
             label = str(begin.get("name", ""))
             if kind == "wait" and label.startswith("wait "):
                 label = label[5:]
-            parent = (begin.get("args") or {}).get("parent")
+            parent = (
+                (begin.get("args") or {}).get("parent") if type(begin.get("args")) is dict else None
+            )
             spans.append(
                 Span(
                     kind,
                     label,
-                    int(begin.get("tid", 0)),
-                    to_ns(begin.get("ts", 0)),
-                    to_ns(ev.get("ts", 0)),
+                    tid,
+                    begin_ts,
+                    read.time("ts"),
                     None if parent is None else str(parent),
                 )
             )
@@ -347,17 +499,14 @@ def from_chrome(data: Any, source: str = "trace") -> Trace:
             s.start, s.end = s.start - origin, s.end - origin
     tasks.sort(key=lambda t: (t.start, t.id))
     extent = max([t.end for t in tasks] + [s.end for s in spans] + [0])
-    wall = to_ns(meta.get("wall_us", 0)) or extent
+    read.event, read.index = {"ph": None}, -1
+    wall = read.ns(meta.get("wall_us", 0), "otherData.dataflow.wall_us") or extent
     return Trace(
         tasks=tasks,
         threads=threads,
         spans=sorted(spans, key=lambda s: s.start),
         wall=max(wall, extent),
         pid=pid,
-        unrun_failed=int(meta.get("unrun_failed", 0)),
-        unrun_cancelled=int(meta.get("unrun_cancelled", 0)),
+        unrun_failed=read.count(meta, "unrun_failed"),
+        unrun_cancelled=read.count(meta, "unrun_cancelled"),
     )
-
-
-def _ns(us: Any) -> int:
-    return round(float(us) * 1000.0)

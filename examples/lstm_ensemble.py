@@ -13,8 +13,12 @@ itself. The script runs it three ways and compares:
 * automatic: the plain model on the same threads, no fork.
 
 Run it with ``dataflow run examples/lstm_ensemble.py --small`` or
-``python examples/lstm_ensemble.py --small``; without ``--small`` it runs the tutorial's size.
-``--trace parallel.json`` also profiles one automatic run and writes its timeline.
+``python examples/lstm_ensemble.py --small``; without ``--small`` it runs the tutorial's size
+(about a minute on 2 cores). Progress goes to stderr: a bar on a terminal, a line per round
+otherwise (``--quiet``: none). Times are medians over the rounds; a speedup is the median of
+the per-round ratios (sequential time / that way's time in the same round), so it need not
+equal the ratio of the two medians. ``--trace parallel.json`` also profiles one automatic run
+and writes its timeline.
 Other code imports the model: ``from examples.lstm_ensemble import Ensemble``.
 """
 
@@ -25,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -116,6 +120,49 @@ def timed_run(
     return dataflow.run(main, interop_threads=interop_threads, intraop_threads=intraop_threads)
 
 
+class Progress:
+    """Where ``compare`` is: a bar redrawn on a terminal, else a line per finished round.
+
+    Args:
+        stream: where to write (stderr, so stdout keeps only the results).
+        runs: how many timed runs there will be (the warm-up included).
+    """
+
+    def __init__(self, stream: TextIO, runs: int) -> None:
+        self.stream = stream
+        self.runs = runs
+        self.done = 0
+        self.bar = stream.isatty()
+        self._round: list[str] = []
+
+    def run_done(self, round_no: int, rounds: int, name: str, seconds: float | None) -> None:
+        """A run finished (``seconds`` None: the warm-up)."""
+        self.done += 1
+        what = "warm-up" if seconds is None else f"{name} {seconds * 1e3:.1f} ms"
+        if self.bar:
+            filled = round(24 * self.done / self.runs)
+            where = what if seconds is None else f"round {round_no}/{rounds}: {what}"
+            self.stream.write(
+                f"\r\x1b[K[{'#' * filled}{'.' * (24 - filled)}] {self.done}/{self.runs} runs"
+                f"  {where}"
+            )
+            self.stream.flush()
+            return
+        if seconds is None:
+            return
+        self._round.append(what)
+        if len(self._round) == 3:
+            self.stream.write(f"round {round_no}/{rounds}: {', '.join(self._round)}\n")
+            self.stream.flush()
+            self._round = []
+
+    def close(self) -> None:
+        """Clear the bar (on a terminal), so the results start on a clean line."""
+        if self.bar:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
 def compare(
     ens: Ensemble,
     x: Array,
@@ -123,11 +170,14 @@ def compare(
     interop_threads: int,
     intraop_threads: int | None,
     rounds: int,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run sequential, manual-fork and automatic ``rounds`` times each, interleaved.
 
     Interleaving round by round keeps a slow moment of a shared machine from landing on one
-    contender only; the speedups are medians of the per-round ratios.
+    contender only. The times are medians over the rounds; the speedups are medians of the
+    per-round ratios (sequential / that way, each round), which need not equal the ratio of
+    the medians.
     """
     modes: list[tuple[str, Forward, int]] = [
         ("sequential", ensemble_auto, 1),
@@ -136,15 +186,19 @@ def compare(
     ]
     # Warm-up: first touches of the weights, numpy's allocator, BLAS's buffers.
     timed_run(ensemble_auto, ens, x, interop_threads=1, intraop_threads=intraop_threads)
+    if progress is not None:
+        progress.run_done(0, rounds, "warm-up", None)
     times: dict[str, list[float]] = {name: [] for name, _, _ in modes}
     outputs: dict[str, Array] = {}
-    for _ in range(rounds):
+    for round_no in range(1, rounds + 1):
         for name, forward, threads in modes:
             seconds, y = timed_run(
                 forward, ens, x, interop_threads=threads, intraop_threads=intraop_threads
             )
             times[name].append(seconds)
             outputs[name] = y
+            if progress is not None:
+                progress.run_done(round_no, rounds, name, seconds)
     seq = times["sequential"]
     return {
         "median_s": {k: statistics.median(v) for k, v in times.items()},
@@ -171,6 +225,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--intraop-threads", type=int, default=1, help="BLAS threads per op (default 1)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3; 5 small)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the input")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--trace",
         metavar="PATH",
@@ -200,18 +255,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({matmul_gflop(t, b, c, n):.3g} GFLOP of matmul); inter-op threads "
         f"{args.interop_threads}, intra-op threads {args.intraop_threads}, {args.rounds} rounds"
     )
-    result = compare(
-        ens,
-        x,
-        interop_threads=args.interop_threads,
-        intraop_threads=args.intraop_threads,
-        rounds=args.rounds,
-    )
+    sys.stdout.flush()  # the header before the progress lines, when both go to one log
+    progress = None if args.quiet else Progress(sys.stderr, 1 + 3 * args.rounds)
+    try:
+        result = compare(
+            ens,
+            x,
+            interop_threads=args.interop_threads,
+            intraop_threads=args.intraop_threads,
+            rounds=args.rounds,
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+    print(f"  {'':<28} {'median time':>13}   {'median speedup':>14}")
     for name, seconds in result["median_s"].items():
         threads = 1 if name == "sequential" else args.interop_threads
         label = f"{name} ({threads} thread{'s' if threads > 1 else ''})"
         speed = result["speedup"][name]
-        print(f"  {label:<28} {seconds * 1e3:10.1f} ms   {speed:5.2f}x vs sequential")
+        print(f"  {label:<28} {seconds * 1e3:10.1f} ms   {speed:13.2f}x vs sequential")
+    print(f"  times: medians of {args.rounds} rounds; speedups: medians of the per-round ratios")
+    print("  (sequential / that way, in the same round), so not the ratio of the two medians")
     outs = result["outputs"]
     ref = outs["sequential"]
     equal = all(np.allclose(ref, y, rtol=1e-5, atol=1e-5) for y in outs.values())

@@ -70,6 +70,8 @@ from ._softmax import softmax as softmax
 # isort: split
 from . import nn as nn  # last: the modules build on the ops above
 
+del annotations  # the `from __future__` feature, not part of the API (dir(ops))
+
 __all__ = (
     # the pending array
     "Tensor",

@@ -95,13 +95,63 @@ class TestRun:
         assert "no such script" in r.stderr
 
     def test_syntax_error(self, tmp_path: Path) -> None:
-        """A syntax error is a one-line error naming file and line, exit 1."""
+        """A syntax error shows as python shows it: file, line, the source, a caret; exit 1."""
         script = tmp_path / "bad.py"
         script.write_text("x = 1\ndef (:\n")
         r = dataflow_cmd("run", str(script))
         assert r.returncode == 1
-        assert r.stderr.strip().count("\n") == 0
-        assert "bad.py:2: SyntaxError" in r.stderr
+        assert r.stderr.splitlines() == [
+            f'  File "{script}", line 2',
+            "    def (:",
+            "        ^",
+            "SyntaxError: invalid syntax",
+        ]
+
+    def test_run_module_from_the_current_folder(self, tmp_path: Path) -> None:
+        """-m finds a module in the current folder, as python -m does, from a console script."""
+        work, bin_dir = tmp_path / "work", tmp_path / "bin"
+        work.mkdir()
+        bin_dir.mkdir()
+        (work / "mymod.py").write_text(SCRIPT)
+        # Like the installed `dataflow` script: its own folder, not the current one, on sys.path.
+        launcher = bin_dir / "dataflow_launcher.py"
+        launcher.write_text("from dataflow._cli import main\nmain()\n")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        r = subprocess.run(
+            [sys.executable, str(launcher), "run", "-m", "mymod", "3"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=work,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "result 6" in r.stdout
+
+    def test_dataflow_option_after_the_script_is_warned_about(self, tmp_path: Path) -> None:
+        """`run script.py --trace x.json` passes --trace to the script, and says so."""
+        script = tmp_path / "s.py"
+        script.write_text("import sys\nprint(sys.argv[1:])\n")
+        r = dataflow_cmd("run", str(script), "--trace", "x.json", "--epochs", "3")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "['--trace', 'x.json', '--epochs', '3']"
+        assert r.stderr.strip() == (
+            f"dataflow run: warning: --trace after {script} goes to the script, not to "
+            "dataflow run: put dataflow's options before the script"
+        )
+        assert not (ROOT / "x.json").exists()
+
+    def test_script_options_are_not_warned_about(self, tmp_path: Path) -> None:
+        """Options dataflow run does not have pass to the script silently."""
+        script = tmp_path / "s.py"
+        script.write_text("import sys\nprint(sys.argv[1:])\n")
+        r = dataflow_cmd("run", str(script), "--epochs", "3", "-v")
+        assert r.returncode == 0 and r.stderr == ""
+
+    def test_help_says_options_go_first(self) -> None:
+        """`dataflow run --help` says options go before the script."""
+        r = dataflow_cmd("run", "--help")
+        assert "Options go before SCRIPT" in r.stdout
 
     def test_bad_usage(self) -> None:
         """Bad options exit 2 with a message."""
@@ -141,6 +191,51 @@ class TestRun:
         assert proc.returncode == 130, err
 
 
+HANGING = """
+import asyncio, time, dataflow
+
+def hang():
+    time.sleep(300)  # a kernel that does not return, with no timeout
+
+async def main():
+    dataflow.fork(hang)
+    print("ready", flush=True)
+    await asyncio.sleep(300)
+
+dataflow.run(main)
+"""
+
+
+class TestInterrupt:
+    @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+    @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+    def test_second_ctrl_c_exits_while_a_kernel_hangs(self, tmp_path: Path, loop: str) -> None:
+        """Ctrl-C waits for the running kernel; a second one exits 130 at once."""
+        script = tmp_path / "hang.py"
+        script.write_text(HANGING)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataflow", "run", "--loop", loop, str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(0.3)  # the kernel is running
+            proc.send_signal(signal.SIGINT)
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)  # the clean-up waits for the kernel
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines()[-1] == "dataflow run: interrupted"
+        assert "Traceback" not in err
+
+
 class TestInfo:
     def test_info_and_version(self) -> None:
         """`dataflow info` prints parallel_info; --version the version."""
@@ -148,3 +243,18 @@ class TestInfo:
         assert r.returncode == 0 and "inter-op threads" in r.stdout
         r = dataflow_cmd("--version")
         assert r.returncode == 0 and "dataflow" in r.stdout
+
+    def test_info_does_not_warn_about_defaults(self) -> None:
+        """`dataflow info` with nothing chosen prints no oversubscription warning."""
+        chosen = ("DATAFLOW_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        env = {k: v for k, v in os.environ.items() if k not in chosen}
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "info"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "WARNING" not in r.stdout

@@ -112,9 +112,9 @@ class TestBackendChoice:
             dataflow.Runtime(backend="dask")
 
     def test_missing_extra_names_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Without distributed installed, the error says which extra installs it."""
+        """Without distributed installed, the error says what to install."""
         monkeypatch.setitem(sys.modules, "distributed", None)
-        with pytest.raises(DataflowError, match=r"pip install 'dataflow\[dask\]'"):
+        with pytest.raises(DataflowError, match=r"pip install 'dask\[distributed\]>=2024\.1'"):
             dataflow.Runtime(backend="dask", address="tcp://127.0.0.1:1")
 
     def test_unreachable_scheduler(self) -> None:

@@ -119,6 +119,73 @@ class TestLSTMEnsembleScript:
         assert "outputs equal (np.allclose): True" in proc.stdout
         assert trace.stat().st_size > 0
 
+    def test_says_what_the_figures_are(self, tmp_path: Path) -> None:
+        """Without a terminal: a progress line per round on stderr; stdout says medians."""
+        script = str(EXAMPLES / "lstm_ensemble.py")
+        proc = subprocess.run(
+            [sys.executable, "-m", "dataflow", "run", script, "--small", "--rounds", "2"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rounds = [line for line in proc.stderr.splitlines() if line.startswith("round ")]
+        assert [line.split(":")[0] for line in rounds] == ["round 1/2", "round 2/2"]
+        assert all(
+            ("sequential" in line and "manual forks" in line and "automatic" in line)
+            for line in rounds
+        )
+        assert "median time" in proc.stdout and "median speedup" in proc.stdout
+        assert "times: medians of 2 rounds; speedups: medians of the per-round ratios" in (
+            proc.stdout
+        )
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class TestExampleProgress:
+    def test_bar_on_a_terminal(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """On a terminal: one bar redrawn in place, cleared at the end."""
+        term = _Terminal()
+        progress = examples[0].Progress(term, 4)
+        progress.run_done(0, 1, "warm-up", None)
+        for name, seconds in (("sequential", 2.0), ("manual forks", 1.2), ("automatic", 1.1)):
+            progress.run_done(1, 1, name, seconds)
+        progress.close()
+        text = term.getvalue()
+        assert "\n" not in text
+        assert text.count("\r\x1b[K") == 5
+        assert "[######..................] 1/4 runs  warm-up" in text
+        assert "[########################] 4/4 runs  round 1/1: automatic 1100.0 ms" in text
+        assert text.endswith("\r\x1b[K")
+
+    def test_lines_otherwise(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """Not a terminal: one line per finished round, nothing else."""
+        log = io.StringIO()
+        progress = examples[0].Progress(log, 7)
+        progress.run_done(0, 2, "warm-up", None)
+        for r in (1, 2):
+            for name in ("sequential", "manual forks", "automatic"):
+                progress.run_done(r, 2, name, 0.5)
+        progress.close()
+        assert log.getvalue().splitlines() == [
+            f"round {r}/2: sequential 500.0 ms, manual forks 500.0 ms, automatic 500.0 ms"
+            for r in (1, 2)
+        ]
+
+    def test_quiet(
+        self, examples: tuple[ModuleType, ModuleType], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--quiet: the results on stdout, nothing on stderr."""
+        assert examples[0].main(["--small", "--rounds", "1", "--quiet"]) == 0
+        out, err = capsys.readouterr()
+        assert "median time" in out and err == ""
+
     def test_three_ways_agree(self, examples: tuple[ModuleType, ModuleType]) -> None:
         """Sequential, forked and automatic give the numpy reference's output."""
         mod, _ = examples

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,69 @@ class TestShow:
         result = CliRunner().invoke(cli, ["graph", "show", str(bad)])
         assert result.exit_code == 1
         assert "dataflow graph show: error: GraphFormatError:" in result.output
+
+
+def _one_line_error(result: Any, command: str, match: str) -> None:
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"dataflow graph {command}: error: GraphFormatError: ")
+    assert match in lines[0]
+
+
+class TestHostileFiles:
+    def _deep(self, files: tuple[Path, Path, Path, Array, Array]) -> Path:
+        """The model with its outputs nested 100,000 deep."""
+        model = files[0]
+        with zipfile.ZipFile(model) as zf:
+            members = {n: zf.read(n) for n in zf.namelist()}
+        text = members["graph.json"].decode()
+        start = text.index('"outputs"')
+        nested = '{"tuple": [' * 100_000 + '{"input": 0}' + "]}" * 100_000
+        members["graph.json"] = (text[:start] + f'"outputs": {nested}}}').encode()
+        with zipfile.ZipFile(model, "w") as zf:
+            for name, data in members.items():
+                zf.writestr(name, data)
+        return model
+
+    @pytest.mark.parametrize("command", ["show", "run"])
+    def test_deep_json(self, files: tuple[Path, Path, Path, Array, Array], command: str) -> None:
+        """Deeply nested graph.json: the one-line error, no RecursionError traceback."""
+        model = self._deep(files)
+        args = ["graph", command, str(model)]
+        if command == "run":
+            args += ["-i", str(files[1]), "-i", str(files[2])]
+        result = CliRunner().invoke(cli, args, catch_exceptions=False)
+        _one_line_error(result, command, "MAX_JSON_DEPTH")
+
+    def test_zip_bomb(self, tmp_path: Path) -> None:
+        """A graph.json that inflates to 200 MiB: the one-line error naming the limit."""
+        bomb = tmp_path / "bomb.dfg"
+        with (
+            zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf,
+            zf.open("graph.json", "w") as member,
+        ):
+            for _ in range(200):
+                member.write(b" " * 2**20)
+        result = CliRunner().invoke(cli, ["graph", "show", str(bomb)], catch_exceptions=False)
+        _one_line_error(result, "show", "MAX_GRAPH_JSON")
+
+    def test_no_traceback_in_a_real_process(
+        self, files: tuple[Path, Path, Path, Array, Array]
+    ) -> None:
+        """`python -m dataflow graph show` on a hostile file prints one line, exit 1."""
+        model = self._deep(files)
+        root = Path(__file__).resolve().parents[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "dataflow", "graph", "show", str(model)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=root,
+        )
+        assert proc.returncode == 1
+        assert "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
 
 
 class TestRun:

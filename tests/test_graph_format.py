@@ -6,6 +6,7 @@ import gc
 import io
 import json
 import os
+import re
 import sys
 import textwrap
 import zipfile
@@ -291,6 +292,25 @@ class TestBadFiles:
         _edit_json(path, edit)
         self._error(path, "the op rejects the recorded arguments")
 
+    def test_complex_of_a_string(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
+        """{"complex": [1, "a"]} is refused by name, not by complex()'s TypeError."""
+        path, _, _ = saved
+        _edit_json(path, lambda d: d["nodes"][0]["args"].append({"complex": [1, "a"]}))
+        for reader in (dataflow.load, read):
+            with pytest.raises(GraphFormatError, match="a complex needs two numbers"):
+                reader(str(path))
+
+    @pytest.mark.parametrize("ref", [{"arg": 0}, {"tmp": 0}])
+    def test_step_references_outside_a_fused_step(
+        self, saved: tuple[Path, dataflow.Graph, Array], ref: dict[str, int]
+    ) -> None:
+        """{"arg": i} / {"tmp": j} anywhere but a fused step's arguments is refused."""
+        path, _, _ = saved
+        _edit_json(path, lambda d: d.update(outputs=ref))
+        for reader in (dataflow.load, read):
+            with pytest.raises(GraphFormatError, match="may only be an argument of a fused step"):
+                reader(str(path))
+
     def test_missing_file_is_file_not_found(self, tmp_path: Path) -> None:
         """A path with no file is a FileNotFoundError, as for open()."""
         with pytest.raises(FileNotFoundError):
@@ -468,3 +488,279 @@ class TestNamedTupleAllowList:
             dataflow.load(str(path))
         except GraphFormatError as exc:  # built; getitem's own rule may then refuse the index
             assert "is not allowed" not in str(exc)
+
+
+# -- hostile files: bombs, huge declarations, deep nesting ------------------------------------
+
+MiB = 2**20
+
+
+def _small_graph(path: Path) -> None:
+    """A valid one-op graph with one constant ``w`` of float32[4]."""
+    w = _rand(4, seed=7)
+
+    async def f(x: Any) -> Any:
+        return ops.add(x, w)
+
+    dataflow.trace(f, _rand(4)).save(str(path))
+
+
+def _zeros_npy(nbytes: int) -> Iterator[bytes]:
+    """A .npy of float32 zeros of ``nbytes`` data bytes, in 1 MiB pieces."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (nbytes // 4,)}
+    )
+    yield header.getvalue()  # (the magic string, then the header)
+    chunk = bytes(MiB)
+    for start in range(0, nbytes, MiB):
+        yield chunk[: min(MiB, nbytes - start)]
+
+
+def _deflated_member(name: str, pieces: Iterator[bytes]) -> bytes:
+    """A zip archive (bytes) with one deflated member made of ``pieces``."""
+    buf = io.BytesIO()
+    with (
+        zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf,
+        zf.open(name, "w", force_zip64=True) as member,
+    ):
+        for piece in pieces:
+            member.write(piece)
+    return buf.getvalue()
+
+
+def _forge_size(path: Path, name: str, size: int) -> None:
+    """Make the archive declare ``size`` uncompressed bytes for member ``name`` (a lie)."""
+    data = bytearray(path.read_bytes())
+    encoded = name.encode()
+    for signature, size_at in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        at = data.find(signature)
+        while at >= 0:
+            name_at = at + (30 if signature == b"PK\x03\x04" else 46)
+            if data[name_at : name_at + len(encoded)] == encoded:
+                data[at + size_at : at + size_at + 4] = size.to_bytes(4, "little")
+            at = data.find(signature, at + 1)
+    path.write_bytes(bytes(data))
+
+
+def _peak_bytes(call: Callable[[], Any]) -> tuple[BaseException | None, int]:
+    """(what ``call`` raised, the peak of memory it allocated, as tracemalloc sees it)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    raised: BaseException | None = None
+    try:
+        call()
+    except BaseException as exc:
+        raised = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return raised, peak
+
+
+class TestBombs:
+    def _refused(self, path: Path, match: str) -> None:
+        """Both load and read refuse the file with ``match``, allocating under 8 MiB."""
+        for reader in (dataflow.load, read):
+            raised, peak = _peak_bytes(lambda: reader(str(path)))  # noqa: B023
+            assert isinstance(raised, GraphFormatError), raised
+            assert re.search(match, str(raised)), str(raised)
+            assert peak < 8 * MiB
+
+    def test_graph_json_bomb(self, tmp_path: Path) -> None:
+        """A 200 KiB file whose graph.json inflates to 200 MiB is refused on its declaration."""
+        path = tmp_path / "bomb.dfg"
+        path.write_bytes(_deflated_member("graph.json", iter([b" " * MiB] * 200)))
+        assert path.stat().st_size < MiB
+        self._refused(path, r"graph\.json declares 200\.0 MiB .* \(MAX_GRAPH_JSON\)")
+
+    def test_declared_three_gib(self, tmp_path: Path) -> None:
+        """graph.json declaring 3 GiB uncompressed is refused before a byte is inflated."""
+        path = tmp_path / "bomb.dfg"
+        path.write_bytes(_deflated_member("graph.json", iter([b" " * MiB])))
+        _forge_size(path, "graph.json", 3 * 2**30)
+        self._refused(path, r"declares 3\.0 GiB uncompressed, more than the 128\.0 MiB")
+
+    def test_member_inflating_past_its_declared_size(self, tmp_path: Path) -> None:
+        """A member that declares 1 KiB but inflates to 16 MiB is cut at 1 KiB and refused."""
+        path = tmp_path / "bomb.dfg"
+        path.write_bytes(_deflated_member("graph.json", iter([b" " * MiB] * 16)))
+        _forge_size(path, "graph.json", 1024)
+        self._refused(path, "graph.json is corrupted|inflates to more than")
+
+    def test_nested_params_bomb(self, tmp_path: Path) -> None:
+        """A deflated params.npz of deflated members (a zip in a zip) is refused unopened."""
+        path = tmp_path / "model.dfg"
+        _small_graph(path)
+        nbytes = 256 * MiB
+        inner = _deflated_member("w.npy", _zeros_npy(nbytes))
+        members = _members(path)
+        doc = json.loads(members["graph.json"])
+        doc["constants"][0]["shape"] = [nbytes // 4]
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+            zf.writestr("graph.json", json.dumps(doc))
+            zf.writestr("params.npz", inner)
+        assert path.stat().st_size < 16 * 2**10
+        self._refused(path, r"constants declare 256\.0 MiB .* \(MAX_EXPANSION")
+
+    def test_params_member_bigger_than_its_constant(self, tmp_path: Path) -> None:
+        """A params.npz member declaring more than graph.json's float32[4] is never inflated."""
+        path = tmp_path / "model.dfg"
+        _small_graph(path)
+        members = _members(path)
+        members["params.npz"] = _deflated_member("w.npy", _zeros_npy(64 * MiB))
+        name = json.loads(members["graph.json"])["constants"][0]["name"]
+        members["params.npz"] = _deflated_member(f"{name}.npy", _zeros_npy(64 * MiB))
+        _write(path, members)
+        self._refused(path, r"params\.npz declares .* more than .* graph\.json's constants need")
+
+    def test_npy_header_is_checked_before_its_data(self, tmp_path: Path) -> None:
+        """A member whose .npy header disagrees with graph.json is refused unread."""
+        path = tmp_path / "model.dfg"
+        _small_graph(path)
+        members = _members(path)
+        name = json.loads(members["graph.json"])["constants"][0]["name"]
+        # graph.json declares float32[4]; the member's header says float32[8].
+        members["params.npz"] = _deflated_member(f"{name}.npy", _zeros_npy(32))
+        _write(path, members)
+        self._refused(path, r"params\.npz holds float32\[8\], graph\.json says float32\[4\]")
+
+    def test_too_many_members(self, tmp_path: Path) -> None:
+        """An archive of 10,000 members is refused before its directory is read."""
+        path = tmp_path / "many.dfg"
+        with zipfile.ZipFile(path, "w") as zf:
+            for k in range(10_000):
+                zf.writestr(f"m{k}", b"")
+        self._refused(path, r"has 10000 members, more than the 64 .*\(MAX_MEMBERS\)")
+
+    def test_other_compression_methods(self, tmp_path: Path) -> None:
+        """A bzip2 member (ratios far beyond deflate's) is refused unopened."""
+        path = tmp_path / "bz.dfg"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_BZIP2) as zf:
+            zf.writestr("graph.json", b"{}")
+        self._refused(path, "compressed with method 12")
+
+
+class TestHugeDeclarations:
+    def _with_input_shape(self, tmp_path: Path, shape: list[int]) -> Path:
+        path = tmp_path / "model.dfg"
+        _small_graph(path)
+        _edit_json(path, lambda d: d["inputs"][0].update(shape=shape))
+        return path
+
+    def test_huge_constant_shape(self, tmp_path: Path) -> None:
+        """A constant declared float32[2**40] in a small file is refused before reading."""
+        path = tmp_path / "model.dfg"
+        _small_graph(path)
+        _edit_json(path, lambda d: d["constants"][0].update(shape=[2**40]))
+        raised, peak = _peak_bytes(lambda: dataflow.load(str(path)))
+        assert isinstance(raised, GraphFormatError)
+        assert "constants declare 4096.0 GiB" in str(raised)
+        assert peak < 8 * MiB
+
+    def test_too_many_dimensions(self, tmp_path: Path) -> None:
+        """An input shape of 65 dimensions is refused by name, not by numpy."""
+        path = self._with_input_shape(tmp_path, [1] * 65)
+        with pytest.raises(GraphFormatError, match="at most 64 dimensions, got 65"):
+            dataflow.load(str(path))
+
+    def test_shape_beyond_addressable_bytes(self, tmp_path: Path) -> None:
+        """An input of 2**31 x 2**31 float32 (2**64 bytes) is refused by name."""
+        path = self._with_input_shape(tmp_path, [2**31, 2**31])
+        with pytest.raises(GraphFormatError, match=r"describes 2\*\*62 bytes or more"):
+            dataflow.load(str(path))
+
+    def test_large_input_shape_takes_no_memory(self, tmp_path: Path) -> None:
+        """A large but valid input shape is checked with stand-ins, allocating nothing."""
+        path = self._with_input_shape(tmp_path, [2**20, 2**20])
+        raised, peak = _peak_bytes(lambda: dataflow.load(str(path)))
+        assert isinstance(raised, GraphFormatError)  # add(x, w[4]) cannot broadcast
+        assert "the op rejects the recorded arguments" in str(raised)
+        assert peak < 8 * MiB
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {"input": 0}
+    for _ in range(depth):
+        value = {"tuple": [value]}
+    return value
+
+
+class TestDeepNesting:
+    @pytest.mark.parametrize("depth", [200, 100_000])
+    def test_deep_json_is_refused(self, tmp_path: Path, depth: int) -> None:
+        """Outputs nested deeper than the limit: GraphFormatError, not RecursionError."""
+        path = tmp_path / "model.dfg"
+        _small_graph(path)
+        _edit_json_text(path, lambda d: d.update(outputs="@@"), _nested(depth))
+        for reader in (dataflow.load, read):
+            with pytest.raises(GraphFormatError, match=r"more than 256 deep \(MAX_JSON_DEPTH\)"):
+                reader(str(path))
+
+    def test_nesting_within_the_limit_round_trips(self, tmp_path: Path) -> None:
+        """A 60-deep nested output saves and loads."""
+
+        async def f(x: Any) -> Any:
+            out: Any = ops.negative(x)
+            for _ in range(60):
+                out = (out,)
+            return out
+
+        path = tmp_path / "deep.dfg"
+        graph = dataflow.trace(f, _rand(3))
+        graph.save(str(path))
+        assert str(dataflow.load(str(path))) == str(graph)
+
+    def test_save_refuses_values_deeper_than_load_reads(self, tmp_path: Path) -> None:
+        """save raises TypeError naming MAX_VALUE_DEPTH for a 150-deep output."""
+
+        async def f(x: Any) -> Any:
+            out: Any = ops.negative(x)
+            for _ in range(150):
+                out = [out]
+            return out
+
+        graph = dataflow.trace(f, _rand(3))
+        with pytest.raises(TypeError, match="more than 100 levels deep"):
+            graph.save(str(tmp_path / "deep.dfg"))
+        assert os.listdir(tmp_path) == []
+
+
+def _edit_json_text(path: Path, edit: Callable[[dict[str, Any]], None], value: Any) -> None:
+    """Like _edit_json, then splice ``value`` (JSON of any depth) where the edit put "@@"."""
+    members = _members(path)
+    doc = json.loads(members["graph.json"])
+    edit(doc)
+    text = json.dumps(doc)
+    depth = 0
+    inner: Any = value
+    while isinstance(inner, dict) and "tuple" in inner:
+        depth += 1
+        inner = inner["tuple"][0]
+    nested = '{"tuple": [' * depth + json.dumps(inner) + "]}" * depth
+    members["graph.json"] = text.replace('"@@"', nested).encode()
+    _write(path, members)
+
+
+class TestFileMode:
+    def test_new_file_follows_the_umask(self, tmp_path: Path) -> None:
+        """A new file gets 0o666 less the umask, as open() gives (not mkstemp's 0o600)."""
+        old = os.umask(0o022)
+        try:
+            _small_graph(tmp_path / "a.dfg")
+            os.umask(0o027)
+            _small_graph(tmp_path / "b.dfg")
+        finally:
+            os.umask(old)
+        assert (tmp_path / "a.dfg").stat().st_mode & 0o777 == 0o644
+        assert (tmp_path / "b.dfg").stat().st_mode & 0o777 == 0o640
+
+    def test_overwritten_file_keeps_its_mode(self, tmp_path: Path) -> None:
+        """Saving over an existing file keeps that file's mode, as open(path, 'w') does."""
+        path = tmp_path / "a.dfg"
+        path.write_bytes(b"")
+        path.chmod(0o604)
+        _small_graph(path)
+        assert path.stat().st_mode & 0o777 == 0o604
+        assert dataflow.load(str(path)).nodes

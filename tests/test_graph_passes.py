@@ -21,6 +21,7 @@ from dataflow.graph import (
     fuse_elementwise,
     optimize,
 )
+from dataflow.graph._fusion import Arg, Tmp
 from examples.lstm_ensemble import Ensemble
 
 Array = np.ndarray[Any, Any]
@@ -248,6 +249,44 @@ class TestFusion:
         (op,) = _fused(fused)
         assert [s.op.name for s in op.steps] == ["multiply", "add", "tanh"]
         _equal_results(graph, fused, _rand(4, 5, seed=9))
+
+    def test_long_chain_is_one_node(self) -> None:
+        """A 2,000-op chain fuses into one node without recursion; equal to numpy."""
+        b = _rand(6, seed=3)
+
+        async def f(x: Any) -> Any:
+            for k in range(1000):
+                x = ops.tanh(ops.add(x, b) if k % 2 else ops.multiply(b, x))
+            return x
+
+        x = _rand(6)
+        graph = dataflow.trace(f, x)
+        fused = graph.optimize()
+        assert _names(fused) == ["fused"]
+        assert len(_fused(fused)[0].steps) == 2000
+        want = x
+        for k in range(1000):
+            want = np.tanh(want + b if k % 2 else b * want)
+        np.testing.assert_array_equal(fused.run(x), want)
+
+    def test_external_values_are_numbered_in_walk_order(self) -> None:
+        """A tree's steps are post-order and its arguments numbered as the walk meets them."""
+        b, c = _rand(3, seed=1), _rand(3, seed=2)
+
+        async def f(x: Any, y: Any) -> Any:
+            return ops.add(ops.multiply(b, ops.exp(x)), ops.multiply(ops.tanh(y), c))
+
+        graph = dataflow.trace(f, _rand(3), _rand(3, seed=5))
+        (op,) = _fused(fuse_elementwise(graph))
+        assert [s.op.name for s in op.steps] == ["exp", "multiply", "tanh", "multiply", "add"]
+        assert [s.args for s in op.steps] == [
+            (Arg(1),),  # b met first (Arg 0), then x
+            (Arg(0), Tmp(0)),
+            (Arg(2),),
+            (Tmp(2), Arg(3)),
+            (Tmp(1), Tmp(3)),
+        ]
+        _equal_results(graph, fuse_elementwise(graph), _rand(3, seed=6), _rand(3, seed=7))
 
     def test_does_not_fuse_a_value_read_twice(self) -> None:
         """y = x * w read by two nodes stays a node of its own."""

@@ -385,7 +385,10 @@ class TestSummary:
         assert all(b <= s.wall_s for b in s.busy_s.values())
         assert 0 < s.critical_path_s <= s.wall_s <= s.profiled_s
         assert s.parallelism == pytest.approx(s.total_busy_s / s.wall_s)
-        assert s.lower_bound_s == pytest.approx(max(s.critical_path_s, s.total_busy_s / s.threads))
+        pool = [b for name, b in s.busy_s.items() if not name.startswith("loop")]
+        loop = max([b for name, b in s.busy_s.items() if name.startswith("loop")] + [0.0])
+        spread = sum(pool) / s.pool_threads
+        assert s.lower_bound_s == pytest.approx(max(s.critical_path_s, spread, loop))
         assert s.lower_bound_s <= s.wall_s
         assert 0 <= s.dispatch_s <= s.ready_wait_s
         assert 0 <= s.overhead_share < 1
@@ -429,6 +432,41 @@ class TestSummary:
         assert critical_path([]) == (0, [])
         s = summarize(Trace(tasks=[], threads={}, wall=0))
         assert s.parallelism == 0 and s.critical_path == ()
+
+    def test_lower_bound_counts_pool_threads_only(self) -> None:
+        """Two pool threads busy 99% of the wall: the bound is the wall (not 2/3 of it)."""
+        tasks = [
+            _span("a#1", 1, 0, 99),
+            _span("b#2", 2, 1, 100),
+            _span("c#3", 3, 0, 1),  # a small op run inline on the loop
+        ]
+        trace = Trace(tasks=tasks, threads={1: "interop-0", 2: "interop-1", 3: "loop"}, wall=100)
+        s = summarize(trace)
+        assert (s.threads, s.pool_threads) == (3, 2)
+        assert s.lower_bound_s == pytest.approx(99e-9)
+        assert "wall is 1.01x that" in str(s)
+        assert "on 2 pool threads and the loop" in str(s)
+
+    def test_loop_work_bounds_the_run(self) -> None:
+        """Kernels run inline on the loop run one after the other: their sum bounds the run."""
+        tasks = [_span("a#1", 3, 0, 50), _span("b#2", 3, 50, 100), _span("c#3", 1, 0, 10)]
+        trace = Trace(tasks=tasks, threads={1: "interop-0", 3: "loop"}, wall=100)
+        assert summarize(trace).lower_bound_s == pytest.approx(100e-9)
+
+    def test_threads_of_successive_runs_share_a_lane(self) -> None:
+        """interop-0 of run 1 and of run 2 (new threads, never at once): one lane."""
+        tasks = [_span("a#1", 11, 0, 10), _span("b#2", 12, 0, 10), _span("c#3", 21, 20, 30)]
+        threads = {11: "interop-0", 12: "interop-1", 21: "interop-0"}
+        s = summarize(Trace(tasks=tasks, threads=threads, wall=30))
+        assert s.busy_s == {"interop-0": 20e-9, "interop-1": 10e-9}
+        assert (s.threads, s.pool_threads) == (2, 2)
+
+    def test_same_named_threads_at_once_get_two_lanes(self) -> None:
+        """Two pools at once, both with an interop-0: two lanes, busy counted for each."""
+        tasks = [_span("a#1", 11, 0, 10), _span("b#2", 21, 5, 15)]
+        s = summarize(Trace(tasks=tasks, threads={11: "interop-0", 21: "interop-0"}, wall=15))
+        assert s.busy_s == {"interop-0": 10e-9, "interop-0 (2)": 10e-9}
+        assert s.lower_bound_s == pytest.approx(10e-9)
 
     def test_str_is_readable(self, two_chains_trace: tuple[Any, Path]) -> None:
         """str(summary) names wall time, parallelism, threads and the critical path."""

@@ -15,7 +15,6 @@ class TestExports:
     def test_all_matches_public_names(self, module: types.ModuleType) -> None:
         """__all__ lists exactly the public names the package defines (no drift)."""
         public = {n for n in vars(module) if not n.startswith("_")}
-        public -= {"annotations"}  # from __future__
         public -= {n for n, v in vars(module).items() if isinstance(v, types.ModuleType)}
         assert sorted(public - set(module.__all__)) == []
         assert sorted(set(module.__all__) - set(vars(module))) == []
@@ -35,6 +34,41 @@ class TestExports:
         assert missing == []
 
 
+@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+def test_dir_shows_no_future_import(module: types.ModuleType) -> None:
+    """dir() of the package lists no `annotations` (the `from __future__` name)."""
+    assert "annotations" not in dir(module)
+
+
+class TestErrorNames:
+    @pytest.mark.parametrize(
+        "name", [n for n in dataflow.__all__ if n.endswith(("Error", "Warning"))]
+    )
+    def test_errors_name_their_public_module(self, name: str) -> None:
+        """Every exported error says `dataflow.X` in reprs, not its private module."""
+        cls = getattr(dataflow, name)
+        assert cls.__module__ == "dataflow"
+        assert repr(cls) == f"<class 'dataflow.{name}'>"
+
+    def test_traceback_shows_the_public_name(self) -> None:
+        """A traceback's last line reads `dataflow.OpInputError: ...`."""
+        import traceback
+
+        try:
+            raise dataflow.OpInputError("bad input")
+        except dataflow.OpInputError as exc:
+            last = traceback.format_exception(exc)[-1]
+        assert last == "dataflow.OpInputError: bad input\n"
+
+    def test_errors_still_pickle(self) -> None:
+        """An error pickles and unpickles by its public name (Dask sends errors back)."""
+        import pickle
+
+        again = pickle.loads(pickle.dumps(dataflow.OpInputError("bad input")))
+        assert type(again) is dataflow.OpInputError
+        assert str(again) == "bad input"
+
+
 def test_dataflow_never_imports_ops() -> None:
     """The runtime knows no specific op: no dataflow module imports ops."""
     import pathlib
@@ -47,3 +81,47 @@ def test_dataflow_never_imports_ops() -> None:
         if re.search(r"^\s*(from ops\b|import ops\b)", p.read_text(), re.MULTILINE)
     ]
     assert offenders == []
+
+
+class TestDistributionName:
+    ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+    def test_distribution_is_not_a_pypi_project_of_another(self) -> None:
+        """pyproject names numpy-dataflow (PyPI's dataflow and ops are other projects)."""
+        import tomllib
+
+        from dataflow import _threads
+
+        project = tomllib.loads((self.ROOT / "pyproject.toml").read_text())["project"]
+        assert project["name"] == _threads.DISTRIBUTION == "numpy-dataflow"
+
+    def test_version_is_read_from_that_distribution(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """dataflow --version asks importlib.metadata for numpy-dataflow, not dataflow."""
+        import importlib.metadata
+
+        from dataflow import _threads
+
+        asked: list[str] = []
+
+        def version(distribution: str) -> str:
+            asked.append(distribution)
+            return "9.9"
+
+        monkeypatch.setattr(importlib.metadata, "version", version)
+        assert _threads._version() == "9.9"
+        assert asked == ["numpy-dataflow"]
+
+    def test_no_install_command_fetches_another_project(self) -> None:
+        """No doc or message says `pip install dataflow` / `'dataflow[...]'` / `ops`."""
+        import re
+
+        bad = re.compile(r"pip install\s+['\"]?(dataflow|ops)\b(?!-)")
+        files = [self.ROOT / "README.md", *sorted((self.ROOT / "docs").glob("*.md"))]
+        files += sorted((self.ROOT / "dataflow").rglob("*.py"))
+        offenders = [
+            f"{path.relative_to(self.ROOT)}:{n}"
+            for path in files
+            for n, line in enumerate(path.read_text().splitlines(), start=1)
+            if bad.search(line) and "never `pip install" not in line
+        ]
+        assert offenders == []

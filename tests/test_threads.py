@@ -15,10 +15,12 @@ from dataflow import _threads
 def restore_defaults() -> Iterator[None]:
     """Each test leaves the process defaults as it found them."""
     saved = _threads._interop_default
+    chosen = _threads._intraop_chosen
     blas = dataflow.get_num_threads()
     yield
     _threads._interop_default = saved
     dataflow.set_num_threads(blas)
+    _threads._intraop_chosen = chosen
 
 
 class TestInterop:
@@ -88,6 +90,28 @@ class TestParallelInfo:
         dataflow.set_num_interop_threads(64)
         dataflow.set_num_threads(2)
         assert "WARNING: inter-op x intra-op" in dataflow.parallel_info()
+
+    def test_defaults_never_warn(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Nothing chosen (2 x 2 on 2 cores): no oversubscription warning, defaults named."""
+        monkeypatch.setattr(_threads, "_cores", lambda: 2)
+        monkeypatch.setattr(_threads, "get_num_threads", lambda: 2)
+        monkeypatch.setattr(_threads, "_interop_default", None)
+        monkeypatch.setattr(_threads, "_intraop_chosen", False)
+        for var in (_threads._ENV_INTEROP, *_threads._ENV_INTRAOP):
+            monkeypatch.delenv(var, raising=False)
+        info = dataflow.parallel_info()
+        assert "WARNING" not in info
+        assert "inter-op threads: 2 (default: the cores)" in info
+        assert "intra-op threads (BLAS): 2 (default: BLAS's own)" in info
+
+    def test_env_choice_warns(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """$OMP_NUM_THREADS is a choice: 2 x 2 on 2 cores is then warned about."""
+        monkeypatch.setattr(_threads, "_cores", lambda: 2)
+        monkeypatch.setattr(_threads, "get_num_threads", lambda: 2)
+        monkeypatch.setattr(_threads, "_interop_default", None)
+        monkeypatch.setattr(_threads, "_intraop_chosen", False)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert "WARNING: inter-op x intra-op threads = 2 x 2" in dataflow.parallel_info()
 
     def test_reports_running_loop(self) -> None:
         """Inside a run, the loop in use is reported."""

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 import dataflow
 import ops
 from dataflow._cli import cli
-from dataflow._render import MAX_ARROWS, render_html, render_svg
-from dataflow._trace import TaskSpan, Trace, load
+from dataflow._render import MAX_ARROWS, MAX_LABEL, render_html, render_svg
+from dataflow._trace import TaskSpan, Trace, lanes, load
 
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +125,87 @@ class TestRunTrace:
         assert "tasks done" not in proc.stderr
 
 
+PRINTING = """
+import time
+import numpy as np
+import dataflow, ops
+
+async def main():
+    x = np.ones((32, 32), dtype=np.float32)
+    for k in range(30):
+        await ops.tanh(ops.matmul(x, x))
+        print(f"line {k}")
+        time.sleep(0.03)  # the status line is redrawn every 0.1 s: between these prints
+
+dataflow.run(main)
+"""
+
+
+def _screen(output: str) -> list[str]:
+    """What a terminal shows for ``output`` (carriage returns, newlines, ESC [K only)."""
+    lines, col = [""], 0
+    i = 0
+    while i < len(output):
+        if output.startswith("\x1b[K", i):
+            lines[-1] = lines[-1][:col]
+            i += 3
+            continue
+        ch = output[i]
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            lines.append("")
+            col = 0
+        else:
+            line = lines[-1]
+            lines[-1] = line[:col] + ch + line[col + 1 :]
+            col += 1
+        i += 1
+    return lines
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX terminal")
+class TestProgressOnATerminal:
+    def test_status_line_and_script_output_do_not_collide(self, tmp_path: Path) -> None:
+        """With --progress on a terminal, every line the script prints stands on its own."""
+        import pty
+
+        script = tmp_path / "printing.py"
+        script.write_text(PRINTING)
+        master, slave = pty.openpty()
+        paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataflow", "run", "--progress", str(script)],
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        )
+        os.close(slave)
+        chunks = []
+        try:
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            proc.kill()
+            os.close(master)
+        output = b"".join(chunks).decode()
+        assert "tasks done" in output  # the status line was drawn
+        screen = [line for line in _screen(output) if line]
+        assert [line for line in screen if line.startswith("line")] == [
+            f"line {k}" for k in range(30)
+        ]
+        assert screen[-1] == "dataflow: 60/60 tasks done"
+
+
 class TestTraceSummary:
     def test_prints_summary_and_table(self, saved_trace: Path) -> None:
         """`dataflow trace summary` recomputes the figures from the file."""
@@ -143,6 +224,68 @@ class TestTraceSummary:
         assert "dataflow trace summary: error: TraceFormatError:" in result.stderr
 
 
+class TestHostileTraces:
+    def _error(self, tmp_path: Path, text: str, match: str) -> None:
+        """summary and render both print one `TraceFormatError` line matching, exit 1."""
+        path = tmp_path / "t.json"
+        path.write_text(text)
+        for command in ("summary", "render"):
+            result = CliRunner().invoke(cli, ["trace", command, str(path)], catch_exceptions=False)
+            assert result.exit_code == 1
+            (line,) = result.stderr.strip().splitlines()
+            assert line.startswith(f"dataflow trace {command}: error: TraceFormatError: ")
+            assert match in line
+
+    def test_deep_json(self, tmp_path: Path) -> None:
+        """JSON nested 100,000 deep: a one-line error, not a RecursionError traceback."""
+        self._error(tmp_path, "[" * 100_000 + "]" * 100_000, "more than 64 deep")
+
+    def test_deep_args(self, tmp_path: Path) -> None:
+        """An event whose args nest 900 deep (JSON can parse it) is refused the same way."""
+        event = '{"ph": "X", "ts": 0, "dur": 1, "args": ' + "[" * 900 + "]" * 900 + "}"
+        self._error(tmp_path, '{"traceEvents": [' + event + "]}", "more than 64 deep")
+
+    @pytest.mark.parametrize("ts", ["1e400", "-1e400", "NaN", '"5"', "1e20"])
+    def test_timestamps_that_are_not_times(self, tmp_path: Path, ts: str) -> None:
+        """`ts: 1e400` (infinite), NaN, a string: an error naming the event and field."""
+        text = '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": ' + ts + ', "dur": 1}]}'
+        self._error(tmp_path, text, "event 0 (ph 'X'): ts must be a finite number")
+
+    def test_negative_duration(self, tmp_path: Path) -> None:
+        """A slice with a negative duration is refused by name."""
+        text = '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": 5, "dur": -3}]}'
+        self._error(tmp_path, text, "dur must be a duration")
+
+    def test_args_of_the_wrong_kind(self, tmp_path: Path) -> None:
+        """args that is not an object, inputs that is not a list: named."""
+        text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": [1, 2]}]}'
+        self._error(tmp_path, text, "args must be an object")
+        text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": {"inputs": 3}}]}'
+        self._error(tmp_path, text, "args.inputs must be a list of task names")
+
+    def test_string_thread_ids_load(self, tmp_path: Path) -> None:
+        """A foreign trace naming threads by strings loads; the lane keeps the string."""
+        path = tmp_path / "t.json"
+        path.write_text(
+            '{"traceEvents": [{"ph": "X", "name": "a", "tid": "gpu", "ts": 1, "dur": 2},'
+            '{"ph": "X", "name": "b", "tid": "cpu", "ts": 2, "dur": 2}]}'
+        )
+        trace = load(path)
+        assert sorted(trace.threads.values()) == ["cpu", "gpu"]
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
+        assert result.exit_code == 0 and "gpu" in result.stdout
+
+    def test_foreign_values_in_args_render(self, tmp_path: Path) -> None:
+        """flops given as a string (a foreign trace) is shown as it is, not a crash."""
+        path = tmp_path / "t.json"
+        path.write_text(
+            '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": 1, "dur": 2, '
+            '"args": {"flops": "many", "bytes": [1]}}]}'
+        )
+        svg = render_svg(load(path))
+        assert "&#x27;many&#x27; flops, [1] bytes" in svg
+
+
 class TestTraceRender:
     def test_svg_has_a_bar_per_task(self, saved_trace: Path, tmp_path: Path) -> None:
         """`trace render -o x.svg` writes parseable SVG with one titled bar per task."""
@@ -150,13 +293,16 @@ class TestTraceRender:
         result = CliRunner().invoke(cli, ["trace", "render", str(saved_trace), "-o", str(out)])
         assert result.exit_code == 0, result.output
         root = ET.parse(out).getroot()
-        bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task"]
+        bars = [r for r in root.iter(f"{SVG}rect") if "task" in (r.get("class") or "").split()]
         tasks = {e["args"]["task"] for e in x_events(saved_trace)}
         assert len(bars) == len(tasks) == 13
         assert {b.get("data-task") for b in bars} == tasks
         assert all(b.find(f"{SVG}title") is not None for b in bars)
-        texts = "".join(t.text or "" for t in root.iter(f"{SVG}text"))
-        assert "interop-" in texts and "matmul" in texts and "time (" in texts
+        drawn = {t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"}
+        assert drawn == set(lanes(load(saved_trace)).values())  # whichever threads ran tasks
+        texts = [t.text or "" for t in root.iter(f"{SVG}text")]
+        assert any(t.startswith("matmul: ") for t in texts)  # its legend entry
+        assert {"time (s)", "time (ms)", "time (us)"} & set(texts)  # the unit fits the run
 
     def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
         """`-o x.html` embeds the SVG in a page with the summary and the op table."""
@@ -166,6 +312,19 @@ class TestTraceRender:
         page = out.read_text()
         assert page.startswith("<!doctype html>") and page.count("<svg") == 1
         assert "<title>matmul#" in page and "critical path" in page
+
+    def test_arrows_option(self, saved_trace: Path, tmp_path: Path) -> None:
+        """--arrows all draws every dependency, none draws none; other values are refused."""
+        counts = {}
+        for arrows in ("critical", "all", "none"):
+            out = tmp_path / f"{arrows}.svg"
+            args = ["trace", "render", str(saved_trace), "-o", str(out), "--arrows", arrows]
+            assert CliRunner().invoke(cli, args).exit_code == 0
+            root = ET.parse(out).getroot()
+            counts[arrows] = len([p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"])
+        assert counts["none"] == 0 and counts["all"] > counts["critical"]
+        bad = ["trace", "render", str(saved_trace), "--arrows", "some"]
+        assert CliRunner().invoke(cli, bad).exit_code == 2
 
     def test_default_output_and_bad_suffix(self, saved_trace: Path, tmp_path: Path) -> None:
         """Without -o the SVG goes next to the trace; other suffixes are a usage error."""
@@ -195,12 +354,79 @@ class TestRenderSvg:
     def _parse(self, svg: str) -> ET.Element:
         return ET.fromstring(svg)
 
-    def test_arrows_for_dependencies(self) -> None:
-        """An arrow per dependency, except back-to-back tasks on one lane."""
-        root = self._parse(render_svg(DIAMOND))
-        deps = [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
+    def _deps(self, root: ET.Element) -> list[ET.Element]:
+        return [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
+
+    def test_all_arrows(self) -> None:
+        """arrows="all": an arrow per dependency, except back-to-back tasks on one lane."""
+        root = self._parse(render_svg(DIAMOND, arrows="all"))
+        deps = self._deps(root)
         assert len(deps) == 3  # load->right, left->join, right->join; load->left is adjacent
         assert all(p.get("marker-end") == "url(#arrow)" for p in deps)
+
+    def test_critical_path_by_default(self) -> None:
+        """By default only the critical path: its bars outlined, an arrow across its gap."""
+        svg = render_svg(DIAMOND)
+        root = self._parse(svg)
+        critical = [
+            r.get("data-task") for r in root.iter(f"{SVG}rect") if r.get("class") == "task critical"
+        ]
+        assert critical == ["load#1", "left#2", "join#4"]
+        assert len(self._deps(root)) == 1  # left -> join (load -> left is back to back)
+        assert "the critical path, 3 tasks" in svg
+
+    def test_no_arrows(self) -> None:
+        """arrows="none": no arrows, nothing outlined; a bad value is a ValueError."""
+        root = self._parse(render_svg(DIAMOND, arrows="none"))
+        assert self._deps(root) == []
+        assert not [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task critical"]
+        with pytest.raises(ValueError, match="critical"):
+            render_svg(DIAMOND, arrows="some")
+
+    def test_one_lane_per_thread_name_over_successive_runs(self) -> None:
+        """12 runs' fresh pool threads (24 ids, 2 names) and the loop: 3 lanes, as the header."""
+        tasks, threads = [_span("inline#0", 99, 0, 5)], {99: "loop"}
+        for run in range(12):
+            for k in range(2):
+                tid = 100 + 2 * run + k
+                threads[tid] = f"interop-{k}"
+                name = f"op#{1 + 2 * run + k}"
+                tasks.append(_span(name, tid, 10 + 100 * run, 90 + 100 * run))
+        svg = render_svg(Trace(tasks=tasks, threads=threads, wall=1300))
+        root = self._parse(svg)
+        labels = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"]
+        assert labels == ["loop", "interop-0", "interop-1"]
+        assert "25 tasks on 2 pool threads and the loop" in svg
+
+    def test_long_lane_names_fit(self) -> None:
+        """Dask worker threads are drawn by port; other long names are cut in the middle."""
+        names = {
+            1: "dask tcp://127.0.0.1:42543 0-Dask-Default-Threads-30554-0",
+            2: "dask tcp://127.0.0.1:45587 1-Dask-Default-Threads-30554-1",
+            3: "a-pool-with-a-very-long-name-thread-7",
+        }
+        tasks = [_span(f"t#{tid}", tid, 10 * tid, 10 * tid + 5) for tid in names]
+        root = self._parse(render_svg(Trace(tasks=tasks, threads=names, wall=40)))
+        lanes_drawn = {
+            t.text: t.find(f"{SVG}title").text  # type: ignore[union-attr]
+            for t in root.iter(f"{SVG}text")
+            if t.get("class") == "lane"
+        }
+        assert lanes_drawn == {
+            "dask :42543": names[1],
+            "dask :45587": names[2],
+            "a-pool-with\u2026e-thread-7": names[3],
+        }
+        assert all(len(label or "") <= MAX_LABEL for label in lanes_drawn)
+
+    def test_dask_worker_with_several_threads(self) -> None:
+        """Two threads of one worker keep a thread number: dask :42543 t0 / t1."""
+        base = "dask tcp://127.0.0.1:42543 "
+        names = {1: base + "Dask-Default-Threads-1-0", 2: base + "Dask-Default-Threads-1-1"}
+        tasks = [_span(f"t#{tid}", tid, 0, 5) for tid in names]
+        root = self._parse(render_svg(Trace(tasks=tasks, threads=names, wall=5)))
+        labels = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "lane"]
+        assert labels == ["dask :42543 t0", "dask :42543 t1"]
 
     def test_lanes_and_colours(self) -> None:
         """A lane per thread that ran tasks; one colour per op, the same on every bar."""
@@ -211,7 +437,7 @@ class TestRenderSvg:
             if t.get("font-weight") == "bold" and t.get("font-size") == "12"
         ]
         assert labels == ["interop-0", "interop-1"]
-        bars = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "task"]
+        bars = [r for r in root.iter(f"{SVG}rect") if "task" in (r.get("class") or "").split()]
         fills = {b.get("data-task"): b.get("fill") for b in bars}
         assert len(set(fills.values())) == 4
 
@@ -221,7 +447,7 @@ class TestRenderSvg:
         tasks = [_span("a#1", 1, 0, 10)] + [
             _span(f"b#{i}", 2, 20 + i, 21 + i, "a#1") for i in range(2, n + 2)
         ]
-        svg = render_svg(Trace(tasks=tasks, threads={1: "x", 2: "y"}, wall=n + 30))
+        svg = render_svg(Trace(tasks=tasks, threads={1: "x", 2: "y"}, wall=n + 30), arrows="all")
         root = self._parse(svg)
         assert not [p for p in root.iter(f"{SVG}path") if p.get("class") == "dep"]
         assert f"{n} dependency arrows left out" in svg

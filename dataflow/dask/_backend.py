@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DaskBackend", "import_distributed", "place"]
 
-INSTALL_HINT = "pip install 'dataflow[dask]'"
+INSTALL_HINT = "pip install 'dask[distributed]>=2024.1'"
 _FINAL = ("finished", "error", "cancelled")
 
 

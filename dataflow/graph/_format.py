@@ -18,8 +18,8 @@ A graph file is a zip archive with two members:
   strings, numbers, booleans and null stand for themselves.
 * ``params.npz``: every constant, by name, as ``np.savez`` writes them (``.npy`` members).
 
-Loading never unpickles (``np.load(..., allow_pickle=False)``: an array of Python objects is
-refused) and never runs code a file names. Ops are looked up in this process's op registry
+Loading never unpickles (an array of Python objects is refused by its ``.npy`` header, unread)
+and never runs code a file names. Ops are looked up in this process's op registry
 (:func:`dataflow.Op` records every op by ``module:name``); a module that is not imported yet is
 imported only when the caller trusts it (``trust=["ops"]`` trusts ``ops`` and its
 submodules). A NamedTuple class is built only from an allow-list: classes defined by dataflow
@@ -29,6 +29,10 @@ found in that module's own namespace (``vars``, never ``getattr``, so no module-
 ``__getattr__`` runs and nothing is imported along the way), and must be a NamedTuple class
 defined in that module; any other name (``platform:uname_result``, ``numpy:testing.X``) is
 refused before anything is imported or built.
+
+A graph file is read as untrusted input: every size it declares (members, graph.json, the
+constants' shapes, each array) is checked against limits before anything is inflated, and
+every read is bounded (see ``_archive``).
 
 Every node's spec and cost are then recomputed by its op's meta and cost rules on stand-in
 inputs (zero-stride arrays of the recorded shapes), which checks the file against the ops as
@@ -46,11 +50,11 @@ import io
 import json
 import math
 import os
+import secrets
+import stat
 import sys
-import tempfile
 import types
 import zipfile
-import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,6 +62,16 @@ import numpy as np
 
 from .._op import declaring_modules, lookup_op
 from .._task import Signature, Task
+from ._archive import (
+    MAX_MEMBERS,
+    MAX_NBYTES,
+    MAX_NDIM,
+    Problem,
+    check_expansion,
+    open_zip,
+    read_json,
+    read_params,
+)
 from ._errors import GraphFormatError
 from ._fusion import ENGINES, Arg, FusedOp, FusedStep, Tmp
 from ._ir import (
@@ -79,13 +93,12 @@ FORMAT_NAME = "dataflow.graph"
 FORMAT_VERSION = 1
 FUSED = FusedOp.qualname
 
+#: How deep tuples, lists and dicts may nest in a saved argument or output (within what
+#: ``_archive.MAX_JSON_DEPTH`` lets a reader take: each level is two JSON levels).
+MAX_VALUE_DEPTH = 100
 
 # Python types an op may take as an argument (``astype(x, float)``), by name.
 _PYTHON_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "complex": complex}
-
-
-class _Bad(Exception):
-    """A problem found while decoding; becomes a GraphFormatError naming the file."""
 
 
 # -- saving -----------------------------------------------------------------------------------
@@ -106,7 +119,13 @@ def _class_name(cls: type, where: str) -> str:
     return f"{cls.__module__}:{qualname}"
 
 
-def _encode(value: Any, where: str) -> Any:
+def _encode(value: Any, where: str, depth: int = 0) -> Any:
+    if depth > MAX_VALUE_DEPTH:
+        raise TypeError(
+            f"{where}: a value nests tuples, lists or dicts more than {MAX_VALUE_DEPTH} levels "
+            "deep, more than a graph file may hold (MAX_VALUE_DEPTH)"
+        )
+    depth += 1
     t = type(value)
     if t is NodeRef:
         if value.index is None:
@@ -125,19 +144,22 @@ def _encode(value: Any, where: str) -> Any:
     if t is float:
         return value if math.isfinite(value) else {"float": repr(value)}
     if t is complex:
-        return {"complex": [_encode(value.real, where), _encode(value.imag, where)]}
+        return {"complex": [_encode(value.real, where, depth), _encode(value.imag, where, depth)]}
     if t is list:
-        return [_encode(v, where) for v in value]
+        return [_encode(v, where, depth) for v in value]
     if t is tuple:
-        return {"tuple": [_encode(v, where) for v in value]}
+        return {"tuple": [_encode(v, where, depth) for v in value]}
     if t is dict:
         if not all(type(k) is str for k in value):
             raise TypeError(f"{where}: only dicts with str keys can be saved")
-        return {"dict": {k: _encode(v, where) for k, v in value.items()}}
+        return {"dict": {k: _encode(v, where, depth) for k, v in value.items()}}
     if isinstance(value, tuple) and hasattr(t, "_fields"):
-        return {"namedtuple": _class_name(t, where), "fields": [_encode(v, where) for v in value]}
+        return {
+            "namedtuple": _class_name(t, where),
+            "fields": [_encode(v, where, depth) for v in value],
+        }
     if t is slice:
-        return {"slice": [_encode(v, where) for v in (value.start, value.stop, value.step)]}
+        return {"slice": [_encode(v, where, depth) for v in (value.start, value.stop, value.step)]}
     if value is Ellipsis:
         return {"ellipsis": True}
     if isinstance(value, np.dtype):
@@ -147,7 +169,10 @@ def _encode(value: Any, where: str) -> Any:
     if value in _PYTHON_TYPES.values():
         return {"python_type": value.__name__}
     if isinstance(value, np.generic):
-        return {"scalar": _dtype_text(value.dtype, where), "value": _encode(value.item(), where)}
+        return {
+            "scalar": _dtype_text(value.dtype, where),
+            "value": _encode(value.item(), where, depth),
+        }
     raise TypeError(
         f"{where}: an argument of type {t.__name__} ({value!r:.60}) has no representation in a "
         "graph file (arrays become constants; numbers, strings, tuples, lists, dicts, slices, "
@@ -241,8 +266,7 @@ def save(graph: Graph, path: str) -> None:
         for name, array in graph.constants.items():
             with npz.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".dfg-", dir=directory)
+    fd, tmp = _create_beside(path)
     try:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("graph.json", text)
@@ -251,6 +275,35 @@ def save(graph: Graph, path: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _create_beside(path: str) -> tuple[int, str]:
+    """A new temporary file next to ``path`` (fd, name), with the mode ``open(path, "w")`` gives.
+
+    That is the existing file's mode when ``path`` exists, else 0o666 less the umask (the
+    kernel applies it: ``tempfile.mkstemp`` would leave 0o600).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        keep: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        keep = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".dfg-{secrets.token_hex(6)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+        if keep is not None:
+            try:
+                os.chmod(tmp, keep)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+        return fd, tmp
+    raise FileExistsError(f"could not create a temporary file in {directory}")
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -279,7 +332,7 @@ def _import(module: str, what: str, trust: tuple[str, ...]) -> Any:
     if found is not None:
         return found
     if not (_trusted(module, trust) or _trusted(module, ("dataflow",))):
-        raise _Bad(
+        raise Problem(
             f"{what} needs module {module!r}, which is not imported and not trusted: import "
             f"it first, or pass trust=[{module.split('.')[0]!r}] to dataflow.load "
             f"(--trust {module.split('.')[0]} on the command line) if you trust it"
@@ -287,7 +340,7 @@ def _import(module: str, what: str, trust: tuple[str, ...]) -> Any:
     try:
         return importlib.import_module(module)
     except Exception as exc:
-        raise _Bad(f"{what}: importing {module!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise Problem(f"{what}: importing {module!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
 class _Decoder:
@@ -299,7 +352,7 @@ class _Decoder:
 
     def op(self, qualname: Any, where: str) -> OpLike:
         if not isinstance(qualname, str) or ":" not in qualname:
-            raise _Bad(f"{where}: op must be a 'module:name' string, got {qualname!r}")
+            raise Problem(f"{where}: op must be a 'module:name' string, got {qualname!r}")
         if not self.resolve:
             return UnresolvedOp(qualname)
         found = lookup_op(qualname)
@@ -308,7 +361,7 @@ class _Decoder:
             _import(module, f"{where}: op {qualname}", self.trust)
             found = lookup_op(qualname)
         if found is None:
-            raise _Bad(
+            raise Problem(
                 f"{where}: unknown op {qualname}: module {qualname.rpartition(':')[0]} "
                 "declares no op of that name"
             )
@@ -316,7 +369,7 @@ class _Decoder:
 
     def named_tuple(self, qualname: Any, fields: list[Any], where: str) -> Any:
         if not isinstance(qualname, str) or ":" not in qualname:
-            raise _Bad(f"{where}: bad namedtuple name {qualname!r}")
+            raise Problem(f"{where}: bad namedtuple name {qualname!r}")
         if not self.resolve:
             return Opaque(qualname, fields)
         module_name, _, path = qualname.partition(":")
@@ -327,7 +380,7 @@ class _Decoder:
         )
         if not allowed:
             root = module_name.split(".")[0]
-            raise _Bad(
+            raise Problem(
                 f"{where}: NamedTuple {qualname} is not allowed: a graph file may only build "
                 "NamedTuples defined by dataflow, by a module that declares ops, or by a "
                 f"trusted module; pass trust=[{root!r}] to dataflow.load (--trust {root}) "
@@ -344,11 +397,11 @@ class _Decoder:
             and hasattr(obj, "_fields")
             and obj.__module__ == module_name
         ):
-            raise _Bad(f"{where}: {qualname} is not a NamedTuple class of module {module_name}")
+            raise Problem(f"{where}: {qualname} is not a NamedTuple class of module {module_name}")
         try:
             return obj(*fields)
         except TypeError as exc:
-            raise _Bad(f"{where}: {qualname}{tuple(fields)!r}: {exc}") from exc
+            raise Problem(f"{where}: {qualname}{tuple(fields)!r}: {exc}") from exc
 
     def value(self, v: Any, where: str) -> Any:
         if v is None or type(v) in (bool, int, float, str):
@@ -356,7 +409,7 @@ class _Decoder:
         if type(v) is list:
             return [self.value(x, where) for x in v]
         if type(v) is not dict or not v:
-            raise _Bad(f"{where}: unexpected value {v!r:.80}")
+            raise Problem(f"{where}: unexpected value {v!r:.80}")
         keys = set(v)
         if keys == {"node"}:
             return NodeRef(self._int(v["node"], where))
@@ -366,10 +419,8 @@ class _Decoder:
             return InputRef(self._int(v["input"], where))
         if keys == {"const"} and isinstance(v["const"], str):
             return ConstRef(v["const"])
-        if keys == {"arg"}:
-            return Arg(self._int(v["arg"], where))
-        if keys == {"tmp"}:
-            return Tmp(self._int(v["tmp"], where))
+        if keys == {"arg"} or keys == {"tmp"}:
+            raise Problem(f"{where}: {v!r:.40} may only be an argument of a fused step")
         if keys == {"tuple"} and type(v["tuple"]) is list:
             return tuple(self.value(x, where) for x in v["tuple"])
         if keys == {"dict"} and type(v["dict"]) is dict:
@@ -382,6 +433,8 @@ class _Decoder:
             return float(v["float"])
         if keys == {"complex"} and type(v["complex"]) is list and len(v["complex"]) == 2:
             re, im = (self.value(x, where) for x in v["complex"])
+            if not all(type(part) in (int, float) for part in (re, im)):
+                raise Problem(f"{where}: a complex needs two numbers, got {v!r:.80}")
             return complex(re, im)
         if keys == {"dtype"}:
             return self.dtype(v["dtype"], where)
@@ -394,95 +447,96 @@ class _Decoder:
             try:
                 return dtype.type(self.value(v["value"], where))
             except (TypeError, ValueError, OverflowError) as exc:
-                raise _Bad(f"{where}: bad {dtype} scalar: {exc}") from exc
+                raise Problem(f"{where}: bad {dtype} scalar: {exc}") from exc
         if keys == {"namedtuple", "fields"} and type(v["fields"]) is list:
             fields = [self.value(x, where) for x in v["fields"]]
             return self.named_tuple(v["namedtuple"], fields, where)
-        raise _Bad(f"{where}: unexpected value {v!r:.80}")
+        raise Problem(f"{where}: unexpected value {v!r:.80}")
+
+    def step_arg(self, v: Any, where: str) -> Any:
+        """An argument of a fused step: ``{"arg": i}``, ``{"tmp": j}`` or a value."""
+        if type(v) is dict and set(v) == {"arg"}:
+            return Arg(self._int(v["arg"], where))
+        if type(v) is dict and set(v) == {"tmp"}:
+            return Tmp(self._int(v["tmp"], where))
+        return self.value(v, where)
 
     @staticmethod
     def _int(v: Any, where: str) -> int:
         if type(v) is not int or v < 0:
-            raise _Bad(f"{where}: expected a non-negative integer, got {v!r}")
+            raise Problem(f"{where}: expected a non-negative integer, got {v!r}")
         return v
 
     @staticmethod
     def dtype(text: Any, where: str) -> np.dtype[Any]:
         if not isinstance(text, str):
-            raise _Bad(f"{where}: bad dtype {text!r}")
+            raise Problem(f"{where}: bad dtype {text!r}")
         try:
             dtype = np.dtype(text)
         except (TypeError, ValueError) as exc:
-            raise _Bad(f"{where}: bad dtype {text!r}") from exc
+            raise Problem(f"{where}: bad dtype {text!r}") from exc
         if dtype.kind in "OVMm" or dtype.fields is not None:
-            raise _Bad(f"{where}: dtype {text!r} is not allowed in a graph file")
+            raise Problem(f"{where}: dtype {text!r} is not allowed in a graph file")
         return dtype
 
     def type(self, v: Any, where: str) -> ValueType | None:
         if v is None:
             return None
         if type(v) is not dict or set(v) != {"shape", "dtype"} or type(v["shape"]) is not list:
-            raise _Bad(f"{where}: a type must be {{shape, dtype}}, got {v!r:.80}")
+            raise Problem(f"{where}: a type must be {{shape, dtype}}, got {v!r:.80}")
+        if len(v["shape"]) > MAX_NDIM:
+            raise Problem(
+                f"{where}: a shape has at most {MAX_NDIM} dimensions, got {len(v['shape'])}"
+            )
         shape = tuple(self._int(d, where) for d in v["shape"])
-        return ValueType(shape, self.dtype(v["dtype"], where))
+        dtype = self.dtype(v["dtype"], where)
+        if math.prod(shape) * dtype.itemsize >= MAX_NBYTES:
+            raise Problem(f"{where}: shape {list(shape)} of {dtype} describes 2**62 bytes or more")
+        return ValueType(shape, dtype)
 
 
 def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if key not in doc:
-        raise _Bad(f"{where}: missing {key!r}")
+        raise Problem(f"{where}: missing {key!r}")
     value = doc[key]
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise _Bad(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
+        raise Problem(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
     return value
 
 
-def _open(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
-    """The parsed graph.json and the arrays of params.npz (checked: no pickles)."""
-    try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as exc:
-        raise _Bad(f"not a graph file (not a zip archive, or truncated): {exc}") from exc
-    with zf:
-        names = set(zf.namelist())
-        if "graph.json" not in names:
-            raise _Bad("not a graph file: the archive has no graph.json")
-        try:
-            doc = json.loads(zf.read("graph.json").decode("utf-8"))
-        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-            raise _Bad(f"graph.json is corrupted: {exc}") from exc
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise _Bad(f"graph.json is not valid JSON: {exc}") from exc
-        if type(doc) is not dict:
-            raise _Bad("graph.json is not a JSON object")
-        if doc.get("format") != FORMAT_NAME:
-            raise _Bad(f"not a graph file: format is {doc.get('format')!r}, not {FORMAT_NAME!r}")
-        version = doc.get("version")
-        if type(version) is not int or version < 1:
-            raise _Bad(f"bad format version {version!r}")
-        if version > FORMAT_VERSION:
-            raise _Bad(
-                f"format version {version} was written by a newer dataflow "
-                f"({doc.get('producer', 'unknown')}); this one reads version "
-                f"{FORMAT_VERSION} and earlier: upgrade dataflow"
-            )
-        arrays: dict[str, np.ndarray[Any, Any]] = {}
-        if "params.npz" in names:
-            try:
-                data = zf.read("params.npz")
-                with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                    for key in npz.files:
-                        try:
-                            arrays[key] = npz[key]
-                        except ValueError as exc:
-                            raise _Bad(
-                                f"params.npz: array {key!r} holds Python objects (a pickle), "
-                                f"which a graph file may not contain: refused ({exc})"
-                            ) from exc
-            except _Bad:
-                raise
-            except Exception as exc:
-                raise _Bad(f"params.npz is corrupted: {type(exc).__name__}: {exc}") from exc
-    return doc, arrays
+def _graph_json(zf: zipfile.ZipFile) -> dict[str, Any]:
+    """graph.json, parsed (within the limits of ``_archive``), of this format and version."""
+    doc = read_json(zf)
+    if type(doc) is not dict:
+        raise Problem("graph.json is not a JSON object")
+    if doc.get("format") != FORMAT_NAME:
+        raise Problem(f"not a graph file: format is {doc.get('format')!r}, not {FORMAT_NAME!r}")
+    version = doc.get("version")
+    if type(version) is not int or version < 1:
+        raise Problem(f"bad format version {version!r}")
+    if version > FORMAT_VERSION:
+        raise Problem(
+            f"format version {version} was written by a newer dataflow "
+            f"({doc.get('producer', 'unknown')}); this one reads version "
+            f"{FORMAT_VERSION} and earlier: upgrade dataflow"
+        )
+    return doc
+
+
+def _declared_constants(doc: dict[str, Any], dec: _Decoder, file_size: int) -> dict[str, ValueType]:
+    """Each constant's declared type, their total checked against the file's size on disk."""
+    declared: dict[str, ValueType] = {}
+    for entry in _field(doc, "constants", list, "graph.json"):
+        if type(entry) is not dict:
+            raise Problem("constants: expected objects")
+        cname = _field(entry, "name", str, "a constant")
+        vt = dec.type(
+            {"shape": entry.get("shape"), "dtype": entry.get("dtype")}, f"constant {cname}"
+        )
+        assert vt is not None
+        declared[cname] = vt
+    check_expansion(declared, file_size)
+    return declared
 
 
 def _stand_in(vt: ValueType) -> np.ndarray[Any, Any]:
@@ -496,7 +550,7 @@ def _bind(value: Any, env: dict[Any, Any], where: str) -> Any:
         try:
             return env[value]
         except KeyError:
-            raise _Bad(f"{where} refers to a value that is not defined before it") from None
+            raise Problem(f"{where} refers to a value that is not defined before it") from None
     if t is tuple or t is list:
         return t(_bind(v, env, where) for v in value)
     if t is dict:
@@ -512,7 +566,7 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
     for k, entry in enumerate(_field(doc, "inputs", list, "graph.json")):
         where = f"input {k}"
         if type(entry) is not dict:
-            raise _Bad(f"{where}: expected an object")
+            raise Problem(f"{where}: expected an object")
         vt = dec.type({"shape": entry.get("shape"), "dtype": entry.get("dtype")}, where)
         assert vt is not None
         inputs.append(GraphInput(_field(entry, "name", str, where), vt))
@@ -520,16 +574,16 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
     parameters: set[str] = set()
     for entry in _field(doc, "constants", list, "graph.json"):
         if type(entry) is not dict:
-            raise _Bad("constants: expected objects")
+            raise Problem("constants: expected objects")
         cname = _field(entry, "name", str, "a constant")
         where = f"constant {cname}"
         vt = dec.type({"shape": entry.get("shape"), "dtype": entry.get("dtype")}, where)
         assert vt is not None
         if cname not in arrays:
-            raise _Bad(f"{where} is missing from params.npz")
+            raise Problem(f"{where} is missing from params.npz")
         array = arrays[cname]
         if array.shape != vt.shape or array.dtype != vt.dtype:
-            raise _Bad(
+            raise Problem(
                 f"{where}: params.npz holds {array.dtype}{list(array.shape)}, graph.json says {vt}"
             )
         constants[cname] = array
@@ -542,7 +596,7 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
     for i, entry in enumerate(_field(doc, "nodes", list, "graph.json")):
         where = f"node %{i}"
         if type(entry) is not dict:
-            raise _Bad(f"{where}: expected an object")
+            raise Problem(f"{where}: expected an object")
         qualname = _field(entry, "op", str, where)
         where = f"node %{i} ({qualname})"
         args = tuple(dec.value(_field(entry, "args", list, where), where))
@@ -552,26 +606,26 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
         multi = _field(entry, "multi", bool, where)
         location = entry.get("location")
         if not types or (not multi and len(types) != 1):
-            raise _Bad(f"{where}: bad outputs")
+            raise Problem(f"{where}: bad outputs")
         op: OpLike
         if qualname == FUSED:
             engine = _field(entry, "engine", str, where)
             if engine not in ENGINES:
-                raise _Bad(f"{where}: unknown fusion engine {engine!r}")
+                raise Problem(f"{where}: unknown fusion engine {engine!r}")
             steps = []
             for j, step in enumerate(_field(entry, "steps", list, where)):
                 swhere = f"{where} step {j}"
                 if type(step) is not dict:
-                    raise _Bad(f"{swhere}: expected an object")
+                    raise Problem(f"{swhere}: expected an object")
                 sop = dec.op(_field(step, "op", str, swhere), swhere)
-                sargs = tuple(dec.value(_field(step, "args", list, swhere), swhere))
+                sargs = tuple(dec.step_arg(a, swhere) for a in _field(step, "args", list, swhere))
                 for a in sargs:
                     missing_arg = type(a) is Arg and a.index >= len(args)
                     if missing_arg or (type(a) is Tmp and a.index >= j):
-                        raise _Bad(f"{swhere}: refers to a missing argument or step")
+                        raise Problem(f"{swhere}: refers to a missing argument or step")
                 steps.append(FusedStep(sop, sargs, dec.type(step.get("output"), swhere)))
             if not steps:
-                raise _Bad(f"{where}: a fused node needs steps")
+                raise Problem(f"{where}: a fused node needs steps")
             op = FusedOp(steps, engine)
         else:
             op = dec.op(qualname, where)
@@ -580,12 +634,14 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
         if dec.resolve:
             spec, cost, found = _infer(op, args, kwargs, env, where)
             if (type(spec) is tuple) != multi:
-                raise _Bad(f"{where}: the op returns {'several' if not multi else 'one'} output(s)")
+                raise Problem(
+                    f"{where}: the op returns {'several' if not multi else 'one'} output(s)"
+                )
             if len(found) != len(types) or any(
                 want is not None and got != want for got, want in zip(found, types, strict=False)
             ):
                 shown = ", ".join(str(t) for t in found)
-                raise _Bad(
+                raise Problem(
                     f"{where}: the op computes ({shown}) from the recorded inputs, the file "
                     f"says ({', '.join(str(t) for t in types)})"
                 )
@@ -602,7 +658,7 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph
     try:
         return Graph(inputs, nodes, constants, outputs, parameters=parameters, name=name)
     except ValueError as exc:
-        raise _Bad(str(exc)) from exc
+        raise Problem(str(exc)) from exc
 
 
 def _infer(
@@ -615,7 +671,7 @@ def _infer(
         spec = op.meta(*bound_args, **bound_kwargs)
         cost = op.cost(*bound_args, **bound_kwargs) if op.cost is not None else None
     except Exception as exc:
-        raise _Bad(
+        raise Problem(
             f"{where}: the op rejects the recorded arguments: {type(exc).__name__}: {exc}"
         ) from exc
     specs = spec if type(spec) is tuple else (spec,)
@@ -625,10 +681,15 @@ def _infer(
 def _read(path: str, resolve: bool, trust: Iterable[str] | str) -> Graph:
     trusted = (trust,) if isinstance(trust, str) else tuple(trust)
     path = os.fspath(path)
+    dec = _Decoder(resolve, trusted)
     try:
-        doc, arrays = _open(path)
-        return _decode(doc, arrays, _Decoder(resolve, trusted))
-    except _Bad as exc:
+        with open(path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
+            with open_zip(f, "the file", MAX_MEMBERS) as zf:
+                doc = _graph_json(zf)
+                arrays = read_params(zf, _declared_constants(doc, dec, file_size))
+        return _decode(doc, arrays, dec)
+    except Problem as exc:
         raise GraphFormatError(path, str(exc)) from exc.__cause__
 
 

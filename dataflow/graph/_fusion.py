@@ -376,8 +376,7 @@ def fuse_elementwise(graph: Graph, *, engine: str = "numpy") -> Graph:
         if i not in roots:
             b.keep(i)
             continue
-        steps, external, cost = _group(nodes, i, absorbed)
-        slowest = max(estimate_seconds(nodes[k].cost) for k in _members(i, absorbed))
+        steps, external, cost, slowest = _group(nodes, i, absorbed)
         fused = Node(
             FusedOp(steps, engine, slowest),
             tuple(b.remap(external)),
@@ -392,33 +391,30 @@ def fuse_elementwise(graph: Graph, *, engine: str = "numpy") -> Graph:
     return b.finish()
 
 
-def _members(root: int, absorbed: dict[int, int]) -> list[int]:
-    """The nodes of the group rooted at ``root`` (root included)."""
-    out = [root]
-    out.extend(p for p, c in absorbed.items() if c == root)
-    k = 1
-    while k < len(out):
-        out.extend(p for p, c in absorbed.items() if c == out[k])
-        k += 1
-    return out
-
-
 def _group(
     nodes: Sequence[Node], root: int, absorbed: dict[int, int]
-) -> tuple[list[FusedStep], list[Any], Cost]:
-    """The steps of the tree rooted at ``root`` (post-order), its external values, its cost."""
+) -> tuple[list[FusedStep], list[Any], Cost, float]:
+    """The steps of the tree rooted at ``root`` (post-order), its external values, its cost and
+    its slowest member's estimated seconds.
+
+    A depth-first walk with an explicit stack (a chain of thousands of ops is one deep tree):
+    each frame is a member, the index of its next argument and the arguments built so far; a
+    member's step is written once all its arguments are, so steps come in post-order and
+    external values are numbered in the order the walk meets them.
+    """
     steps: list[FusedStep] = []
     external: list[Any] = []
     position: dict[Any, int] = {}
-    flops = nbytes = 0.0
-
-    def visit(n: int) -> Tmp:
-        nonlocal flops, nbytes
+    flops = nbytes = slowest = 0.0
+    stack: list[tuple[int, int, list[Any]]] = [(root, 0, [])]
+    while stack:
+        n, k, args = stack[-1]
         member = nodes[n]
-        args: list[Any] = []
-        for a in member.args:
+        if k < len(member.args):
+            stack[-1] = (n, k + 1, args)
+            a = member.args[k]
             if type(a) is NodeRef and absorbed.get(a.node) == n:
-                args.append(visit(a.node))
+                stack.append((a.node, 0, []))  # its Tmp joins `args` when it is done
             elif type(a) in (NodeRef, InputRef, ConstRef):
                 if a not in position:
                     position[a] = len(external)
@@ -426,11 +422,13 @@ def _group(
                 args.append(Arg(position[a]))
             else:
                 args.append(a)
+            continue
+        stack.pop()
         if member.cost is not None:
             flops += member.cost.flops
             nbytes += member.cost.bytes
+        slowest = max(slowest, estimate_seconds(member.cost))
         steps.append(FusedStep(member.op, tuple(args), member.types[0]))
-        return Tmp(len(steps) - 1)
-
-    visit(root)
-    return steps, external, Cost(flops, nbytes)
+        if stack:
+            stack[-1][2].append(Tmp(len(steps) - 1))
+    return steps, external, Cost(flops, nbytes), slowest

@@ -630,14 +630,14 @@ class TestCliScripts:
         assert "is a directory" in lines[0]
 
     def test_script_does_not_parse(self, tmp_path: Path) -> None:
-        """A script with a syntax error: exit 1 and one line with file, line and error."""
+        """A syntax error: exit 1; file, line, source and caret as python shows them."""
         bad = tmp_path / "bad.py"
         bad.write_text("import dataflow\n\ndef f(:\n    pass\n")
         proc = run_python(["-m", "dataflow", "run", str(bad)])
         assert proc.returncode == 1
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1, proc.stderr
-        assert lines[0].startswith(f"dataflow run: error: {bad}:3: SyntaxError: ")
+        lines = proc.stderr.rstrip("\n").splitlines()
+        assert lines[:3] == [f'  File "{bad}", line 3', "    def f(:", "          ^"]
+        assert len(lines) == 4 and lines[3].startswith("SyntaxError: ")
 
     def test_missing_module(self) -> None:
         """-m with a module that does not exist: exit 2 and one line."""
