@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,16 +21,48 @@ import dataflow
 import ops
 from dataflow import CancelledTaskError, DataflowError, OpInputError, TaskError
 from dataflow.dask import Call as _Call
-from dataflow.dask import DaskBackend, run_op
+from dataflow.dask import DaskBackend, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
 from dataflow.dask import fill as _fill
+from dataflow.dask._lost import dropped, killed_worker_error, lost_workers
 from examples.lstm_ensemble import Ensemble, ensemble_forked
-from tests._helpers import Arr, add, boom, neg_inline, sleep_op, where_run
+from tests._helpers import Arr, Spec, add, boom, neg_inline, sleep_op, where_run
 
 distributed = pytest.importorskip("distributed")
 
 ROOT = Path(__file__).resolve().parent.parent
 Array = np.ndarray[Any, Any]
+
+
+# -- kernels the tests ship (module level: worker processes import them by name) -------------
+
+
+def _like(x: Any, *_: Any) -> Spec:
+    return Spec(np.shape(x), getattr(x, "dtype", np.dtype(float)))
+
+
+def _gate_kernel(x: Any, where: str) -> Any:
+    """Say which process runs it (a file ``running-PID``), then wait for the file ``go``."""
+    folder = Path(where)
+    (folder / f"running-{os.getpid()}").touch()
+    deadline = time.monotonic() + 60
+    while not (folder / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never opened the gate")
+        time.sleep(0.005)
+    return x
+
+
+def _die_kernel(x: Any, test_pid: int) -> Any:
+    """Kill the worker process running it, as a segfaulting kernel would."""
+    if os.getpid() == test_pid:  # an in-process worker: never kill the test itself
+        raise RuntimeError("_die_kernel must run in a worker process")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=False)
+die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +86,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def address(cluster: Any) -> str:
     return str(cluster.scheduler_address)
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two single-threaded worker processes under nannies (a killed one is restarted)."""
+    c = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=":0",  # the scheduler always serves HTTP; 8787 may be taken
+        local_directory=str(tmp_path_factory.mktemp("dask-processes")),
+        silence_logs=logging.CRITICAL,  # the killed workers' tracebacks
+    )
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+async def wait_for(paths: Any, what: str, seconds: float = 60.0) -> list[Path]:
+    """Poll ``paths()`` (a glob) until it finds something; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not (found := sorted(paths())):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+    return found
 
 
 def small_input(steps: int = 5, batch: int = 2, channels: int = 8) -> Array:
@@ -347,6 +408,7 @@ class TestErrors:
             assert info.value.op == "boom"
 
 
+
 class TestCancellation:
     @pytest.mark.asyncio
     async def test_cancel_before_it_ran(self, address: str) -> None:
@@ -424,28 +486,145 @@ class TestTimeline:
 
 
 class TestProcesses:
-    def test_ensemble_on_worker_processes(self, tmp_path: Path) -> None:
+    def test_ensemble_on_worker_processes(self, processes: Any) -> None:
         """Worker processes (pickled kernels, results and errors) behave as in-process ones."""
         ens, x = Ensemble(2, 8, seed=5), small_input(steps=4)
         expected = local_ensemble(ens, x)
-        with distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",  # the scheduler always serves HTTP; 8787 may be taken
-            local_directory=str(tmp_path),
-            silence_logs=logging.ERROR,
-        ) as cluster:
 
-            async def main() -> Array:
-                async with dask(cluster.scheduler_address):
-                    y: Array = await (await ens(x))
-                    with pytest.raises(TaskError) as info:
-                        await boom(np.ones(2))
-                    assert isinstance(info.value.__cause__, ValueError)
-                return y
+        async def main() -> Array:
+            async with dask(processes.scheduler_address):
+                y: Array = await (await ens(x))
+                with pytest.raises(TaskError) as info:
+                    await boom(np.ones(2))
+                assert isinstance(info.value.__cause__, ValueError)
+            return y
 
-            np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
+
+
+class TestLostWorkers:
+    """A worker process killed mid-run (#18): recovered where possible, else a clear error."""
+
+    def test_killed_worker_mid_run_gives_the_right_result(
+        self, processes: Any, tmp_path: Path
+    ) -> None:
+        """SIGKILL a worker while a 2-layer LSTM runs: what was lost is sent again."""
+        layer1, layer2 = ops.nn.LSTM(16, 16, seed=0), ops.nn.LSTM(16, 16, seed=1)
+        x = np.random.default_rng(2).random((6, 2, 16), dtype=np.float32)
+
+        async def on(backend: str, folder: Path | None, victim: str) -> tuple[Array, int]:
+            async with dataflow.Runtime(backend=backend, **options(backend)) as rt:
+                out1, _ = await layer1(x)
+                if folder is not None:
+                    out1 = gate(out1, str(folder))
+                out2, _ = await layer2(out1)
+                if folder is None:
+                    return await out2, 0
+                client = counters(rt).client
+                pids = await client.run(os.getpid)  # {worker address: pid}
+                running = await wait_for(lambda: folder.glob("running-*"), "the gate")
+                gated = int(running[0].name.split("-")[1])
+                pid = gated if victim == "gated" else next(p for p in pids.values() if p != gated)
+                os.kill(pid, signal.SIGKILL)
+                (folder / "go").touch()
+                y = await out2
+                await client.wait_for_workers(2, timeout=60)  # the nanny restarted it
+                return y, counters(rt).resent
+
+        def options(backend: str) -> dict[str, Any]:
+            if backend == "local":
+                return {}
+            # Ship every op, and scatter the weights (so that data Dask cannot recompute is lost).
+            return {"address": processes.scheduler_address, "local_threshold": 0.0,
+                    "scatter_bytes": 1024}  # fmt: skip
+
+        expected, _ = dataflow.run(on, "local", None, "")
+        for victim in ("gated", "other"):  # the worker running the gate, then the other one
+            folder = tmp_path / victim
+            folder.mkdir()
+            y, resent = dataflow.run(on, "dask", folder, victim)
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+            # Each worker held one of layer 2's scattered weights: its tasks were dropped.
+            assert resent > 0, victim
+
+    def test_kernel_killing_its_worker_is_a_clear_error(self, processes: Any) -> None:
+        """A kernel whose workers all die is a WorkerLostError naming the worker, not a cancel."""
+        scheduler = processes.scheduler
+        allowed, scheduler.allowed_failures = scheduler.allowed_failures, 0  # give up at once
+
+        async def main() -> None:
+            async with dask(processes.scheduler_address) as rt:
+                client = counters(rt).client
+                workers = set(await client.run(os.getpid))
+                dead = die(np.ones(2), os.getpid())
+                after = add(dead, 1.0)
+                fine = add(np.ones(2), 1.0)
+                with pytest.raises(WorkerLostError) as info:
+                    await after
+                err = info.value
+                assert err.task == dead.task.name and err.op == "die"
+                assert len(err.workers) == 1 and err.workers[0] in workers
+                assert f"its Dask worker {err.workers[0]} was lost while running it" in str(err)
+                assert isinstance(err, TaskError) and not isinstance(err, CancelledTaskError)
+                with pytest.raises(WorkerLostError) as again:
+                    await dead
+                assert again.value is err, "dependents fail with the origin's one error"
+                np.testing.assert_array_equal(await fine, [2.0, 2.0])
+                await client.wait_for_workers(2, timeout=60)
+
+        try:
+            dataflow.run(main)
+        finally:
+            scheduler.allowed_failures = allowed
+
+
+class _Future:
+    """Just enough of a distributed.Future for ``dropped``."""
+
+    def __init__(self, status: str, reason: str | None = None) -> None:
+        self.status = status
+        exc = distributed.client.FutureCancelledError("k", reason) if reason else None
+        self._state = type("State", (), {"exception": exc})()
+
+
+class TestLossRules:
+    """The pure part of #18 (``dataflow.dask._lost``): no cluster needed."""
+
+    def test_loss_is_told_from_a_cancel_by_its_reason(self) -> None:
+        """Keys Dask forgot for lost data are "lost"; other cancellations stay cancellations."""
+        assert dropped(_Future("cancelled", "already forgotten")) == "lost"
+        assert dropped(_Future("cancelled", "lost dependencies")) == "lost"
+        assert dropped(_Future("cancelled", "scheduler-restart")) == "cancelled"
+        assert dropped(_Future("cancelled")) == "cancelled"
+        assert dropped(_Future("pending")) is None
+        assert dropped(_Future("lost")) is None  # Dask recomputes it
+
+    def test_lost_workers_are_read_from_the_event_log(self) -> None:
+        """Removed workers that held this runtime's keys are named, once each, oldest first."""
+        mine = "add-abc-1"
+
+        def removed(worker: str, **keys: Any) -> tuple[float, dict[str, Any]]:
+            return 1.0, {"action": "remove-worker", "worker": worker, **keys}
+
+        events = [
+            (0.5, {"action": "add-worker", "worker": "tcp://a:1"}),
+            removed("tcp://other:1", **{"lost-computed-tasks": ["theirs-1"]}),
+            removed("tcp://a:1", **{"processing-tasks": {mine}}),
+            removed("tcp://b:1", **{"lost-scattered-tasks": [mine]}),
+            removed("tcp://a:1", **{"lost-computed-tasks": [mine]}),
+            "not an event",
+            (2.0, "not a message"),
+        ]
+        assert lost_workers(events, lambda k: k == mine) == ["tcp://a:1", "tcp://b:1"]
+
+    def test_killed_worker_error_names_the_worker(self) -> None:
+        """Dask's KilledWorker becomes a WorkerLostError naming the last worker, chained."""
+        worker = type("WorkerState", (), {"address": "tcp://10.0.0.7:4000"})()
+        killed = distributed.scheduler.KilledWorker("die-abc-3", worker, 3)
+        err = killed_worker_error("die#3", "die", killed)
+        assert err.workers == ["tcp://10.0.0.7:4000"] and err.__cause__ is killed
+        assert "die#3 failed: its Dask worker tcp://10.0.0.7:4000 was lost" in str(err)
+        assert "4 workers" in str(err)
 
 
 class TestCLI:
