@@ -12,16 +12,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 
 import dataflow
 import ops
-from dataflow import CancelledTaskError, DataflowError, OpInputError, TaskError
+from dataflow import CancelledTaskError, DataflowError, OpInputError, OpOutputError, TaskError
 from dataflow.dask import Call as _Call
-from dataflow.dask import DaskBackend, WorkerLostError, run_op
+from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
 from dataflow.dask import fill as _fill
 from dataflow.dask._lost import dropped, killed_worker_error, lost_workers
@@ -61,8 +61,46 @@ def _die_kernel(x: Any, test_pid: int) -> Any:
     return x
 
 
+class Unprintable(Exception):
+    """An exception whose __str__ raises (so its message cannot be built from str())."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken")
+
+
+def _unprintable_kernel(x: Any) -> Any:
+    raise Unprintable("the original")
+
+
+def _wrong_shape_kernel(x: Any) -> Any:
+    return np.zeros(7)
+
+
+def _wrong_dtype_kernel(x: Any) -> Any:
+    return np.asarray(x).astype(np.uint8)
+
+
+class Pair(NamedTuple):
+    a: Any
+    b: Any
+
+
+def _pair_sum_kernel(p: Pair) -> Any:
+    return np.add(p.a, p.b)
+
+
+def _pair_meta(p: Pair) -> ops.TensorSpec:
+    return ops.spec_of(p.b)
+
+
 gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=False)
 die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
+unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(
+    _unprintable_kernel
+)
+wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
+wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
+pair_sum = ops.define("pair_sum", _pair_sum_kernel, _pair_meta, inline=False)
 
 
 @pytest.fixture(scope="module")
@@ -360,6 +398,18 @@ class TestWorkerSide:
         embedded = _fill((raw,), [])[0]  # inside the task: copied each time, it is not shared
         assert embedded.flags.aligned
 
+    def test_value_check_runs_on_the_worker(self) -> None:
+        """A kernel shipped by value is checked against the spec it travels with."""
+        spec = ops.TensorSpec((3,), np.dtype(np.float64))
+        call = _Call(
+            _wrong_shape_kernel, (np.ones(3),), None, "liar#1", "liar", 1, None, False, spec,
+            wrong_shape.check,
+        )  # fmt: skip
+        with pytest.raises(KernelFailed) as info:
+            run_op(call, [])
+        assert isinstance(info.value.exc, OpOutputError)
+        assert info.value.task == "liar#1"
+
     def test_declared_ops_travel_by_name(self) -> None:
         """A declared op's kernel is found on the worker by its registry name."""
         call = _Call(
@@ -407,6 +457,96 @@ class TestErrors:
                 await fut
             assert info.value.op == "boom"
 
+
+    @pytest.mark.asyncio
+    async def test_unprintable_kernel_error_keeps_the_original(self, address: str) -> None:
+        """A kernel error whose __str__ raises is chained, as on the local backend (#17)."""
+        async with dask(address):
+            bad = unprintable(np.ones(2))
+            with pytest.raises(TaskError) as info:
+                await add(bad, 1.0)
+        check_unprintable(info.value, bad)
+
+    def test_unprintable_kernel_error_matches_the_local_backend(self, address: str) -> None:
+        """The local and the Dask backend chain the same original exception."""
+        causes = []
+
+        async def main(backend: str, options: dict[str, Any]) -> None:
+            async with dataflow.Runtime(backend=backend, **options):
+                with pytest.raises(TaskError) as info:
+                    await unprintable(np.ones(2))
+            causes.append(info.value.__cause__)
+
+        dataflow.run(main, "local", {})
+        dataflow.run(main, "dask", {"address": address, "local_threshold": 0.0})
+        assert [type(c) for c in causes] == [Unprintable, Unprintable]
+        assert [c.args for c in causes] == [("the original",)] * 2  # type: ignore[union-attr]
+
+
+class TestNewCore:
+    """The scheduler core's rules hold on Dask too: value checks, containers, cancellation."""
+
+    @pytest.mark.asyncio
+    async def test_kernel_breaking_its_shape_fails_the_task(self, address: str) -> None:
+        """A value of another shape than declared is an OpOutputError naming both."""
+        async with dask(address) as rt:
+            y = wrong_shape(np.ones(3))
+            after = ops.add(y, 1.0)
+            with pytest.raises(TaskError) as info:
+                await after
+            assert counters(rt).sent == 2
+        err = info.value
+        assert err.op == "wrong_shape" and "dask worker" in str(err)
+        cause = err.__cause__
+        assert isinstance(cause, OpOutputError)
+        assert "float64[7]" in str(cause) and "declared float64[3]" in str(cause), str(cause)
+
+    @pytest.mark.asyncio
+    async def test_kernel_breaking_its_dtype_fails_the_task(self, address: str) -> None:
+        """A value of another dtype than declared is an OpOutputError naming both."""
+        async with dask(address):
+            with pytest.raises(TaskError) as info:
+                await wrong_dtype(np.full(3, 300.0))
+        cause = info.value.__cause__
+        assert isinstance(cause, OpOutputError)
+        assert "float64" in str(cause) and "uint8" in str(cause), str(cause)
+
+    @pytest.mark.asyncio
+    async def test_namedtuple_argument_holds_inputs(self, address: str) -> None:
+        """Pending values inside a NamedTuple argument are inputs: the kernel gets arrays."""
+        a = np.random.default_rng(3).random(4)
+        b = np.random.default_rng(4).random(4)
+        async with dask(address) as rt:
+            slow = sleep_op(a, 0.2)  # on the cluster, not done yet when pair_sum is called
+            here = ops.asarray(b) * 1.0  # a value computed on the client
+            await here
+            y = await pair_sum(Pair(slow, here))
+            z = await pair_sum(Pair(a, b))  # plain arrays in it
+            assert counters(rt).sent >= 3
+        np.testing.assert_allclose(y, a + b)
+        np.testing.assert_allclose(z, a + b)
+
+    @pytest.mark.asyncio
+    async def test_queued_client_task_is_cancelled(self, address: str) -> None:
+        """A task kept on the client, queued behind a fork, cancels as on the local backend."""
+        release = threading.Event()
+
+        def slow() -> Array:
+            release.wait(10)
+            return np.ones(3)
+
+        async with dask(address, local_threshold=1e-3) as rt:
+            forked = dataflow.fork(slow)
+            queued = neg_inline(forked)  # its input is computed on the client: it stays here
+            later = neg_inline(queued)
+            assert queued.cancel()
+            release.set()
+            with pytest.raises(CancelledTaskError):
+                await queued
+            with pytest.raises(CancelledTaskError):
+                await later
+            np.testing.assert_array_equal(await dataflow.wait(forked), np.ones(3))
+            assert counters(rt).sent == 0
 
 
 class TestCancellation:
@@ -500,6 +640,26 @@ class TestProcesses:
             return y
 
         np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
+
+    def test_unprintable_kernel_error_on_worker_processes(self, processes: Any) -> None:
+        """A kernel error whose __str__ raises comes back from a worker process chained."""
+
+        async def main() -> None:
+            async with dask(processes.scheduler_address):
+                bad = unprintable(np.ones(2))
+                with pytest.raises(TaskError) as info:
+                    await add(bad, 1.0)
+            check_unprintable(info.value, bad)
+
+        dataflow.run(main)
+
+
+def check_unprintable(err: TaskError, bad: Arr) -> None:
+    """The TaskError of ``unprintable``: names it, and chains the original exception."""
+    assert err.op == "unprintable" and err.task == bad.task.name
+    assert "Unprintable: <str() of the exception raised RuntimeError>" in str(err)
+    cause = err.__cause__
+    assert type(cause) is Unprintable and cause.args == ("the original",)
 
 
 class TestLostWorkers:
