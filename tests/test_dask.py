@@ -24,6 +24,7 @@ from dataflow.dask import Call as _Call
 from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
 from dataflow.dask import fill as _fill
+from dataflow.dask._backend import _HangUpQuietly
 from dataflow.dask._lost import dropped, killed_worker_error, lost_workers
 from examples.lstm_ensemble import Ensemble, ensemble_forked
 from tests._helpers import Arr, Spec, add, boom, neg_inline, sleep_op, where_run
@@ -785,6 +786,61 @@ class TestLossRules:
         assert err.workers == ["tcp://10.0.0.7:4000"] and err.__cause__ is killed
         assert "die#3 failed: its Dask worker tcp://10.0.0.7:4000 was lost" in str(err)
         assert "4 workers" in str(err)
+
+
+class _Sender:
+    """Just enough of distributed's BatchedSend for _HangUpQuietly."""
+
+    def __init__(self) -> None:
+        self.comm = object()
+        self.aborted = False
+        self.stopped = asyncio.Event()
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.stopped.set()
+
+
+class TestClosing:
+    """Closing the runtime closes its Dask client quietly (#15.6)."""
+
+    @pytest.mark.asyncio
+    async def test_own_hang_up_is_not_logged(self, caplog: pytest.LogCaptureFixture) -> None:
+        """While a client closes, only its own connection's CommClosedError log is dropped."""
+        sender = _Sender()
+        client = type("Client", (), {"scheduler_comm": sender})()
+        log = logging.getLogger("distributed.batched")
+        other = object()
+        with caplog.at_level(logging.INFO, logger="distributed.batched"):
+            async with _HangUpQuietly(client):
+                log.info("Batched Comm Closed %r", sender.comm)
+                log.info("Batched Comm Closed %r", other)
+            log.info("Batched Comm Closed %r", sender.comm)
+        assert [r.args[0] for r in caplog.records] == [other, sender.comm]  # type: ignore[index]
+        assert sender.aborted, "what was still queued is dropped before the filter goes"
+        assert _HangUpQuietly not in {type(f) for f in log.filters}
+
+    def test_closing_runtimes_log_no_comm_errors(
+        self, address: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Futures released while the client closes log no CommClosedError traceback."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            async with dask(address):
+                handles = [add(np.full(2, float(i)), 1.0) for i in range(100)]
+                await dataflow.wait(handles[-1])
+                # Released one by one over the 100 ms Dask's close waits for the scheduler
+                # to hang up: some are queued just before it does, and sent just after.
+                for i in range(len(handles)):
+                    loop.call_later(i * 0.001, handles.pop)
+            await asyncio.sleep(0.05)
+
+        with caplog.at_level(logging.INFO, logger="distributed"):
+            for _ in range(3):
+                dataflow.run(main)
+        noise = [r for r in caplog.records if "CommClosed" in r.getMessage() or r.exc_info]
+        assert not noise, [r.getMessage() for r in noise]
 
 
 class TestCLI:

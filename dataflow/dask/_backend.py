@@ -40,6 +40,7 @@ someone waits. The Dask client is asyncio-only, so this backend runs on asyncio 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -185,6 +186,49 @@ class _Scattered:
     def clear(self) -> None:
         self._entries.clear()
         self.keys.clear()
+
+
+class _HangUpQuietly(logging.Filter):
+    """Close a client without the ``CommClosedError`` traceback of its own hang-up.
+
+    ``Client.close`` tells the scheduler it leaves, and the scheduler closes the connection.
+    Messages the client queued meanwhile (releases of futures garbage-collected while it
+    closes, which Dask sends two loop turns later) then fail to send, and
+    ``distributed.batched`` logs that failure with its traceback, during the close or (when
+    the scheduler hung up first) at the next message, after it. Nothing is lost: the
+    scheduler releases everything a departing client held. So, for this client's own
+    connection only: the log is dropped while it closes, and its sender is stopped with what
+    it still holds before the filter goes.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__()
+        self.sender = getattr(client, "scheduler_comm", None)  # a BatchedSend
+        self.comm = getattr(self.sender, "comm", None)
+        self.logger = logging.getLogger("distributed.batched")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            record.msg == "Batched Comm Closed %r"
+            and isinstance(args, tuple)
+            and bool(args)
+            and args[0] is self.comm
+        )
+
+    async def __aenter__(self) -> None:
+        self.logger.addFilter(self)
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            sender = self.sender
+            if sender is not None and self.comm is not None:
+                sender.abort()  # drop what is still queued; its send loop ends
+                await asyncio.wait_for(asyncio.ensure_future(sender.stopped.wait()), 1.0)
+        except Exception:  # only the log is at stake
+            pass
+        finally:
+            self.logger.removeFilter(self)
 
 
 class DaskBackend:
@@ -369,7 +413,8 @@ class DaskBackend:
             if self._subscribed:
                 client.unsubscribe_topic(self._topic)
             if self._own_client:
-                await client.close()
+                async with _HangUpQuietly(client):
+                    await client.close()
         except Exception as exc:  # the scheduler went away: nothing is left to release
             logger.warning("closing the Dask client failed", error=repr(exc))
 
