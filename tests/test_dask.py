@@ -865,3 +865,5 @@ class TestCLI:
         )
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "dask 1 [0.0, 0.0, 0.0]"
+        # It says which cluster it used, and closes quietly.
+        assert r.stderr == f"dataflow run: ops run on the Dask cluster at {address}\n", r.stderr
