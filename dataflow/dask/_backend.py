@@ -86,6 +86,7 @@ __all__ = ["DaskBackend", "import_distributed", "place"]
 
 INSTALL_HINT = "pip install 'dataflow[dask]'"
 _FINAL = ("finished", "error", "cancelled")
+_SCATTER_TRIES = 3  # a scatter that meets a dying worker is tried again (0.1 s, then 0.2 s)
 
 
 def import_distributed() -> Any:
@@ -547,11 +548,19 @@ class DaskBackend:
             for a in _arrays(task.args, task.kwargs, self.scatter_bytes):
                 if cache.get(a) is None:
                     new[id(a)] = a
-        if new:
-            arrays = list(new.values())
-            futures = await self.client.scatter(arrays, hash=False)
-            for a, f in zip(arrays, futures, strict=True):
-                cache.put(a, f)
+        if not new:
+            return 0
+        arrays = list(new.values())
+        for attempt in range(_SCATTER_TRIES):
+            try:
+                futures = await self.client.scatter(arrays, hash=False)
+                break
+            except OSError:  # CommClosedError: a worker died under it; the scheduler drops it
+                if attempt == _SCATTER_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+        for a, f in zip(arrays, futures, strict=True):
+            cache.put(a, f)
         return len(new)
 
     def _map(
@@ -651,6 +660,12 @@ class DaskBackend:
             workers = await self._lost_workers()
             for t in list(again):
                 rem: _Remote = t.value
+                if not workers and dropped(rem.future) == "unsaid":
+                    # Cancelled with no reason, and no worker holding our keys was lost:
+                    # a cancel after all (another client's, with our key).
+                    self._cancelled(t, rem)
+                    again.remove(t)
+                    continue
                 rem.sends += 1
                 if rem.sends > MAX_RESENDS:
                     err = resend_limit_error(t.name, t.op, workers, MAX_RESENDS)
@@ -689,7 +704,7 @@ class DaskBackend:
             return isinstance(key, str) and (token in key or key in scattered)
 
         try:
-            events = await self.client.get_events("all")
+            events = await asyncio.wait_for(self.client.get_events("all"), 5.0)
         except Exception:  # the log only names the workers in messages
             return []
         return lost_workers(events, mine)
@@ -1036,7 +1051,7 @@ def _was_lost(task: Task) -> bool:
         type(rem) is _Remote
         and task.state < DONE
         and rem.future is not None
-        and dropped(rem.future) == "lost"
+        and dropped(rem.future) in ("lost", "unsaid")
     )
 
 

@@ -12,7 +12,9 @@ When a worker dies, Dask's scheduler (``Scheduler.remove_worker``):
   recompute it from), and with it, transitively, every task that depends on it and was not
   computed yet. The client's futures of those tasks are cancelled with the reason ``"already
   forgotten"``; a new graph that names a forgotten key is cancelled as a whole, with the
-  reason ``"lost dependencies"``.
+  reason ``"lost dependencies"``; a fetch of a value that was lost that way is cancelled with
+  no reason (then the scheduler's event log, which lists the keys each removed worker held,
+  tells a loss from a cancel).
 
 The backend (``_backend``) repairs the third case from the client, which still has
 everything that was lost: each task's kernel and arguments, and the arrays it scattered. It
@@ -69,12 +71,22 @@ class WorkerLostError(TaskError):
 
 
 def dropped(future: Any) -> str | None:
-    """Why Dask gave up on ``future``: ``"lost"`` (data it needs was lost with a worker),
-    ``"cancelled"`` (anything else: a cancel, a scheduler restart), or None (it has not)."""
+    """Why Dask gave up on ``future``, or None while it has not.
+
+    ``"lost"``: data it needs was lost with a worker (the scheduler said so). ``"unsaid"``:
+    cancelled without a reason, which is also how the scheduler answers a client asking
+    about a key it forgot (a fetch that found the value gone); the caller tells a loss from
+    a cancel by the event log (:func:`lost_workers`). ``"cancelled"``: cancelled for another
+    reason (a scheduler restart, a cancel that gave one).
+    """
     if future.status != "cancelled":
         return None
     reason = getattr(getattr(future._state, "exception", None), "reason", None)
-    return "lost" if reason in _LOSS_REASONS else "cancelled"
+    if reason in _LOSS_REASONS:
+        return "lost"
+    if reason is None or reason == "unknown":
+        return "unsaid"
+    return "cancelled"
 
 
 def cancel_reason(future: Any) -> str:
