@@ -35,6 +35,10 @@ scheduler's accounting: the task no longer holds up closing, its failure is reco
 kernel's exception becomes a :class:`~dataflow.TaskError` naming the op, with the original
 chained; every task that depends on it fails with that same error), and it is fetched if
 someone waits. The Dask client is asyncio-only, so this backend runs on asyncio (or uvloop).
+
+Lost workers (``_lost``): a task Dask dropped because data it needs was lost with a worker
+is sent again, with its lost inputs and the arrays lost, by :meth:`DaskBackend._revive`;
+where that cannot work it fails with ``WorkerLostError``, never as a cancellation.
 """
 
 from __future__ import annotations
@@ -678,9 +682,14 @@ class DaskBackend:
                 scattered = await self._scatter(again)
             except Exception as exc:
                 for t in again:
-                    err = resend_failed_error(t.name, t.op, workers, exc)
-                    self._sched.failures.append(err)
-                    self._finish_failed(t, t.value, err, ran=False)
+                    if _was_lost(t):
+                        err = resend_failed_error(t.name, t.op, workers, exc)
+                        self._sched.failures.append(err)
+                        self._finish_failed(t, t.value, err, ran=False)
+                return
+            # While it scattered, a task may have been cancelled, or the runtime be closing.
+            again = [t for t in again if _was_lost(t)]
+            if not again or self._sched.cancelling:
                 return
             logger.warning(
                 "a Dask worker was lost: sending again what it held",
