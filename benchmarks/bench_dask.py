@@ -26,6 +26,12 @@ figures are medians over rounds, ratios the medians of per-round ratios):
   latency, which bounds a recurrence such as the LSTM's steps, against the same chain in Dask.
 
 It prints a table and one ``BENCH_JSON {...}`` line.
+
+``--lost-worker N`` measures something else, robustness: a 2-layer LSTM on a
+``LocalCluster`` of two worker processes under nannies, N times with one worker killed
+(SIGKILL) at a random point of the run and N times without, interleaved; it counts the
+outcomes (the right result, a wrong one, or an error) and the tasks sent again, and compares
+the wall times (see docs/dask.md, "Lost workers").
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -243,6 +250,117 @@ def local_cluster(workers: int, threads: int, processes: bool) -> Iterator[str]:
         yield str(cluster.scheduler_address)
 
 
+# -- --lost-worker: one of two worker processes killed mid-run ---------------------------------
+
+
+async def _two_workers(cluster: Any, client: Any) -> dict[str, int]:
+    """{address: pid} of the cluster's two workers, once a killed one is gone and replaced."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = cluster.scheduler.workers  # the scheduler runs in this process
+        if len(workers) == 2 and all(ws.status.name == "running" for ws in workers.values()):
+            try:
+                pids: dict[str, int] = await client.run(os.getpid)
+            except OSError:  # a worker the scheduler has not dropped yet
+                pids = {}
+            if len(pids) == 2:
+                return pids
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the cluster did not get its two workers back")
+
+
+async def _lost_worker_trial(
+    cluster: Any, lstm: Any, x: Array, expected: Array, kill_after: float | None
+) -> tuple[str, float, int]:
+    """One run: (outcome, wall seconds from dispatch to result, tasks sent again)."""
+    # Ship every op, and scatter the weights (data Dask cannot recompute when it is lost).
+    options: dict[str, Any] = {"local_threshold": 0.0, "scatter_bytes": 1024}
+    async with dataflow.Runtime(backend="dask", address=cluster.scheduler_address, **options) as rt:
+        backend: Any = rt.backend
+        pids = await _two_workers(cluster, backend.client)
+        t0 = time.perf_counter()
+        out, _ = await lstm(x)
+        if kill_after is not None:
+            await asyncio.sleep(kill_after)  # the batch is sent; the cluster computes
+            os.kill(pids[min(pids)], signal.SIGKILL)
+        try:
+            y = await out
+            outcome = "right result" if np.allclose(y, expected, rtol=1e-5, atol=1e-6) else "wrong"
+        except Exception as exc:
+            outcome = type(exc).__name__
+        wall = time.perf_counter() - t0
+        await _two_workers(cluster, backend.client)  # the nanny restarted it
+        return outcome, wall, getattr(backend, "resent", 0)
+
+
+def lost_worker(trials: int) -> int:
+    """``--lost-worker N`` (see the module docstring)."""
+    import dask.config
+
+    lstm = ops.nn.LSTM(32, 32, num_layers=2, seed=0)
+    x = np.random.default_rng(1).random((40, 4, 32), dtype=np.float32)
+
+    async def local() -> Array:
+        out, _ = await lstm(x)
+        y: Array = await out
+        return y
+
+    expected = dataflow.run(local, backend="local")
+    rng = np.random.default_rng(0)
+    killed: list[tuple[str, float, int]] = []
+    calm: list[tuple[str, float, int]] = []
+    # A worker killed twice within lost-worker-timeout of each other would lose its nanny.
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
+        _distributed().LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            local_directory=tempfile.mkdtemp(prefix="bench-dask-"),
+            silence_logs=logging.CRITICAL,
+        ) as cluster,
+    ):
+        for i in range(trials):
+            delay = float(rng.uniform(0.0, 0.7))
+            for kill in (True, False) if i % 2 == 0 else (False, True):
+                run = dataflow.run(
+                    _lost_worker_trial, cluster, lstm, x, expected, delay if kill else None
+                )
+                (killed if kill else calm).append(run)
+    med = statistics.median
+    counts = {o: sum(1 for r in killed if r[0] == o) for o in sorted({r[0] for r in killed})}
+    right = counts.get("right result", 0)
+    print(
+        f"Lost worker: 2-layer LSTM (T, B, C = 40, 4, 32) on 2 worker processes under nannies, "
+        f"one killed (SIGKILL) 0-0.7 s after dispatch; {trials} runs with a kill, {trials} "
+        f"without, interleaved; {os.cpu_count()} CPUs"
+    )
+    for outcome, n in counts.items():
+        print(f"  {outcome:<22} {n}/{trials}")
+    print(
+        f"  wall, dispatch to result: {med(r[1] for r in calm):.2f} s without a kill, "
+        f"{med(r[1] for r in killed):.2f} s with one (median)"
+    )
+    resent = [r[2] for r in killed if r[2]]
+    print(
+        f"  runs that sent tasks again: {len(resent)}/{trials} (median "
+        f"{med(resent) if resent else 0:g} tasks; in the others Dask recovered by itself)"
+    )
+    result = {
+        "benchmark": "dask_lost_worker",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "trials": trials,
+        "outcomes": counts,
+        "median_wall_s": {"calm": med(r[1] for r in calm), "killed": med(r[1] for r in killed)},
+        "runs_resending": len(resent),
+        "median_resent": med(resent) if resent else 0,
+        "calm_outcomes": sorted({r[0] for r in calm}),
+    }
+    print(JSON_PREFIX + json.dumps(result, sort_keys=True))
+    return 0 if right == trials and all(r[0] == "right result" for r in calm) else 1
+
+
 # -- rounds, table, JSON ----------------------------------------------------------------------
 
 
@@ -289,7 +407,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wide", type=int, default=1000, help="tiny ops in the wide DAG")
     p.add_argument("--chain", type=int, default=100, help="ops in the dependent chain")
     p.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, 1 round")
+    p.add_argument(
+        "--lost-worker",
+        type=int,
+        metavar="N",
+        help="instead: N runs with one of two worker processes killed mid-run (docstring)",
+    )
     args = p.parse_args(argv)
+    if args.lost_worker:
+        return lost_worker(args.lost_worker)
     if args.quick:
         args.rounds, args.steps, args.batch, args.channels, args.models = 1, 4, 2, 16, 2
         args.wide, args.chain = 50, 10

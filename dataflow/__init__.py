@@ -62,6 +62,9 @@ from .graph import trace as trace
 # ``dataflow._errors.TaskError``); pickles (Dask sends errors back) find them here too.
 for _error in (
     DataflowError,
+    DataflowTypeError,
+    DataflowValueError,
+    OpOutputError,
     NoRuntimeError,
     NotReadyError,
     OpInputError,

@@ -193,6 +193,7 @@ def _use_dask(address: str) -> None:
     from ._backend import DASK_ADDRESS_ENV
 
     os.environ[DASK_ADDRESS_ENV] = address
+    click.echo(f"dataflow run: ops run on the Dask cluster at {address}", err=True)
 
 
 def _run_main(module: str | None, script: str | None, args: list[str], options: Any) -> int:

@@ -4,30 +4,105 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 
 import dataflow
 import ops
-from dataflow import CancelledTaskError, DataflowError, OpInputError, TaskError
+from dataflow import CancelledTaskError, DataflowError, OpInputError, OpOutputError, TaskError
 from dataflow.dask import Call as _Call
-from dataflow.dask import DaskBackend, run_op
+from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
 from dataflow.dask import fill as _fill
+from dataflow.dask._backend import _HangUpQuietly
+from dataflow.dask._lost import dropped, killed_worker_error, lost_workers
 from examples.lstm_ensemble import Ensemble, ensemble_forked
-from tests._helpers import Arr, add, boom, neg_inline, sleep_op, where_run
+from tests._helpers import Arr, Spec, add, boom, neg_inline, sleep_op, where_run
 
 distributed = pytest.importorskip("distributed")
+dask_config = pytest.importorskip("dask.config")
 
 ROOT = Path(__file__).resolve().parent.parent
 Array = np.ndarray[Any, Any]
+
+
+# -- kernels the tests ship (module level: worker processes import them by name) -------------
+
+
+def _like(x: Any, *_: Any) -> Spec:
+    return Spec(np.shape(x), getattr(x, "dtype", np.dtype(float)))
+
+
+def _gate_kernel(x: Any, where: str) -> Any:
+    """Say which process runs it (a file ``running-PID``), then wait for the file ``go``."""
+    folder = Path(where)
+    (folder / f"running-{os.getpid()}").touch()
+    deadline = time.monotonic() + 60
+    while not (folder / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never opened the gate")
+        time.sleep(0.005)
+    return x
+
+
+def _die_kernel(x: Any, test_pid: int) -> Any:
+    """Kill the worker process running it, as a segfaulting kernel would."""
+    if os.getpid() == test_pid:  # an in-process worker: never kill the test itself
+        raise RuntimeError("_die_kernel must run in a worker process")
+    os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+class Unprintable(Exception):
+    """An exception whose __str__ raises (so its message cannot be built from str())."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken")
+
+
+def _unprintable_kernel(x: Any) -> Any:
+    raise Unprintable("the original")
+
+
+def _wrong_shape_kernel(x: Any) -> Any:
+    return np.zeros(7)
+
+
+def _wrong_dtype_kernel(x: Any) -> Any:
+    return np.asarray(x).astype(np.uint8)
+
+
+class Pair(NamedTuple):
+    a: Any
+    b: Any
+
+
+def _pair_sum_kernel(p: Pair) -> Any:
+    return np.add(p.a, p.b)
+
+
+def _pair_meta(p: Pair) -> ops.TensorSpec:
+    return ops.spec_of(p.b)
+
+
+gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=False)
+die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
+unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(
+    _unprintable_kernel
+)
+wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
+wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
+pair_sum = ops.define("pair_sum", _pair_sum_kernel, _pair_meta, inline=False)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +126,51 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def address(cluster: Any) -> str:
     return str(cluster.scheduler_address)
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two single-threaded worker processes under nannies (a killed one is restarted)."""
+    # The cluster closes the nanny of a worker that is missing 15 s after a loss of the same
+    # worker (by name), so a worker killed twice, 15 s apart, would not come back.
+    with dask_config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        c = distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",  # the scheduler always serves HTTP; 8787 may be taken
+            local_directory=str(tmp_path_factory.mktemp("dask-processes")),
+            silence_logs=logging.CRITICAL,  # the killed workers' tracebacks
+        )
+        try:
+            yield c
+        finally:
+            c.close()
+
+
+async def worker_pids(cluster: Any, client: Any) -> dict[str, int]:
+    """{address: pid} of the cluster's two workers, once a killed one is gone and replaced."""
+    deadline = time.monotonic() + 60
+    while True:
+        workers = cluster.scheduler.workers  # the scheduler runs in this process
+        if len(workers) == 2 and all(ws.status.name == "running" for ws in workers.values()):
+            try:
+                pids: dict[str, int] = await client.run(os.getpid)
+            except OSError:  # a worker the scheduler has not dropped yet
+                pids = {}
+            if len(pids) == 2:
+                return pids
+        assert time.monotonic() < deadline, "the cluster did not get its two workers back"
+        await asyncio.sleep(0.05)
+
+
+async def wait_for(paths: Any, what: str, seconds: float = 60.0) -> list[Path]:
+    """Poll ``paths()`` (a glob) until it finds something; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not (found := sorted(paths())):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+    return found
 
 
 def small_input(steps: int = 5, batch: int = 2, channels: int = 8) -> Array:
@@ -299,6 +419,18 @@ class TestWorkerSide:
         embedded = _fill((raw,), [])[0]  # inside the task: copied each time, it is not shared
         assert embedded.flags.aligned
 
+    def test_value_check_runs_on_the_worker(self) -> None:
+        """A kernel shipped by value is checked against the spec it travels with."""
+        spec = ops.TensorSpec((3,), np.dtype(np.float64))
+        call = _Call(
+            _wrong_shape_kernel, (np.ones(3),), None, "liar#1", "liar", 1, None, False, spec,
+            wrong_shape.check,
+        )  # fmt: skip
+        with pytest.raises(KernelFailed) as info:
+            run_op(call, [])
+        assert isinstance(info.value.exc, OpOutputError)
+        assert info.value.task == "liar#1"
+
     def test_declared_ops_travel_by_name(self) -> None:
         """A declared op's kernel is found on the worker by its registry name."""
         call = _Call(
@@ -345,6 +477,97 @@ class TestErrors:
             with pytest.raises(TaskError) as info:
                 await fut
             assert info.value.op == "boom"
+
+
+    @pytest.mark.asyncio
+    async def test_unprintable_kernel_error_keeps_the_original(self, address: str) -> None:
+        """A kernel error whose __str__ raises is chained, as on the local backend (#17)."""
+        async with dask(address):
+            bad = unprintable(np.ones(2))
+            with pytest.raises(TaskError) as info:
+                await add(bad, 1.0)
+        check_unprintable(info.value, bad)
+
+    def test_unprintable_kernel_error_matches_the_local_backend(self, address: str) -> None:
+        """The local and the Dask backend chain the same original exception."""
+        causes = []
+
+        async def main(backend: str, options: dict[str, Any]) -> None:
+            async with dataflow.Runtime(backend=backend, **options):
+                with pytest.raises(TaskError) as info:
+                    await unprintable(np.ones(2))
+            causes.append(info.value.__cause__)
+
+        dataflow.run(main, "local", {})
+        dataflow.run(main, "dask", {"address": address, "local_threshold": 0.0})
+        assert [type(c) for c in causes] == [Unprintable, Unprintable]
+        assert [c.args for c in causes] == [("the original",)] * 2  # type: ignore[union-attr]
+
+
+class TestNewCore:
+    """The scheduler core's rules hold on Dask too: value checks, containers, cancellation."""
+
+    @pytest.mark.asyncio
+    async def test_kernel_breaking_its_shape_fails_the_task(self, address: str) -> None:
+        """A value of another shape than declared is an OpOutputError naming both."""
+        async with dask(address) as rt:
+            y = wrong_shape(np.ones(3))
+            after = ops.add(y, 1.0)
+            with pytest.raises(TaskError) as info:
+                await after
+            assert counters(rt).sent == 2
+        err = info.value
+        assert err.op == "wrong_shape" and "dask worker" in str(err)
+        cause = err.__cause__
+        assert isinstance(cause, OpOutputError)
+        assert "float64[7]" in str(cause) and "declared float64[3]" in str(cause), str(cause)
+
+    @pytest.mark.asyncio
+    async def test_kernel_breaking_its_dtype_fails_the_task(self, address: str) -> None:
+        """A value of another dtype than declared is an OpOutputError naming both."""
+        async with dask(address):
+            with pytest.raises(TaskError) as info:
+                await wrong_dtype(np.full(3, 300.0))
+        cause = info.value.__cause__
+        assert isinstance(cause, OpOutputError)
+        assert "float64" in str(cause) and "uint8" in str(cause), str(cause)
+
+    @pytest.mark.asyncio
+    async def test_namedtuple_argument_holds_inputs(self, address: str) -> None:
+        """Pending values inside a NamedTuple argument are inputs: the kernel gets arrays."""
+        a = np.random.default_rng(3).random(4)
+        b = np.random.default_rng(4).random(4)
+        async with dask(address) as rt:
+            slow = sleep_op(a, 0.2)  # on the cluster, not done yet when pair_sum is called
+            here = ops.asarray(b) * 1.0  # a value computed on the client
+            await here
+            y = await pair_sum(Pair(slow, here))
+            z = await pair_sum(Pair(a, b))  # plain arrays in it
+            assert counters(rt).sent >= 3
+        np.testing.assert_allclose(y, a + b)
+        np.testing.assert_allclose(z, a + b)
+
+    @pytest.mark.asyncio
+    async def test_queued_client_task_is_cancelled(self, address: str) -> None:
+        """A task kept on the client, queued behind a fork, cancels as on the local backend."""
+        release = threading.Event()
+
+        def slow() -> Array:
+            release.wait(10)
+            return np.ones(3)
+
+        async with dask(address, local_threshold=1e-3) as rt:
+            forked = dataflow.fork(slow)
+            queued = neg_inline(forked)  # its input is computed on the client: it stays here
+            later = neg_inline(queued)
+            assert queued.cancel()
+            release.set()
+            with pytest.raises(CancelledTaskError):
+                await queued
+            with pytest.raises(CancelledTaskError):
+                await later
+            np.testing.assert_array_equal(await dataflow.wait(forked), np.ones(3))
+            assert counters(rt).sent == 0
 
 
 class TestCancellation:
@@ -424,28 +647,222 @@ class TestTimeline:
 
 
 class TestProcesses:
-    def test_ensemble_on_worker_processes(self, tmp_path: Path) -> None:
+    def test_ensemble_on_worker_processes(self, processes: Any) -> None:
         """Worker processes (pickled kernels, results and errors) behave as in-process ones."""
         ens, x = Ensemble(2, 8, seed=5), small_input(steps=4)
         expected = local_ensemble(ens, x)
-        with distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=":0",  # the scheduler always serves HTTP; 8787 may be taken
-            local_directory=str(tmp_path),
-            silence_logs=logging.ERROR,
-        ) as cluster:
 
-            async def main() -> Array:
-                async with dask(cluster.scheduler_address):
-                    y: Array = await ens(x)
-                    with pytest.raises(TaskError) as info:
-                        await boom(np.ones(2))
-                    assert isinstance(info.value.__cause__, ValueError)
-                return y
+        async def main() -> Array:
+            async with dask(processes.scheduler_address):
+                y: Array = await ens(x)
+                with pytest.raises(TaskError) as info:
+                    await boom(np.ones(2))
+                assert isinstance(info.value.__cause__, ValueError)
+            return y
 
-            np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dataflow.run(main), expected, rtol=1e-5, atol=1e-6)
+
+    def test_unprintable_kernel_error_on_worker_processes(self, processes: Any) -> None:
+        """A kernel error whose __str__ raises comes back from a worker process chained."""
+
+        async def main() -> None:
+            async with dask(processes.scheduler_address):
+                bad = unprintable(np.ones(2))
+                with pytest.raises(TaskError) as info:
+                    await add(bad, 1.0)
+            check_unprintable(info.value, bad)
+
+        dataflow.run(main)
+
+
+def check_unprintable(err: TaskError, bad: Arr) -> None:
+    """The TaskError of ``unprintable``: names it, and chains the original exception."""
+    assert err.op == "unprintable" and err.task == bad.task.name
+    assert "Unprintable: <str() of the exception raised RuntimeError>" in str(err)
+    cause = err.__cause__
+    assert type(cause) is Unprintable and cause.args == ("the original",)
+
+
+class TestLostWorkers:
+    """A worker process killed mid-run (#18): recovered where possible, else a clear error."""
+
+    def test_killed_worker_mid_run_gives_the_right_result(
+        self, processes: Any, tmp_path: Path
+    ) -> None:
+        """SIGKILL a worker while a 2-layer LSTM runs: what was lost is sent again."""
+        layer1, layer2 = ops.nn.LSTM(16, 16, seed=0), ops.nn.LSTM(16, 16, seed=1)
+        x = np.random.default_rng(2).random((6, 2, 16), dtype=np.float32)
+
+        async def on(backend: str, folder: Path | None, victim: str) -> tuple[Array, int]:
+            async with dataflow.Runtime(backend=backend, **options(backend)) as rt:
+                out1, _ = await layer1.forward(x)
+                if folder is not None:
+                    out1 = gate(out1, str(folder))
+                out2, _ = await layer2.forward(out1)
+                if folder is None:
+                    return await out2, 0
+                client = counters(rt).client
+                pids = await worker_pids(processes, client)
+                running = await wait_for(lambda: folder.glob("running-*"), "the gate")
+                gated = int(running[0].name.split("-")[1])
+                pid = gated if victim == "gated" else next(p for p in pids.values() if p != gated)
+                os.kill(pid, signal.SIGKILL)
+                (folder / "go").touch()
+                y = await out2
+                await worker_pids(processes, client)  # healed: the nanny restarted it
+                return y, counters(rt).resent
+
+        def options(backend: str) -> dict[str, Any]:
+            if backend == "local":
+                return {}
+            # Ship every op, and scatter the weights (so that data Dask cannot recompute is lost).
+            return {"address": processes.scheduler_address, "local_threshold": 0.0,
+                    "scatter_bytes": 1024}  # fmt: skip
+
+        expected, _ = dataflow.run(on, "local", None, "")
+        for victim in ("gated", "other"):  # the worker running the gate, then the other one
+            folder = tmp_path / victim
+            folder.mkdir()
+            y, resent = dataflow.run(on, "dask", folder, victim)
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+            # Each worker held one of layer 2's scattered weights: its tasks were dropped.
+            assert resent > 0, victim
+
+    def test_kernel_killing_its_worker_is_a_clear_error(self, processes: Any) -> None:
+        """A kernel whose workers all die is a WorkerLostError naming the worker, not a cancel."""
+        scheduler = processes.scheduler
+        allowed, scheduler.allowed_failures = scheduler.allowed_failures, 0  # give up at once
+
+        async def main() -> None:
+            async with dask(processes.scheduler_address) as rt:
+                client = counters(rt).client
+                workers = set(await worker_pids(processes, client))
+                dead = die(np.ones(2), os.getpid())
+                after = add(dead, 1.0)
+                with pytest.raises(WorkerLostError) as info:
+                    await after
+                err = info.value
+                assert err.task == dead.task.name and err.op == "die"
+                assert len(err.workers) == 1 and err.workers[0] in workers
+                assert f"its Dask worker {err.workers[0]} was lost while running it" in str(err)
+                assert isinstance(err, TaskError) and not isinstance(err, CancelledTaskError)
+                with pytest.raises(WorkerLostError) as again:
+                    await dead
+                assert again.value is err, "dependents fail with the origin's one error"
+                # The runtime goes on (sent now: a task queued on the dying worker would die
+                # with it, and with allowed_failures=0 fail too).
+                np.testing.assert_array_equal(await add(np.ones(2), 1.0), [2.0, 2.0])
+                await worker_pids(processes, client)  # healed: the nanny restarted it
+
+        try:
+            dataflow.run(main)
+        finally:
+            scheduler.allowed_failures = allowed
+
+
+class _Future:
+    """Just enough of a distributed.Future for ``dropped``."""
+
+    def __init__(self, status: str, reason: str | None = None) -> None:
+        self.status = status
+        exc = distributed.client.FutureCancelledError("k", reason) if reason else None
+        self._state = type("State", (), {"exception": exc})()
+
+
+class TestLossRules:
+    """The pure part of #18 (``dataflow.dask._lost``): no cluster needed."""
+
+    def test_loss_is_told_from_a_cancel_by_its_reason(self) -> None:
+        """Keys Dask forgot for lost data are "lost"; a reason-less cancel is to be checked."""
+        assert dropped(_Future("cancelled", "already forgotten")) == "lost"
+        assert dropped(_Future("cancelled", "lost dependencies")) == "lost"
+        assert dropped(_Future("cancelled", "scheduler-restart")) == "cancelled"
+        assert dropped(_Future("cancelled", "unknown")) == "unsaid"
+        assert dropped(_Future("cancelled")) == "unsaid"
+        assert dropped(_Future("pending")) is None
+        assert dropped(_Future("lost")) is None  # Dask recomputes it
+
+    def test_lost_workers_are_read_from_the_event_log(self) -> None:
+        """Removed workers that held this runtime's keys are named, once each, oldest first."""
+        mine = "add-abc-1"
+
+        def removed(worker: str, **keys: Any) -> tuple[float, dict[str, Any]]:
+            return 1.0, {"action": "remove-worker", "worker": worker, **keys}
+
+        events = [
+            (0.5, {"action": "add-worker", "worker": "tcp://a:1"}),
+            removed("tcp://other:1", **{"lost-computed-tasks": ["theirs-1"]}),
+            removed("tcp://a:1", **{"processing-tasks": {mine}}),
+            removed("tcp://b:1", **{"lost-scattered-tasks": [mine]}),
+            removed("tcp://a:1", **{"lost-computed-tasks": [mine]}),
+            "not an event",
+            (2.0, "not a message"),
+        ]
+        assert lost_workers(events, lambda k: k == mine) == ["tcp://a:1", "tcp://b:1"]
+
+    def test_killed_worker_error_names_the_worker(self) -> None:
+        """Dask's KilledWorker becomes a WorkerLostError naming the last worker, chained."""
+        worker = type("WorkerState", (), {"address": "tcp://10.0.0.7:4000"})()
+        killed = distributed.scheduler.KilledWorker("die-abc-3", worker, 3)
+        err = killed_worker_error("die#3", "die", killed)
+        assert err.workers == ["tcp://10.0.0.7:4000"] and err.__cause__ is killed
+        assert "die#3 failed: its Dask worker tcp://10.0.0.7:4000 was lost" in str(err)
+        assert "4 workers" in str(err)
+
+
+class _Sender:
+    """Just enough of distributed's BatchedSend for _HangUpQuietly."""
+
+    def __init__(self) -> None:
+        self.comm = object()
+        self.aborted = False
+        self.stopped = asyncio.Event()
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.stopped.set()
+
+
+class TestClosing:
+    """Closing the runtime closes its Dask client quietly (#15.6)."""
+
+    @pytest.mark.asyncio
+    async def test_own_hang_up_is_not_logged(self, caplog: pytest.LogCaptureFixture) -> None:
+        """While a client closes, only its own connection's CommClosedError log is dropped."""
+        sender = _Sender()
+        client = type("Client", (), {"scheduler_comm": sender})()
+        log = logging.getLogger("distributed.batched")
+        other = object()
+        with caplog.at_level(logging.INFO, logger="distributed.batched"):
+            async with _HangUpQuietly(client):
+                log.info("Batched Comm Closed %r", sender.comm)
+                log.info("Batched Comm Closed %r", other)
+            log.info("Batched Comm Closed %r", sender.comm)
+        assert [r.args[0] for r in caplog.records] == [other, sender.comm]  # type: ignore[index]
+        assert sender.aborted, "what was still queued is dropped before the filter goes"
+        assert _HangUpQuietly not in {type(f) for f in log.filters}
+
+    def test_closing_runtimes_log_no_comm_errors(
+        self, address: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Futures released while the client closes log no CommClosedError traceback."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            async with dask(address):
+                handles = [add(np.full(2, float(i)), 1.0) for i in range(100)]
+                await dataflow.wait(handles[-1])
+                # Released one by one over the 100 ms Dask's close waits for the scheduler
+                # to hang up: some are queued just before it does, and sent just after.
+                for i in range(len(handles)):
+                    loop.call_later(i * 0.001, handles.pop)
+            await asyncio.sleep(0.05)
+
+        with caplog.at_level(logging.INFO, logger="distributed"):
+            for _ in range(3):
+                dataflow.run(main)
+        noise = [r for r in caplog.records if "CommClosed" in r.getMessage() or r.exc_info]
+        assert not noise, [r.getMessage() for r in noise]
 
 
 class TestCLI:
@@ -470,3 +887,5 @@ class TestCLI:
         )
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "dask 1 [0.0, 0.0, 0.0]"
+        # It says which cluster it used, and closes quietly.
+        assert r.stderr == f"dataflow run: ops run on the Dask cluster at {address}\n", r.stderr

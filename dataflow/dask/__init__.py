@@ -12,6 +12,7 @@ from __future__ import annotations
 from .._backend import register_backend
 from ._backend import DaskBackend as DaskBackend
 from ._backend import place as place
+from ._lost import WorkerLostError as WorkerLostError
 from ._worker import Call as Call
 from ._worker import KernelFailed as KernelFailed
 from ._worker import Ref as Ref
@@ -20,4 +21,13 @@ from ._worker import run_op as run_op
 
 register_backend("dask", DaskBackend)
 
-__all__ = ("Call", "DaskBackend", "KernelFailed", "Ref", "fill", "place", "run_op")
+__all__ = (
+    "Call",
+    "DaskBackend",
+    "KernelFailed",
+    "Ref",
+    "WorkerLostError",
+    "fill",
+    "place",
+    "run_op",
+)

@@ -35,11 +35,16 @@ scheduler's accounting: the task no longer holds up closing, its failure is reco
 kernel's exception becomes a :class:`~dataflow.TaskError` naming the op, with the original
 chained; every task that depends on it fails with that same error), and it is fetched if
 someone waits. The Dask client is asyncio-only, so this backend runs on asyncio (or uvloop).
+
+Lost workers (``_lost``): a task Dask dropped because data it needs was lost with a worker
+is sent again, with its lost inputs and the arrays lost, by :meth:`DaskBackend._revive`;
+where that cannot work it fails with ``WorkerLostError``, never as a cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -61,11 +66,21 @@ from .._errors import (
     task_error_type,
 )
 from .._instrument import ACTIVE, emit
+from .._log import logger
 from .._op import op_for_kernel
 from .._pool import GRAPH_LOCK
-from .._scheduler import Scheduler
+from .._scheduler import Scheduler, scan
 from .._task import CANCELLED, DONE, FAILED, READY, RUNNING, Pending, Signature, Task
 from .._walk import leaves, replace
+from ._lost import (
+    MAX_RESENDS,
+    cancel_reason,
+    dropped,
+    killed_worker_error,
+    lost_workers,
+    resend_failed_error,
+    resend_limit_error,
+)
 from ._timing import Relay
 from ._worker import Call, KernelFailed, Ref, run_op
 
@@ -76,6 +91,7 @@ __all__ = ["DaskBackend", "import_distributed", "place"]
 
 INSTALL_HINT = "pip install 'dask[distributed]>=2024.1'"
 _FINAL = ("finished", "error", "cancelled")
+_SCATTER_TRIES = 3  # a scatter that meets a dying worker is tried again (0.1 s, then 0.2 s)
 
 
 def import_distributed() -> Any:
@@ -124,7 +140,7 @@ def place(sig: Signature, inputs: tuple[Task, ...], local_threshold: float, fork
 class _Remote:
     """A cluster task's client-side state, kept in ``task.value`` until the value is fetched."""
 
-    __slots__ = ("fetching", "future", "key", "settled", "timed", "wanted")
+    __slots__ = ("fetching", "future", "key", "sends", "settled", "timed", "wanted")
 
     def __init__(self, key: str, timed: bool) -> None:
         self.key = key
@@ -133,6 +149,7 @@ class _Remote:
         self.settled = False  # it ended there (finished, failed or cancelled) and was counted
         self.wanted = False  # someone waits for its value on the client
         self.fetching = False
+        self.sends = 0  # times sent again after Dask dropped it (a worker was lost; _lost)
 
     def __repr__(self) -> str:
         return f"<remote {self.key}>"
@@ -143,6 +160,7 @@ class _Scattered:
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        self.keys: set[str] = set()  # every key scattered (to recognise them in lost workers)
         self.sent = 0
         self.bytes_sent = 0
 
@@ -150,8 +168,10 @@ class _Scattered:
         return len(self._entries)
 
     def get(self, arr: np.ndarray[Any, Any]) -> Any:
+        """The future of ``arr`` on the cluster; None if it was not sent, or was lost there
+        (with its worker: scattered data is not recomputable, so it must be sent again)."""
         entry = self._entries.get(id(arr))
-        if entry is not None and entry[0]() is arr:
+        if entry is not None and entry[0]() is arr and entry[1].status == "finished":
             return entry[1]
         return None
 
@@ -165,11 +185,56 @@ class _Scattered:
                 del entries[key]
 
         self._entries[key] = (weakref.ref(arr, forget), future)
+        self.keys.add(future.key)
         self.sent += 1
         self.bytes_sent += arr.nbytes
 
     def clear(self) -> None:
         self._entries.clear()
+        self.keys.clear()
+
+
+class _HangUpQuietly(logging.Filter):
+    """Close a client without the ``CommClosedError`` traceback of its own hang-up.
+
+    ``Client.close`` tells the scheduler it leaves, and the scheduler closes the connection.
+    Messages the client queued meanwhile (releases of futures garbage-collected while it
+    closes, which Dask sends two loop turns later) then fail to send, and
+    ``distributed.batched`` logs that failure with its traceback, during the close or (when
+    the scheduler hung up first) at the next message, after it. Nothing is lost: the
+    scheduler releases everything a departing client held. So, for this client's own
+    connection only: the log is dropped while it closes, and its sender is stopped with what
+    it still holds before the filter goes.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__()
+        self.sender = getattr(client, "scheduler_comm", None)  # a BatchedSend
+        self.comm = getattr(self.sender, "comm", None)
+        self.logger = logging.getLogger("distributed.batched")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            record.msg == "Batched Comm Closed %r"
+            and isinstance(args, tuple)
+            and bool(args)
+            and args[0] is self.comm
+        )
+
+    async def __aenter__(self) -> None:
+        self.logger.addFilter(self)
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            sender = self.sender
+            if sender is not None and self.comm is not None:
+                sender.abort()  # drop what is still queued; its send loop ends
+                await asyncio.wait_for(asyncio.ensure_future(sender.stopped.wait()), 1.0)
+        except Exception:  # only the log is at stake
+            pass
+        finally:
+            self.logger.removeFilter(self)
 
 
 class DaskBackend:
@@ -189,7 +254,8 @@ class DaskBackend:
         connect_timeout: seconds to wait for the scheduler (default 10).
 
     Counters (for tests and ``repr``): ``sent`` ops shipped, ``remote_done`` computed there,
-    ``fetched`` values brought back, ``local_ops`` ops kept on the client.
+    ``fetched`` values brought back, ``local_ops`` ops kept on the client, ``resent`` ops
+    sent again because a worker was lost with data they needed.
     """
 
     name = "dask"
@@ -249,6 +315,7 @@ class DaskBackend:
         self._scattered = _Scattered()
         # Failures by the name of the task whose kernel raised: one TaskError for all of them.
         self._errors: dict[str, TaskError] = {}
+        self._reviving = asyncio.Lock()  # one _revive at a time (made again on open)
         # Tasks sent while an instrument was attached, waiting for their timing event.
         self._timed: dict[int, Task] = {}
         self._timed_drained: asyncio.Future[None] | None = None
@@ -260,6 +327,7 @@ class DaskBackend:
         self.remote_done = 0
         self.fetched = 0
         self.local_ops = 0
+        self.resent = 0
 
     def __repr__(self) -> str:
         address = getattr(self.address, "scheduler_address", self.address)
@@ -286,6 +354,7 @@ class DaskBackend:
             )
         self._loop = host.key  # type: ignore[assignment]
         self._sched = self.runtime._sched
+        self._reviving = asyncio.Lock()  # one _revive at a time
         await self._connect()
         self._clock = time.time_ns() - time.perf_counter_ns()
 
@@ -350,10 +419,9 @@ class DaskBackend:
             if self._subscribed:
                 client.unsubscribe_topic(self._topic)
             if self._own_client:
-                await client.close()
+                async with _HangUpQuietly(client):
+                    await client.close()
         except Exception as exc:  # the scheduler went away: nothing is left to release
-            from .._log import logger
-
             logger.warning("closing the Dask client failed", error=repr(exc))
 
     def _spawn(self, coro: Any) -> None:
@@ -365,8 +433,6 @@ class DaskBackend:
     def _bg_done(self, task: asyncio.Task[Any]) -> None:
         self._bg.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            from .._log import logger
-
             exc = task.exception()
             logger.error("dask backend coroutine failed", error=repr(exc), exc_info=exc)
 
@@ -458,40 +524,71 @@ class DaskBackend:
 
     async def _send(self, batch: list[Task]) -> None:
         """Scatter the batch's new arrays, then send its tasks as one ``client.map``."""
-        threshold = self.scatter_bytes
-        cache = self._scattered
-        new: dict[int, np.ndarray[Any, Any]] = {}
-        for task in batch:
-            if task.state == READY:
-                for a in _arrays(task.args, task.kwargs, threshold):
-                    if cache.get(a) is None:
-                        new[id(a)] = a
-        if new:
-            arrays = list(new.values())
-            futures = await self.client.scatter(arrays, hash=False)
-            for a, f in zip(arrays, futures, strict=True):
-                cache.put(a, f)
-        ref = _key_ref()
-        keys: list[str] = []
-        calls: list[Call] = []
-        deps: list[list[Any]] = []
-        sent: list[Task] = []
+        # Inputs Dask dropped since they were sent (lost with a worker) go again first: a
+        # graph naming a key Dask forgot is cancelled as a whole.
+        lost = [t for task in batch if task.state == READY for t in task.inputs if _was_lost(t)]
+        if lost:
+            await self._revive(lost)
+        await self._scatter([task for task in batch if task.state == READY])
+        todo: list[Task] = []
         for task in batch:
             if task.state != READY:  # cancelled, or an input failed, while queued
                 continue
             if self._sched.cancelling:
                 self._cancel_unsent(task)
                 continue
-            if self._input_failed(task):
-                continue
             rem: _Remote = task.value
             if rem.timed and not self._subscribed:
                 self.client.subscribe_topic(self._topic, self._on_timing)
                 self._subscribed = True
+            todo.append(task)
+        self._sent(self._map(todo, self._fail_queued))
+
+    async def _scatter(self, tasks: list[Task]) -> int:
+        """Scatter the arrays among the tasks' arguments that are not on the cluster (any
+        more); returns how many were sent."""
+        cache = self._scattered
+        new: dict[int, np.ndarray[Any, Any]] = {}
+        for task in tasks:
+            for a in _arrays(task.args, task.kwargs, self.scatter_bytes):
+                if cache.get(a) is None:
+                    new[id(a)] = a
+        if not new:
+            return 0
+        arrays = list(new.values())
+        for attempt in range(_SCATTER_TRIES):
+            try:
+                futures = await self.client.scatter(arrays, hash=False)
+                break
+            except OSError:  # CommClosedError: a worker died under it; the scheduler drops it
+                if attempt == _SCATTER_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+        for a, f in zip(arrays, futures, strict=True):
+            cache.put(a, f)
+        return len(new)
+
+    def _map(
+        self, tasks: list[Task], fail: Callable[[Task, BaseException], None]
+    ) -> list[tuple[Task, Any]]:
+        """Send ``tasks`` (in dependency order) as one ``client.map``, each under its
+        ``_Remote.key``; returns (task, future) pairs. A task that cannot be sent (an argument
+        that does not pickle) or whose input failed is given to ``fail`` with its error."""
+        ref = _key_ref()
+        keys: list[str] = []
+        calls: list[Call] = []
+        deps: list[list[Any]] = []
+        sent: list[Task] = []
+        for task in tasks:
+            failed = _failed_input(task)
+            if failed is not None:
+                fail(task, failed.error)  # type: ignore[arg-type]
+                continue
+            rem: _Remote = task.value
             try:
                 call, slots = self._encode(task, ref)
             except Exception as exc:
-                self._fail_unsent(task, exc)
+                fail(task, self._unsendable(task, exc))
                 continue
             if ref is None:  # older Dask: name tasks of this batch by a future made early
                 rem.future = import_distributed().Future(rem.key, self.client)
@@ -500,37 +597,127 @@ class DaskBackend:
             deps.append(slots)
             sent.append(task)
         if not sent:
-            return
+            return []
         try:
             futures = self.client.map(run_op, calls, deps, key=keys, pure=False)
         except Exception:
             # One of them cannot be sent (an argument that does not pickle): send them one
             # by one, so only that one (and what depends on it) fails.
-            ok = []
+            pairs = []
             for task, call, slots in zip(sent, calls, deps, strict=True):
-                if self._input_failed(task):
+                failed = _failed_input(task)
+                if failed is not None:
+                    fail(task, failed.error)  # type: ignore[arg-type]
                     continue
                 try:
                     (fut,) = self.client.map(
                         run_op, [call], [slots], key=[task.value.key], pure=False
                     )
                 except Exception as exc:
-                    self._fail_unsent(task, exc)
+                    fail(task, self._unsendable(task, exc))
                     continue
-                ok.append((task, fut))
-            pairs = ok
-        else:
-            pairs = list(zip(sent, futures, strict=True))
-        self._sent(pairs)
+                pairs.append((task, fut))
+            return pairs
+        return list(zip(sent, futures, strict=True))
 
-    def _input_failed(self, task: Task) -> bool:
-        failed = next((t for t in task.inputs if t.state > DONE), None)
-        if failed is None:
-            return False
+    def _unsendable(self, task: Task, exc: BaseException) -> TaskError:
+        err = TaskError(
+            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}",
+            task=task.name,
+            op=task.op,
+        )
+        err.__cause__ = exc
+        self._sched.failures.append(err)
+        return err
+
+    def _fail_queued(self, task: Task, err: BaseException) -> None:
+        """Fail a task that was queued and never sent (``_map``'s ``fail``)."""
         with GRAPH_LOCK:
             self._timed.pop(task.id, None)
-            self._sched._fail_locked(task, failed.error)
-        return True
+            self._sched._fail_locked(task, err)
+
+    def _fail_resent(self, task: Task, err: BaseException) -> None:
+        """Fail a task that was sent before and could not be sent again (``_map``'s ``fail``)."""
+        self._finish_failed(task, task.value, err, ran=False)
+
+    # -- lost workers (see _lost) -------------------------------------------------------------
+
+    async def _revive(self, tasks: list[Task]) -> None:
+        """Send again what Dask dropped because a worker was lost (see ``_lost``).
+
+        ``tasks`` were dropped; with them go every other sent task Dask dropped, and their
+        dropped inputs, transitively: tasks already computed whose values were lost and that
+        Dask cannot recompute (they read scattered data that was lost). The arrays lost are
+        scattered again; the tasks are sent in dispatch order (inputs first) under new keys.
+        """
+        async with self._reviving:
+            found: dict[int, Task] = {}
+            stack = [*tasks, *self._remote.values()]
+            while stack:
+                t = stack.pop()
+                if t.id in found or not _was_lost(t):
+                    continue
+                found[t.id] = t
+                stack.extend(_inputs(t))
+            if not found or self._sched.cancelling:
+                return
+            again = sorted(found.values(), key=lambda t: t.id)
+            workers = await self._lost_workers()
+            for t in list(again):
+                rem: _Remote = t.value
+                if not workers and dropped(rem.future) == "unsaid":
+                    # Cancelled with no reason, and no worker holding our keys was lost:
+                    # a cancel after all (another client's, with our key).
+                    self._cancelled(t, rem)
+                    again.remove(t)
+                    continue
+                rem.sends += 1
+                if rem.sends > MAX_RESENDS:
+                    err = resend_limit_error(t.name, t.op, workers, MAX_RESENDS)
+                    self._sched.failures.append(err)
+                    self._finish_failed(t, rem, err, ran=False)
+                    again.remove(t)
+            if not again:
+                return
+            try:
+                scattered = await self._scatter(again)
+            except Exception as exc:
+                for t in again:
+                    if _was_lost(t):
+                        err = resend_failed_error(t.name, t.op, workers, exc)
+                        self._sched.failures.append(err)
+                        self._finish_failed(t, t.value, err, ran=False)
+                return
+            # While it scattered, a task may have been cancelled, or the runtime be closing.
+            again = [t for t in again if _was_lost(t)]
+            if not again or self._sched.cancelling:
+                return
+            logger.warning(
+                "a Dask worker was lost: sending again what it held",
+                workers=workers,
+                tasks=len(again),
+                arrays=scattered,
+            )
+            for t in again:
+                rem = t.value
+                rem.key = f"{t.sig.name}-{self.token}-{t.id}-{rem.sends}"
+            for t, fut in self._map(again, self._fail_resent):
+                t.value.future = fut
+                self.resent += 1
+
+    async def _lost_workers(self) -> list[str]:
+        """The workers whose loss cost this runtime keys (the scheduler's event log)."""
+        token = f"-{self.token}-"
+        scattered = self._scattered.keys
+
+        def mine(key: Any) -> bool:
+            return isinstance(key, str) and (token in key or key in scattered)
+
+        try:
+            events = await asyncio.wait_for(self.client.get_events("all"), 5.0)
+        except Exception:  # the log only names the workers in messages
+            return []
+        return lost_workers(events, mine)
 
     def _sent(self, pairs: list[tuple[Task, Any]]) -> None:
         watched: list[tuple[Task, _Remote]] = []
@@ -617,20 +804,31 @@ class DaskBackend:
                 self.remote_done += 1
 
     async def _outcome(self, task: Task, rem: _Remote) -> bool:
-        """Wait until the task's future ends; True when it finished, else fail the task."""
-        fut = rem.future
-        while fut.status not in _FINAL:
-            await fut._state.wait()  # what distributed.wait itself waits on
-        status = fut.status
-        if status == "finished":
-            return True
-        if status == "error":
-            exc = await fut.exception()
-            tb = await fut.traceback()
-            self._failed(task, rem, exc, tb)
-        else:
+        """Wait until the task's future ends; True when it finished, else fail the task.
+
+        A task Dask dropped because a worker was lost is sent again (``_revive``), and
+        waited for again.
+        """
+        while True:
+            fut = rem.future
+            while fut.status not in _FINAL:
+                await fut._state.wait()  # what distributed.wait itself waits on
+            if fut is not rem.future:  # sent again meanwhile
+                continue
+            status = fut.status
+            if status == "finished":
+                return True
+            if status == "error":
+                exc = await fut.exception()
+                tb = await fut.traceback()
+                self._failed(task, rem, exc, tb)
+                return False
+            if _was_lost(task) and not self._sched.cancelling:
+                await self._revive([task])
+                if rem.future is not fut and task.state < DONE:
+                    continue
             self._cancelled(task, rem)
-        return False
+            return False
 
     def _settle_locked(self, task: Task, rem: _Remote) -> None:
         """A sent task ended (once): it no longer holds up the runtime's closing."""
@@ -660,6 +858,16 @@ class DaskBackend:
                 self._errors[exc.task] = err
                 self._sched.failures.append(err)
             ran = exc.task == task.name
+        elif type(exc).__name__ == "KilledWorker":
+            # Workers kept dying while running it (or a task it depends on): Dask gave up.
+            origin = str(getattr(exc, "task", rem.key))
+            err = self._errors.get(origin)
+            if err is None:
+                name, op = (task.name, task.op) if origin == rem.key else self._named(origin)
+                err = killed_worker_error(name, op, exc)
+                self._errors[origin] = err
+                self._sched.failures.append(err)
+            ran = False
         else:
             # Not the kernel: the task could not run there (e.g. a module the workers lack).
             hint = ""
@@ -678,14 +886,24 @@ class DaskBackend:
             ran = False
         self._finish_failed(task, rem, err, ran)
 
+    def _named(self, key: str) -> tuple[str, str]:
+        """(task name, op) of the task this runtime sent as Dask key ``key``."""
+        op, sep, rest = key.partition(f"-{self.token}-")
+        if not sep:
+            return key, key
+        return f"{op}#{rest.split('-', 1)[0]}", op
+
     def _cancelled(self, task: Task, rem: _Remote) -> None:
         err: BaseException | None = next(
-            (t.error for t in task.inputs if t.state == CANCELLED and t.error is not None), None
+            (t.error for t in _inputs(task) if t.state == CANCELLED and t.error is not None),
+            None,
         )
         if err is None:
-            why = (
-                "its runtime was closing" if self._sched.cancelling else "it was cancelled on Dask"
-            )
+            if self._sched.cancelling:
+                why = "its runtime was closing"
+            else:
+                reason = cancel_reason(rem.future) if rem.future is not None else ""
+                why = "it was cancelled on Dask" + (f" ({reason})" if reason else "")
             err = CancelledTaskError(f"{task.name} was not run: {why}")
         self._finish_failed(task, rem, err, ran=False)
 
@@ -720,16 +938,7 @@ class DaskBackend:
             emit("task_cancelled" if cancelled else "task_failed", task)
 
     def _fail_unsent(self, task: Task, exc: BaseException) -> None:
-        err = TaskError(
-            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}",
-            task=task.name,
-            op=task.op,
-        )
-        err.__cause__ = exc
-        with GRAPH_LOCK:
-            self._timed.pop(task.id, None)
-            self._sched.failures.append(err)
-            self._sched._fail_locked(task, err)
+        self._fail_queued(task, self._unsendable(task, exc))
 
     def _cancel_unsent(self, task: Task) -> None:
         err = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
@@ -775,21 +984,26 @@ class DaskBackend:
 
     async def _fetch(self, task: Task, rem: _Remote) -> None:
         rem.fetching = True
-        if not await self._outcome(task, rem):
-            return
-        try:
-            value = await self.client.gather(rem.future)
-        except Exception as exc:  # computed, then lost (its worker died) and not recomputed
-            err = TaskError(
-                f"{task.name}: its value could not be fetched from the Dask cluster: "
-                f"{describe(exc)}",
-                task=task.name,
-                op=task.op,
-            )
-            err.__cause__ = exc
-            self._sched.failures.append(err)
-            self._finish_failed(task, rem, err, ran=False)
-            return
+        while True:
+            if not await self._outcome(task, rem):
+                return
+            fut = rem.future
+            try:
+                value = await self.client.gather(fut)
+            except Exception as exc:
+                if rem.future is not fut or _was_lost(task):
+                    continue  # lost with its worker meanwhile: _outcome sends it again
+                err = TaskError(
+                    f"{task.name}: its value could not be fetched from the Dask cluster: "
+                    f"{describe(exc)}",
+                    task=task.name,
+                    op=task.op,
+                )
+                err.__cause__ = exc
+                self._sched.failures.append(err)
+                self._finish_failed(task, rem, err, ran=False)
+                return
+            break
         self.fetched += 1
         run_here = None
         with GRAPH_LOCK:
@@ -825,6 +1039,30 @@ class DaskBackend:
         drained = self._timed_drained
         if not self._timed and drained is not None and not drained.done():
             drained.set_result(None)
+
+
+def _inputs(task: Task) -> tuple[Task, ...]:
+    """The tasks a task reads (its ``inputs`` are dropped once it settled; its arguments are
+    kept until its value is on the client, so it can be sent again)."""
+    if task.inputs or task.args is None:
+        return task.inputs
+    return scan(task.args, task.kwargs)[0]
+
+
+def _failed_input(task: Task) -> Task | None:
+    return next((t for t in _inputs(task) if t.state > DONE), None)
+
+
+def _was_lost(task: Task) -> bool:
+    """A task sent to the cluster and not finished on the client that Dask dropped because
+    data it needs was lost with a worker (see ``_lost``)."""
+    rem = task.value
+    return (
+        type(rem) is _Remote
+        and task.state < DONE
+        and rem.future is not None
+        and dropped(rem.future) in ("lost", "unsaid")
+    )
 
 
 def _arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]]:

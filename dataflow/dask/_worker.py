@@ -192,20 +192,28 @@ def run_op(call: Call, deps: list[Any]) -> Any:
             sig.check = check
             sig.check_value(value)
     except Exception as exc:
-        from distributed import get_worker
-
-        worker = get_worker()
-        if call.topic is not None:
+        worker = _this_worker()
+        if call.topic is not None and worker is not None:
             _log_timing(worker, call, start, failed=True)
-        where = f"dask worker {worker.address}"
+        where = f"dask worker {worker.address}" if worker is not None else "process outside Dask"
         tb = "".join(traceback.format_tb(exc.__traceback__))
         exc.add_note(f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}")
         raise KernelFailed(call.name, call.op, where, _picklable(exc)) from None
     if call.topic is not None:
-        from distributed import get_worker
-
-        _log_timing(get_worker(), call, start, failed=False)
+        worker = _this_worker()
+        if worker is not None:
+            _log_timing(worker, call, start, failed=False)
     return value
+
+
+def _this_worker() -> Any:
+    """The Dask worker running this task (None when run outside one, as tests do)."""
+    from distributed import get_worker
+
+    try:
+        return get_worker()
+    except ValueError:
+        return None
 
 
 def _log_timing(worker: Any, call: Call, start: int, failed: bool) -> None:
