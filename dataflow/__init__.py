@@ -37,6 +37,7 @@ from ._profile import Profiler as Profiler
 from ._profile import Summary as Summary
 from ._profile import profile as profile
 from ._protect import frozen_by as frozen_by
+from ._record import Recorder as Recorder
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._scheduler import get_inline_threshold as get_inline_threshold
@@ -118,6 +119,7 @@ __all__ = (
     # profiling and logging
     "profile",
     "Profiler",
+    "Recorder",
     "Summary",
     "TaskLogger",
     # graph capture

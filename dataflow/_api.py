@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, TypeVar, overload
@@ -28,9 +29,15 @@ from ._errors import (
     TaskError,
     task_failed,
 )
-from ._instrument import ACTIVE, emit
+from ._instrument import ACTIVE
 from ._logging import name_plain_fork
-from ._runtime import DEFAULT_MAX_PENDING, Runtime, get_runtime, resolve_loop_factory
+from ._runtime import (
+    DEFAULT_MAX_PENDING,
+    Runtime,
+    current_runtime,
+    get_runtime,
+    resolve_loop_factory,
+)
 from ._scheduler import scan
 from ._task import DONE, Future, Pending, Signature, _next_id
 from ._walk import leaves, replace
@@ -42,6 +49,10 @@ T = TypeVar("T")
 # The forked task running in the current context (None at the top level of a run).
 _parent: contextvars.ContextVar[TaskFuture[Any] | None] = contextvars.ContextVar(
     "dataflow_parent_fork", default=None
+)
+# The forking task's name, as the forked coroutine's span records it.
+_parent_name: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "dataflow_parent_name", default=None
 )
 # Whether the running code is model code: a module's forward, or code started from one.
 _model: contextvars.ContextVar[bool] = contextvars.ContextVar("dataflow_model_code", default=False)
@@ -87,7 +98,17 @@ def _is_cancellation(exc: BaseException) -> bool:
 class TaskFuture(Future[T]):
     """The future of a forked ``async def`` function, owned by its runtime."""
 
-    __slots__ = ("_children", "_handle", "_host", "_outcome", "_rt", "_state", "_waiters", "name")
+    __slots__ = (
+        "_children",
+        "_handle",
+        "_host",
+        "_outcome",
+        "_rt",
+        "_started",
+        "_state",
+        "_waiters",
+        "name",
+    )
 
     def __init__(self, name: str, rt: Runtime) -> None:
         self.name = name
@@ -98,6 +119,7 @@ class TaskFuture(Future[T]):
         self._waiters: list[Any] = []
         self._children: list[Future[Any]] = []
         self._handle: Any = None
+        self._started = 0  # perf_counter_ns when forked, while something observes
 
     # Outcomes are set on the loop thread, by the forked coroutine's wrapper.
 
@@ -176,6 +198,8 @@ async def _run_forked(
     fut: TaskFuture[T], fn: Callable[..., Awaitable[T]], args: Any, kwargs: Any
 ) -> None:
     """The forked coroutine, as its runtime runs it: the outcome goes to its future."""
+    parent = _parent.get()
+    _parent_name.set(parent.name if parent is not None else None)
     _parent.set(fut)
     # Log lines inside the task carry its name; this context is the task's own copy.
     structlog.contextvars.bind_contextvars(dataflow_task=fut.name)
@@ -193,8 +217,11 @@ async def _run_forked(
     else:
         fut._settle(_DONE, value)
     finally:
-        if ACTIVE:
-            emit("fork_finished", fut.name)
+        sched = fut._rt._sched
+        if ACTIVE or sched.watching:
+            sched.emit("fork_finished", fut.name)
+            forker = _parent_name.get()
+            sched.record_span("fork", fut.name, fut._started, time.perf_counter_ns(), forker)
 
 
 @overload
@@ -282,8 +309,10 @@ def _fork_async(
                 fut._settle(_CANCELLED, None)
 
         fut._handle.add_done_callback(cancelled_early)
-    if ACTIVE:
-        emit("fork", fut.name, parent.name if parent is not None else None)
+    sched = rt._sched
+    if ACTIVE or sched.watching:
+        fut._started = time.perf_counter_ns()
+        sched.emit("fork", fut.name, parent.name if parent is not None else None)
     return fut
 
 
@@ -299,14 +328,20 @@ async def wait(fut: Future[T]) -> T:
     """
     if not isinstance(fut, Future):
         raise DataflowTypeError(_wait_misuse(fut))
-    if fut.done() or not ACTIVE:
+    if fut.done():
+        return await fut
+    rt = current_runtime()
+    sched = rt._sched if rt is not None else None
+    if sched is None or not (ACTIVE or sched.watching):
         return await fut
     name = getattr(fut, "name", None) or repr(fut)
-    emit("wait_started", name)
+    sched.emit("wait_started", name)
+    start = time.perf_counter_ns()
     try:
         return await fut
     finally:
-        emit("wait_finished", name)
+        sched.emit("wait_finished", name)
+        sched.record_span("wait", name, start, time.perf_counter_ns(), None)
 
 
 def _wait_misuse(obj: Any) -> str:

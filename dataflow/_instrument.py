@@ -1,9 +1,20 @@
-"""The one event stream of the runtime, and the instruments that consume it.
+"""Observing runs: instruments (hooks) and span recorders, per runtime or process-wide.
 
-Modelled on trio's instruments: an instrument is any object with some of the hook methods of
-:class:`Instrument`; the runtime calls each hook an instrument defines, with a monotonic
-timestamp in nanoseconds. When no instrument is attached the hot path pays one truthiness test
-of :data:`ACTIVE`. An instrument whose hook raises is removed with a warning and the run goes on.
+Two kinds of observers, attached to a *scope*, a runtime (``rt.add_instrument(x)``) or the
+whole process (``dataflow.add_instrument(x)``, seen by every runtime):
+
+* an **instrument** is any object with some of the hook methods of :class:`Instrument`
+  (modelled on trio's): the runtime calls each hook it defines, with a monotonic timestamp in
+  nanoseconds, on the thread where the event happens;
+* a **recorder** (``dataflow.Recorder``, and the profiler built on it) gets one compact span
+  record per task when the task ends, written by the scheduler itself: no hook call per
+  event, which is what keeps a profile cheap enough to leave on (``_record``).
+
+When nothing observes a runtime, its hot path pays one truthiness test of :data:`ACTIVE` (the
+process scope) and one of its own scope. An observer whose hook raises, whatever it raises
+(``KeyboardInterrupt`` included), is switched off in the scope it was attached to and
+reported once (a ``RuntimeWarning``, or a log line when warnings are errors); the run goes on.
+No observer can stop a worker thread or leave a task unfinished.
 
 Events (hook names):
 
@@ -26,13 +37,30 @@ import time
 import warnings
 from typing import Any
 
-from ._errors import describe
+from ._errors import DataflowTypeError, describe
 
-__all__ = ["ACTIVE", "Instrument", "add_instrument", "emit", "remove_instrument"]
+__all__ = [
+    "ACTIVE",
+    "PROCESS",
+    "Instrument",
+    "Scope",
+    "add_instrument",
+    "emit",
+    "remove_instrument",
+]
 
-# The attached instruments. Hot paths test `if ACTIVE:` before building any event.
-ACTIVE: list[Any] = []
-_lock = threading.Lock()
+_HOOKS = (
+    "task_created",
+    "task_ready",
+    "task_started",
+    "task_finished",
+    "task_failed",
+    "task_cancelled",
+    "fork",
+    "fork_finished",
+    "wait_started",
+    "wait_finished",
+)
 
 
 class Instrument:
@@ -69,67 +97,147 @@ class Instrument:
         """A waiting coroutine resumed."""
 
 
-# hook name -> ((instrument, bound method), ...), built on first use and dropped whenever the
-# set of instruments changes, so emitting an event costs no getattr and no copying.
-_hooks: dict[str, tuple[tuple[Any, Any], ...]] = {}
+def _is_recorder(obj: Any) -> bool:
+    from ._record import Recorder
+
+    return isinstance(obj, Recorder)
 
 
-def _methods(hook: str) -> tuple[tuple[Any, Any], ...]:
-    found = _hooks.get(hook)
-    if found is None:
-        base = getattr(Instrument, hook, None)
-        pairs = []
-        for inst in tuple(ACTIVE):
-            method = getattr(inst, hook, None)
-            # Skip Instrument's own no-op hooks: a subclass pays only for what it overrides.
-            if method is not None and getattr(type(inst), hook, None) is not base:
-                pairs.append((inst, method))
-        found = _hooks[hook] = tuple(pairs)
-    return found
+class Scope:
+    """The observers of one scope: a runtime, or the process (:data:`PROCESS`).
+
+    ``recorders`` get span records (``_record``); ``instruments`` get hook calls. ``hooks``
+    caches, per hook name, the bound methods to call, so emitting costs no getattr.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.instruments: list[Any] = []
+        self.recorders: list[Any] = []
+        self._hooks: dict[str, tuple[tuple[Any, Any], ...]] = {}
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self.instruments or self.recorders)
+
+    def __repr__(self) -> str:
+        return (
+            f"<observers of {self.name}: {len(self.instruments)} instrument(s), "
+            f"{len(self.recorders)} recorder(s)>"
+        )
+
+    def add(self, observer: Any) -> None:
+        """Attach an instrument or a recorder (once)."""
+        if _is_recorder(observer):
+            with self._lock:
+                if observer not in self.recorders:
+                    self.recorders = [*self.recorders, observer]
+            return
+        if not any(callable(getattr(observer, h, None)) for h in _HOOKS):
+            raise DataflowTypeError(
+                f"add_instrument(): {observer!r:.80} has none of the hook methods "
+                f"({', '.join(_HOOKS)}); subclass dataflow.Instrument, or pass a "
+                "dataflow.Recorder"
+            )
+        with self._lock:
+            if observer not in self.instruments:
+                self.instruments = [*self.instruments, observer]
+                self._hooks = {}
+
+    def remove(self, observer: Any) -> None:
+        """Detach an observer; a no-op when it is not attached."""
+        with self._lock:
+            if observer in self.recorders:
+                self.recorders = [r for r in self.recorders if r is not observer]
+            if observer in self.instruments:
+                self.instruments = [i for i in self.instruments if i is not observer]
+                self._hooks = {}
+
+    def methods(self, hook: str) -> tuple[tuple[Any, Any], ...]:
+        """(instrument, bound method) for each instrument that defines ``hook``."""
+        found = self._hooks.get(hook)
+        if found is None:
+            base = getattr(Instrument, hook, None)
+            pairs = []
+            for inst in self.instruments:
+                method = getattr(inst, hook, None)
+                # Skip Instrument's own no-op hooks: a subclass pays only for what it overrides.
+                if callable(method) and getattr(method, "__func__", None) is not base:
+                    pairs.append((inst, method))
+            found = self._hooks[hook] = tuple(pairs)
+        return found
+
+    def emit_at(self, ts: int, hook: str, *args: Any) -> None:
+        """Call ``hook(ts, *args)`` on every instrument of this scope that defines it."""
+        for inst, method in self.methods(hook):
+            try:
+                method(ts, *args)
+            except BaseException as exc:  # no observer may break a run
+                self.disable(inst, hook, exc)
+
+    def disable(self, observer: Any, hook: str, exc: BaseException) -> None:
+        """Switch off an observer that raised, and say so once; nothing here may raise."""
+        try:
+            self.remove(observer)
+            if self is PROCESS:
+                _sync()
+            try:
+                shown = repr(observer)
+            except BaseException:  # its __repr__ may raise too
+                shown = f"<{type(observer).__name__} object>"
+            message = (
+                f"dataflow: observer {shown:.100} raised in {hook}() and was removed from "
+                f"{self.name}: {describe(exc)}"
+            )
+            try:
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+            except BaseException:  # warnings may be errors (-W error)
+                from ._log import logger
+
+                logger.error(message)
+        except BaseException:  # the run goes on regardless
+            pass
 
 
-def add_instrument(instrument: Any) -> None:
-    """Attach an instrument to every runtime of the process."""
-    with _lock:
-        if instrument not in ACTIVE:
-            ACTIVE.append(instrument)
-            _hooks.clear()
+#: The process scope: observers every runtime reports to.
+PROCESS = Scope("every runtime")
+
+#: Non-empty while the process scope observes anything: hot paths test ``if ACTIVE:``.
+ACTIVE: list[Scope] = []
 
 
-def remove_instrument(instrument: Any) -> None:
-    """Detach an instrument; a no-op when it is not attached."""
-    with _lock:
-        if instrument in ACTIVE:
-            ACTIVE.remove(instrument)
-            _hooks.clear()
+def _sync() -> None:
+    if PROCESS:
+        if not ACTIVE:
+            ACTIVE.append(PROCESS)
+    else:
+        ACTIVE.clear()
+
+
+def add_instrument(observer: Any) -> None:
+    """Attach an instrument or a :class:`~dataflow.Recorder` to every runtime of the process.
+
+    To observe one runtime only, use ``runtime.add_instrument(observer)``.
+    """
+    PROCESS.add(observer)
+    _sync()
+
+
+def remove_instrument(observer: Any) -> None:
+    """Detach an instrument or recorder from the process; a no-op when it is not attached."""
+    PROCESS.remove(observer)
+    _sync()
 
 
 def emit(hook: str, *args: Any) -> None:
-    """Call ``hook(ts, *args)`` on every instrument that defines it."""
-    methods = _hooks.get(hook)
-    if methods is None:
-        methods = _methods(hook)
+    """Call ``hook(ts, *args)`` on the process scope's instruments (and fix ACTIVE if one
+    was switched off)."""
+    methods = PROCESS.methods(hook)
     if not methods:
         return
     ts = time.perf_counter_ns()
     for inst, method in methods:
         try:
             method(ts, *args)
-        except Exception as exc:
-            _disable(inst, hook, exc)
-
-
-def _disable(inst: Any, hook: str, exc: Exception) -> None:
-    # emit() runs inside the scheduler (on pool threads, under its lock): nothing here may
-    # raise, not even the warning when warnings are errors (-W error), nor the log line.
-    remove_instrument(inst)
-    message = f"dataflow: instrument {inst!r} raised in {hook}() and was removed: {describe(exc)}"
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-    except Exception:
-        try:
-            from ._log import logger
-
-            logger.error(message)
-        except Exception:
-            pass
+        except BaseException as exc:  # no observer may break a run
+            PROCESS.disable(inst, hook, exc)

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._errors import DataflowError
-from ._task import READY
+from ._task import READY, RUNNING
 
 if TYPE_CHECKING:
     from ._task import Task
@@ -158,7 +158,10 @@ class InteropPool:
                 lock.release()
                 continue
             lock.release()
-            sched.execute(task)
+            try:
+                sched.execute(task)
+            except BaseException as exc:  # the scheduler's own bug: never die with a task
+                _fail_stuck(task, exc)
             # Hold nothing while parked: the task's value must be freed with its last reader.
             task = sched = None  # type: ignore[assignment]
             if abandoned and me in abandoned:  # replaced while stuck in a timed-out kernel
@@ -204,6 +207,25 @@ class InteropPool:
         for t in list(self._threads):
             if t is not current:
                 t.join()
+
+
+def _fail_stuck(task: Task, exc: BaseException) -> None:
+    """``execute`` raised (it catches kernel errors, so this is dataflow's own failure): fail
+    the task it was given if it is still running, so nothing waits on it forever."""
+    try:
+        from ._errors import task_failed
+        from ._log import logger
+
+        with GRAPH_LOCK:
+            if task.state == RUNNING:
+                err = task_failed(task.name, task.op, exc, what="(internal error) ")
+                sched = task.runtime._sched  # type: ignore[union-attr]
+                sched.failures.append(err)
+                sched._fail_locked(task, err)
+        logger.error("dataflow: a worker survived an internal error", task=repr(task),
+                     error=repr(exc))  # fmt: skip
+    except BaseException:  # the worker goes on, whatever happens here
+        pass
 
 
 # The process-wide pool, created lazily by the first runtime and joined by the last one.

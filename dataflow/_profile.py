@@ -1,14 +1,11 @@
 """The profiler: records the event stream of a run and explains where the time went.
 
-``with dataflow.profile() as prof:`` (or ``async with``) attaches a :class:`Profiler` to the
-event stream (see ``_instrument``) for the duration of the block. Recording is kept cheap, as
-measured by ``benchmarks/bench_trace_overhead.py``: each hook extends one flat list by a record
-(kind, timestamp, task id; for a kernel start also its thread, op, spec, flops, bytes and its
-inputs' ids). The list keeps no tuple per event and no Cost (the garbage collector would scan
-each one), no task (values stay free to be released), and task ids rather than names (a name
-is formatted on each access; names are rebuilt as ``op#id`` when the trace is built). The
-thread's native id is cached per thread: reading it is a system call. The rest waits for a
-result to be asked for:
+``with dataflow.profile() as prof:`` (or ``async with``) attaches a :class:`Profiler` to every
+runtime (or to one: ``profile(rt)``) for the duration of the block. A profiler is a
+:class:`~dataflow.Recorder` (``_record``): the scheduler writes one compact record per task
+when it ends, so recording costs two clock reads and a list append per task (measured by
+``benchmarks/bench_trace_overhead.py``). Records keep task ids, not tasks (values stay free to
+be released). The rest waits for a result to be asked for:
 
 * :meth:`Profiler.export_chrome_trace` writes the timeline for ui.perfetto.dev or
   chrome://tracing (format in ``_trace``);
@@ -23,28 +20,24 @@ summary out.json`` gives the same figures from a saved file.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import DataflowError
 from ._instrument import add_instrument, remove_instrument
+from ._record import END, FAILED, ID, OP, READY, START, THREAD, Recorder
 from ._trace import (
-    Span,
     TaskSpan,
     Trace,
-    describe_spec,
     is_loop_lane,
     lanes,
     save,
-    thread_label,
 )
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from ._task import Task
 
 __all__ = [
     "Event",
@@ -60,26 +53,6 @@ __all__ = [
     "threads_text",
 ]
 
-# Record kinds (the first item of each record), named after the hooks, and record lengths:
-#   READY, FINISHED, FAILED, CANCELLED: kind, ts, task id
-#   STARTED: kind, ts, task id, thread, op, spec, flops, bytes, input ids (or None)
-#   FORK_END, WAIT_END: kind, ts, name
-#   FORK: kind, ts, name, thread, parent          WAIT: kind, ts, name, thread
-_READY, _STARTED, _FINISHED, _FAILED, _CANCELLED, _FORK, _FORK_END, _WAIT, _WAIT_END = range(9)
-_LENGTHS = (3, 9, 3, 3, 3, 5, 3, 4, 3)
-_KINDS = (
-    "task_ready",
-    "task_started",
-    "task_finished",
-    "task_failed",
-    "task_cancelled",
-    "fork",
-    "fork_finished",
-    "wait_started",
-    "wait_finished",
-)
-
-
 class Event(NamedTuple):
     """One recorded event, as :attr:`Profiler.events` lists them."""
 
@@ -90,8 +63,8 @@ class Event(NamedTuple):
     op: str | None  # the task's op, for task_started
 
 
-class Profiler:
-    """Records the runtime's events between :meth:`start` and :meth:`stop`.
+class Profiler(Recorder):
+    """Records the runtime's tasks between :meth:`start` and :meth:`stop` (a recorder).
 
     Use :func:`dataflow.profile`::
 
@@ -100,43 +73,42 @@ class Profiler:
         prof.export_chrome_trace("parallel.json")
         print(prof.summary())
 
-    It records every runtime of the process while active (instruments are process-wide).
+    It records every runtime of the process, or only ``runtime`` when given.
     """
 
-    # Deliberately not a subclass of Instrument: the runtime only calls hooks an instrument
-    # defines, and this one does not need task_created (a kernel start carries everything).
-
-    def __init__(self) -> None:
-        # Records laid end to end (see _LENGTHS). One list.extend per event: atomic under the
-        # GIL, so records from different threads never interleave.
-        self._raw: list[Any] = []
-        self._add = self._raw.extend
-        self._local = threading.local()  # .tid: the thread's native id, once looked up
-        self._threads: dict[int, str] = {}
-        self._t0 = 0
-        self._t1 = 0
+    def __init__(self, runtime: Any = None, **bounds: Any) -> None:
+        super().__init__(**bounds)
+        self._runtime = runtime
+        self._started = False
         self._trace: Trace | None = None
 
     def __repr__(self) -> str:
-        state = "new" if not self._t0 else "stopped" if self._t1 else "recording"
-        return f"<Profiler {state} events={len(_records(list(self._raw)))}>"
+        state = "new" if not self._started else "stopped" if self.t1 else "recording"
+        return f"<Profiler {state} tasks={len(self.tasks)}>"
 
     # -- lifetime ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Attach to the event stream."""
-        if self._t0:
+        """Attach to the runtime (or to every runtime of the process)."""
+        if self._started:
             raise DataflowError(
                 "a Profiler records once; use a new one (dataflow.profile()) for another run"
             )
-        self._t0 = time.perf_counter_ns()
-        add_instrument(self)
+        self._started = True
+        self.t0 = time.perf_counter_ns()
+        if self._runtime is not None:
+            self._runtime.add_instrument(self)
+        else:
+            add_instrument(self)
 
     def stop(self) -> None:
-        """Detach from the event stream (idempotent)."""
-        if self._t0 and not self._t1:
-            remove_instrument(self)
-            self._t1 = time.perf_counter_ns()
+        """Detach (idempotent)."""
+        if self._started and not self.t1:
+            if self._runtime is not None:
+                self._runtime.remove_instrument(self)
+            else:
+                remove_instrument(self)
+            self.t1 = time.perf_counter_ns()
 
     def __enter__(self) -> Profiler:
         self.start()
@@ -155,84 +127,35 @@ class Profiler:
     ) -> None:
         self.stop()
 
-    # -- hooks (called on the thread where the event happens; keep them short) -------------------
-
-    def task_ready(self, ts: int, task: Task) -> None:
-        self._add((_READY, ts, task.id))
-
-    def task_started(self, ts: int, task: Task) -> None:
-        try:
-            tid = self._local.tid
-        except AttributeError:
-            tid = self._register_thread()
-        inputs = task.inputs
-        ids = [t.id for t in inputs] if inputs else None
-        # The cost's two floats, not the Cost: a tuple kept alive per task costs GC time.
-        cost = task.cost
-        if cost is None:
-            self._add((_STARTED, ts, task.id, tid, task.op, task.spec, None, None, ids))
-        else:
-            self._add((_STARTED, ts, task.id, tid, task.op, task.spec, cost[0], cost[1], ids))
-
-    def task_finished(self, ts: int, task: Task) -> None:
-        self._add((_FINISHED, ts, task.id))
-
-    def task_failed(self, ts: int, task: Task) -> None:
-        self._add((_FAILED, ts, task.id))
-
-    def task_cancelled(self, ts: int, task: Task) -> None:
-        self._add((_CANCELLED, ts, task.id))
-
-    def fork(self, ts: int, name: str, parent: str | None) -> None:
-        try:
-            tid = self._local.tid
-        except AttributeError:
-            tid = self._register_thread()
-        self._add((_FORK, ts, name, tid, parent))
-
-    def fork_finished(self, ts: int, name: str) -> None:
-        self._add((_FORK_END, ts, name))
-
-    def wait_started(self, ts: int, name: str) -> None:
-        try:
-            tid = self._local.tid
-        except AttributeError:
-            tid = self._register_thread()
-        self._add((_WAIT, ts, name, tid))
-
-    def wait_finished(self, ts: int, name: str) -> None:
-        self._add((_WAIT_END, ts, name))
-
-    def _register_thread(self) -> int:
-        tid = threading.get_native_id()
-        label = thread_label()
-        if label == "loop" and "loop" in self._threads.values():  # a second event loop
-            label = f"loop ({threading.current_thread().name})"
-        self._threads[tid] = label
-        self._local.tid = tid
-        return tid
-
     # -- results ------------------------------------------------------------------------------
 
     @property
     def events(self) -> list[Event]:
-        """The recorded events in the order they were recorded."""
-        out = []
-        for rec in _records(list(self._raw)):
-            kind = rec[0]
-            thread = rec[3] if kind in (_STARTED, _FORK, _WAIT) else None
-            op = rec[4] if kind == _STARTED else None
-            out.append(Event(_KINDS[kind], rec[1], rec[2], thread, op))
+        """The recorded events, by time: each task's ready, start and end, and the forks and
+        waits (rebuilt from the span records)."""
+        out: list[Event] = []
+        for rec in list(self.tasks):
+            task_id, op, thread = rec[ID], rec[OP], rec[THREAD]
+            out.append(Event("task_ready", rec[READY], task_id, None, None))
+            out.append(Event("task_started", rec[START], task_id, thread, op))
+            done = "task_failed" if rec[FAILED] else "task_finished"
+            out.append(Event(done, rec[END], task_id, None, None))
+        for kind, name, thread, start, end, _ in list(self.spans):
+            begin, finish = ("fork", "fork_finished") if kind == "fork" else (
+                "wait_started", "wait_finished")  # fmt: skip
+            out.append(Event(begin, start, name, thread, None))
+            out.append(Event(finish, end, name, None, None))
+        out.sort(key=lambda e: e.ts)
         return out
 
     def trace(self) -> Trace:
         """The recorded run as a :class:`~dataflow._trace.Trace` (built once stopped)."""
         if self._trace is not None:
             return self._trace
-        if not self._t0:
+        if not self._started:
             raise DataflowError("this Profiler has not recorded anything: start it first")
-        trace = _build(_records(list(self._raw)), dict(self._threads), self._t0, self._t1)
-        if self._t1:
+        trace = super().trace()
+        if self.t1:
             self._trace = trace
         return trace
 
@@ -249,8 +172,15 @@ class Profiler:
         return summarize(self.trace())
 
 
-def profile() -> Profiler:
+def profile(
+    runtime: Any = None, *, max_spans: int | None = None, max_seconds: float | None = None
+) -> Profiler:
     """A profiler to use as a (sync or async) context manager around the code to record.
+
+    Args:
+        runtime: record only this runtime (default: every runtime of the process).
+        max_spans, max_seconds: keep only the last spans, or the last seconds (see
+            :class:`~dataflow.Recorder`).
 
     Example:
         >>> with dataflow.profile() as prof:
@@ -258,98 +188,7 @@ def profile() -> Profiler:
         >>> prof.export_chrome_trace("parallel.json")
         >>> print(prof.table())
     """
-    return Profiler()
-
-
-def _records(raw: list[Any]) -> list[tuple[Any, ...]]:
-    """Cut the flat record list into one tuple per record."""
-    out = []
-    i, n = 0, len(raw)
-    while i < n:
-        size = _LENGTHS[raw[i]]
-        out.append(tuple(raw[i : i + size]))
-        i += size
-    return out
-
-
-def _build(raw: list[tuple[Any, ...]], threads: dict[int, str], t0: int, t1: int) -> Trace:
-    """Turn recorded tuples into task spans; corrects for events reported slightly late."""
-    stop = (t1 or time.perf_counter_ns()) - t0
-    ready: dict[int, int] = {}
-    for rec in raw:
-        if rec[0] == _READY:
-            ready.setdefault(rec[2], rec[1] - t0)
-    tasks: dict[int, TaskSpan] = {}
-    input_ids: dict[int, list[int]] = {}
-    forks: dict[str, tuple[int, int, str | None]] = {}
-    waits: dict[str, list[tuple[int, int]]] = {}
-    spans: list[Span] = []
-    unrun_failed = unrun_cancelled = 0
-    for rec in raw:
-        kind, ts = rec[0], rec[1] - t0
-        if kind == _STARTED:
-            _, _, task_id, tid, op, spec, flops, nbytes, inputs = rec
-            args = describe_spec(spec)
-            if flops is not None:
-                args["flops"] = flops
-                args["bytes"] = nbytes
-            # Task names are "op#id" (see Task.__init__).
-            tasks[task_id] = TaskSpan(
-                f"{op}#{task_id}", op, tid, ts, -1, ready.get(task_id, ts), (), args
-            )
-            if inputs:
-                input_ids[task_id] = inputs
-        elif kind in (_FINISHED, _FAILED):
-            span = tasks.get(rec[2])
-            if span is not None and span.end < 0:
-                span.end = ts
-                span.failed = kind == _FAILED
-            elif span is None and kind == _FAILED:
-                unrun_failed += 1  # an input failed: it never ran
-        elif kind == _CANCELLED:
-            unrun_cancelled += 1
-        elif kind == _FORK:
-            forks[rec[2]] = (ts, rec[3], rec[4])
-        elif kind == _FORK_END:
-            began = forks.pop(rec[2], None)
-            if began is not None:
-                spans.append(Span("fork", rec[2], began[1], began[0], ts, began[2]))
-        elif kind == _WAIT:
-            waits.setdefault(rec[2], []).append((ts, rec[3]))
-        elif kind == _WAIT_END:
-            pending = waits.get(rec[2])
-            if pending:
-                began_at, tid = pending.pop(0)
-                spans.append(Span("wait", rec[2], tid, began_at, ts))
-    for name, (ts, tid, parent) in forks.items():  # still running when profiling stopped
-        spans.append(Span("fork", name, tid, ts, stop, parent))
-    for name, pending in waits.items():
-        spans.extend(Span("wait", name, tid, ts, stop) for ts, tid in pending)
-    for task_id, ids in input_ids.items():  # inputs that ran before profiling have no op
-        tasks[task_id].inputs = tuple(tasks[i].name if i in tasks else f"?#{i}" for i in ids)
-    for span in tasks.values():
-        if span.end < 0:  # still running when profiling stopped
-            span.end = stop
-            span.args["unfinished"] = True
-    # A kernel's end and a task's readiness are reported just after the runtime publishes
-    # them, so a dependent can be seen starting a few ns before its input's end, or before it
-    # was reported ready. Clamp those, so every dependency edge points forward in time.
-    for task_id, span in tasks.items():
-        span.ready = min(span.ready, span.start)
-        for src_id in input_ids.get(task_id, ()):
-            src = tasks.get(src_id)
-            if src is not None and src.end > span.start:
-                src.end = max(src.start, span.start)
-    ordered = sorted(tasks.values(), key=lambda t: (t.start, t.id))
-    return Trace(
-        tasks=ordered,
-        threads=threads,
-        spans=sorted(spans, key=lambda s: s.start),
-        wall=max([stop] + [t.end for t in ordered]),
-        pid=os.getpid(),
-        unrun_failed=unrun_failed,
-        unrun_cancelled=unrun_cancelled,
-    )
+    return Profiler(runtime, max_spans=max_spans, max_seconds=max_seconds)
 
 
 # -- analysis -------------------------------------------------------------------------------

@@ -237,6 +237,7 @@ class Runtime:
         self._closed = False
         # Submit a task to the backend: the backend's own ``submit`` once the runtime is open.
         self.dispatch: Callable[..., Task] = _not_open
+        self._observers: list[Any] = []  # this runtime's own instruments and recorders
 
     @property
     def backend(self) -> Backend:
@@ -312,6 +313,8 @@ class Runtime:
             max_pending=self.max_pending,
             simulate=self.simulate,
         )
+        for observer in self._observers:
+            self._sched.observe(observer, True)
         try:
             if self.intraop_threads is not None:
                 from threadpoolctl import threadpool_limits
@@ -416,6 +419,23 @@ class Runtime:
     def cancel_task(self, task: Task) -> bool:
         """Cancel a task that has not started; its dependents fail with CancelledTaskError."""
         return self._backend.cancel(task)
+
+    def add_instrument(self, observer: Any) -> None:
+        """Attach an instrument or a :class:`~dataflow.Recorder` to this runtime only.
+
+        Other runtimes of the process do not pay for it (``dataflow.add_instrument`` observes
+        them all). It may be attached before the runtime is entered.
+        """
+        self._observers.append(observer)
+        if self._sched is not None:
+            self._sched.observe(observer, True)
+
+    def remove_instrument(self, observer: Any) -> None:
+        """Detach an observer from this runtime; a no-op when it is not attached."""
+        if observer in self._observers:
+            self._observers.remove(observer)
+        if self._sched is not None:
+            self._sched.observe(observer, False)
 
     @property
     def failures(self) -> list[BaseException]:

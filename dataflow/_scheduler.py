@@ -90,7 +90,7 @@ from ._errors import (
     OpTimeoutError,
     task_failed,
 )
-from ._instrument import ACTIVE, emit
+from ._instrument import ACTIVE, Scope
 from ._pool import GRAPH_LOCK, InteropPool, current_pool
 from ._protect import protect, thaw
 from ._task import (
@@ -325,6 +325,62 @@ class Scheduler:
         self._watchdog: Watchdog | None = None
         # Requests (tasks on the loop) that dispatched deferred work, by their loop task.
         self._owners: dict[Any, _Owner] = {}
+        # This runtime's own observers (the process's are in ACTIVE); ``watching`` mirrors
+        # whether it has any, for the hot path's one test.
+        self.scope = Scope(f"runtime {id(runtime) & 0xFFFF:x}")
+        self.watching = False
+
+    # -- observation (only when something observes: `if ACTIVE or self.watching`) ----------
+
+    def observe(self, observer: Any, attach: bool) -> None:
+        """Attach (or detach) an instrument or recorder to this runtime only."""
+        if attach:
+            self.scope.add(observer)
+        else:
+            self.scope.remove(observer)
+        self.watching = bool(self.scope)
+
+    def _scopes(self) -> list[Scope]:
+        if self.watching:
+            if not self.scope:  # its last observer was switched off
+                self.watching = False
+                return list(ACTIVE)
+            return [*ACTIVE, self.scope]
+        return list(ACTIVE)
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on the instruments observing this runtime."""
+        ts = time.perf_counter_ns()
+        for scope in self._scopes():
+            scope.emit_at(ts, hook, *args)
+
+    def emit_at(self, ts: int, hook: str, *args: Any) -> None:
+        """``emit`` with a given timestamp (an event that happened elsewhere: Dask)."""
+        for scope in self._scopes():
+            scope.emit_at(ts, hook, *args)
+
+    def record(self, task: Task, start: int, end: int, failed: bool) -> None:
+        """One span record of a task that ran, for the recorders observing this runtime."""
+        for scope in self._scopes():
+            for rec in scope.recorders:
+                try:
+                    rec.task(task, task.ready, start, end, failed)
+                except BaseException as exc:  # no observer may break a run
+                    scope.disable(rec, "task", exc)
+
+    def record_unrun(self, cancelled: bool) -> None:
+        for scope in self._scopes():
+            for rec in scope.recorders:
+                rec.unrun(cancelled)
+
+    def record_span(self, kind: str, name: str, start: int, end: int, parent: str | None) -> None:
+        """A fork's or a wait's span ended (on the loop thread)."""
+        for scope in self._scopes():
+            for rec in scope.recorders:
+                try:
+                    rec.span(kind, name, start, end, parent)
+                except BaseException as exc:  # no observer may break a run
+                    scope.disable(rec, "span", exc)
 
     # -- dispatch (the hot path) ---------------------------------------------------------------
 
@@ -352,7 +408,7 @@ class Scheduler:
             if inline is None:
                 inline = sig.seconds < self.inline_threshold or self.pool is None
             if inline:
-                if ACTIVE:  # the traced path: a full task, with its events
+                if ACTIVE or self.watching:  # the observed path: a full task, its events
                     return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
                 # The hot path of small ops: no task record until the value exists.
                 if values is None:
@@ -382,8 +438,9 @@ class Scheduler:
             task.priority = priority
         if timeout is not None:
             task.fn = TimedKernel(fn, task, timeout)
-        if ACTIVE:
-            emit("task_created", task)
+        watched = ACTIVE or self.watching
+        if watched:
+            self.emit("task_created", task)
         if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
             return self._run_now(task)
         protect(task)  # it runs later: the caller may change its arrays meanwhile
@@ -403,8 +460,9 @@ class Scheduler:
                 task.state = READY
             if task.state == READY:
                 self.pool.push_locked(task)
-        if ACTIVE and task.state == READY:
-            emit("task_ready", task)
+        if watched and task.state == READY:
+            task.ready = time.perf_counter_ns()
+            self.emit("task_ready", task)
         if self.inflight > self._limit:
             self._throttle()
         return task
@@ -480,27 +538,28 @@ class Scheduler:
         return task
 
     def _run_inline(self, task: Task) -> Task:
-        """Run a just-created task whose inputs are done, here and now.
+        """Run a just-created task whose inputs are done, here and now (observed: events and
+        a span record; the unobserved hot path is in ``submit``).
 
         No lock is needed until it ends: until ``submit`` returns its handle, no other thread
         can see the task, so nobody can be waiting on it or depend on it.
         """
         task.state = RUNNING
-        traced = bool(ACTIVE)
-        if traced:
-            emit("task_created", task)
-            emit("task_started", task)
+        self.emit("task_created", task)
+        self.emit("task_started", task)
+        start = time.perf_counter_ns()
         try:
             value = self._call(task)
         except BaseException as exc:
+            self.record(task, start, time.perf_counter_ns(), True)
             err = task_failed(task.name, task.op, exc)
             with GRAPH_LOCK:
                 self.failures.append(err)
                 self._fail_locked(task, err, counted=False)
             return task
+        self.record(task, start, time.perf_counter_ns(), False)
         task.value = value
-        if traced:
-            emit("task_finished", task)
+        self.emit("task_finished", task)
         self.inline_run += 1
         task.state = DONE
         task.fn = task.args = task.kwargs = None
@@ -693,14 +752,18 @@ class Scheduler:
                 self._fail_locked(task, cancelled)
                 nxt = self._lane_after_locked(task, here)
             return None if nxt is None else [nxt]
-        if ACTIVE:
-            emit("task_started", task)
+        watched = ACTIVE or self.watching
+        if watched:
+            self.emit("task_started", task)
+            start = time.perf_counter_ns()
         _running.task = task
         try:
             value = self._call(task, here is not None)
         except BaseException as exc:
             _running.task = None
             thaw(task)
+            if watched:
+                self.record(task, start, time.perf_counter_ns(), True)
             err = task_failed(task.name, task.op, exc)
             with GRAPH_LOCK:
                 if task.state == RUNNING:  # else it timed out while it ran: dropped
@@ -710,11 +773,13 @@ class Scheduler:
             return None if nxt is None else [nxt]
         _running.task = None
         thaw(task)
-        if ACTIVE:
+        if watched:
             # Before the dependents are made ready, so events stay in causal order. The value
             # is readable by the instrument (its state is not DONE yet: nobody else reads it).
+            end = time.perf_counter_ns()
+            self.record(task, start, end, False)
             task.value = value
-            emit("task_finished", task)
+            self.emit("task_finished", task)
         mine = None
         with GRAPH_LOCK:
             nxt = self._lane_after_locked(task, here)
@@ -740,9 +805,10 @@ class Scheduler:
                         mine = more
                     else:
                         mine.extend(more)
-        if ACTIVE and ready is not None:
+        if watched and ready is not None:
             for d in ready:
-                emit("task_ready", d)
+                d.ready = end
+                self.emit("task_ready", d)
         return mine
 
     @staticmethod
@@ -812,8 +878,11 @@ class Scheduler:
             if waiters is not None:
                 t.waiters = None
                 sched.host.wake(waiters)
-            if ACTIVE:
-                emit("task_cancelled" if t.state == CANCELLED else "task_failed", t)
+            if ACTIVE or sched.watching:
+                cancelled = t.state == CANCELLED
+                if not (t is task and was_running):  # (a kernel that ran records its span)
+                    sched.record_unrun(cancelled)
+                sched.emit("task_cancelled" if cancelled else "task_failed", t)
         for sched in owners:
             if sched.inflight == 0 and sched._drained is not None:
                 sched.host.wake([sched._drained])

@@ -197,6 +197,7 @@ class Task:
         "inputs",
         "kwargs",
         "priority",
+        "ready",
         "runtime",
         "sig",
         "state",
@@ -232,6 +233,8 @@ class Task:
         self.frozen: list[Any] | None = None
         # Weak references to the handles on a deferred task (is its value still wanted?).
         self.handles: list[Any] | None = None
+        # When it became READY (perf_counter_ns), recorded only while something observes.
+        self.ready = 0
         # Among ready tasks the smallest priority runs first: issue order by default, the
         # static critical-path rank in graph runs.
         self.priority: float = self.id
@@ -303,6 +306,7 @@ _DEFAULTS: dict[str, Any] = {
     "handles": None,
     "inputs": (),
     "kwargs": None,
+    "ready": 0,
     "waiters": None,
     "waiting": 0,
 }

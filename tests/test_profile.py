@@ -17,7 +17,7 @@ import pytest
 import dataflow
 import ops
 from dataflow import Pending, Task
-from dataflow._instrument import ACTIVE
+from dataflow._instrument import PROCESS
 from dataflow._profile import critical_path, op_stats, summarize
 from dataflow._trace import TaskSpan, Trace, from_chrome, load
 
@@ -194,7 +194,7 @@ class TestRecording:
         async with dataflow.Runtime(interop_threads=2), dataflow.profile() as prof:
             await (await _chain(a, w, 2))
         assert len(prof.trace().tasks) == 4
-        assert prof not in ACTIVE
+        assert prof not in PROCESS.recorders
 
     def test_every_runtime_while_open(self) -> None:
         """Two runs in one profile: both recorded; same-named pool threads share a row."""
@@ -214,9 +214,9 @@ class TestRecording:
             prof.start()
 
     def test_repr(self) -> None:
-        """The repr tells the state and the number of events."""
+        """The repr tells the state and the number of tasks recorded."""
         prof = dataflow.profile()
-        assert repr(prof) == "<Profiler new events=0>"
+        assert repr(prof) == "<Profiler new tasks=0>"
         with prof:
             assert repr(prof).startswith("<Profiler recording")
         assert repr(prof).startswith("<Profiler stopped")
@@ -507,7 +507,7 @@ class TestInstruments:
                 result = dataflow.run(two_chains, 32, 2, interop_threads=2)
         finally:
             dataflow.remove_instrument(broken)
-        assert broken not in ACTIVE
+        assert broken not in PROCESS.instruments
         assert result.shape == (32, 32)
         assert len(prof.trace().tasks) == 9  # the profiler saw every task all the same
 

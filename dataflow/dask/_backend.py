@@ -65,7 +65,7 @@ from .._errors import (
     describe,
     task_error_type,
 )
-from .._instrument import ACTIVE, emit
+from .._instrument import ACTIVE
 from .._log import logger
 from .._op import op_for_kernel
 from .._pool import GRAPH_LOCK
@@ -481,9 +481,9 @@ class DaskBackend:
         inputs: tuple[Task, ...],
     ) -> Task:
         task = Task(sig, fn, args, kwargs, self.runtime, inputs)
-        timed = bool(ACTIVE)
+        timed = bool(ACTIVE) or self._sched.watching
         if timed:
-            emit("task_created", task)
+            self._sched.emit("task_created", task)
             self._timed[task.id] = task
         task.value = _Remote(f"{sig.name}-{self.token}-{task.id}", timed)
         sched = self._sched
@@ -737,8 +737,8 @@ class DaskBackend:
             self._spawn(self._cancel_futures(dropped))
         self.sent += len(watched)
         for task, rem in watched:
-            if ACTIVE and not rem.timed:
-                emit("task_ready", task)
+            if (ACTIVE or self._sched.watching) and not rem.timed:
+                self._sched.emit("task_ready", task)
             if rem.wanted and not rem.fetching:
                 self._spawn(self._fetch(task, rem))
         # One watcher per batch (a coroutine per task would cost more than it saves): it
@@ -934,8 +934,9 @@ class DaskBackend:
             deps, task.dependents = task.dependents, None
             for d in deps or ():
                 d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
-        if ACTIVE and not reports:
-            emit("task_cancelled" if cancelled else "task_failed", task)
+        if (ACTIVE or sched.watching) and not reports:
+            sched.record_unrun(cancelled)
+            sched.emit("task_cancelled" if cancelled else "task_failed", task)
 
     def _fail_unsent(self, task: Task, exc: BaseException) -> None:
         self._fail_queued(task, self._unsendable(task, exc))
@@ -1016,9 +1017,9 @@ class DaskBackend:
                 run_here = Scheduler._place_ready_locked(ready, False, None)
             if waiters is not None:
                 self._sched.host.wake(waiters)
-        if ACTIVE and ready is not None:
+        if (ACTIVE or self._sched.watching) and ready is not None:
             for d in ready:
-                emit("task_ready", d)
+                self._sched.emit("task_ready", d)
         for t in run_here or ():  # synchronous mode (no pool): they run here
             t.runtime._sched.execute(t, go_on=False)  # type: ignore[union-attr]
 
@@ -1030,11 +1031,14 @@ class DaskBackend:
         task = self._timed.pop(task_id, None)
         if task is not None:
             clock = self._clock
-            done = "task_failed" if failed else "task_finished"
             self._relay.put(
                 (worker, native_id),
                 f"dask {worker} {thread_name}",
-                [("task_started", start - clock, task), (done, end - clock, task)],
+                self._sched,
+                task,
+                start - clock,
+                end - clock,
+                bool(failed),
             )
         drained = self._timed_drained
         if not self._timed and drained is not None and not drained.done():

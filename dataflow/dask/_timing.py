@@ -14,10 +14,9 @@ import queue
 import threading
 from typing import Any
 
-from .._instrument import _disable, _methods
 from .._task import Task
 
-__all__ = ["Relay", "emit_at"]
+__all__ = ["Relay"]
 
 
 class Relay:
@@ -30,24 +29,38 @@ class Relay:
     def __init__(self) -> None:
         self._threads: dict[tuple[str, int], tuple[threading.Thread, queue.SimpleQueue[Any]]] = {}
 
-    def put(self, where: tuple[str, int], name: str, events: list[tuple[str, int, Task]]) -> None:
+    def put(
+        self,
+        where: tuple[str, int],
+        name: str,
+        sched: Any,
+        task: Task,
+        start: int,
+        end: int,
+        failed: bool,
+    ) -> None:
+        """Report a worker's kernel span from the stand-in thread of ``where``."""
         entry = self._threads.get(where)
         if entry is None:
             q: queue.SimpleQueue[Any] = queue.SimpleQueue()
             t = threading.Thread(target=self._run, args=(q,), name=name, daemon=True)
             t.start()
             entry = self._threads[where] = (t, q)
-        entry[1].put(events)
+        entry[1].put((sched, task, start, end, failed))
 
     @staticmethod
     def _run(q: queue.SimpleQueue[Any]) -> None:
         while True:
-            events = q.get()
-            if events is None:
+            item = q.get()
+            if item is None:
                 return
-            for hook, ts, task in events:
-                emit_at(ts, hook, task)
-            events[0][2].inputs = ()  # the profiler has read them: release the input values
+            sched, task, start, end, failed = item
+            try:
+                sched.emit_at(start, "task_started", task)
+                sched.record(task, start, end, failed)  # on this thread: its lane
+                sched.emit_at(end, "task_failed" if failed else "task_finished", task)
+            finally:
+                task.inputs = ()  # the observers have read them: release the input values
 
     def close(self) -> None:
         for _, q in self._threads.values():
@@ -55,12 +68,3 @@ class Relay:
         for t, _ in self._threads.values():
             t.join()
         self._threads.clear()
-
-
-def emit_at(ts: int, hook: str, *args: Any) -> None:
-    """``emit`` with a given timestamp (an event that happened elsewhere, reported late)."""
-    for inst, method in _methods(hook):
-        try:
-            method(ts, *args)
-        except Exception as exc:
-            _disable(inst, hook, exc)

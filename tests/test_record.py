@@ -1,0 +1,248 @@
+"""Recorders and observers (issues #16 and #19.2): per runtime, bounded, never fatal."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from dataflow._instrument import PROCESS
+
+Array = np.ndarray[Any, Any]
+
+
+async def _chain(n: int) -> Any:
+    """``n`` pool ops in a chain, awaited."""
+    y: Any = ops.asarray(np.ones(8))
+    for _ in range(n):
+        y = _slow(y)
+    return await y
+
+
+_slow = dataflow.op("slow_id", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.array)
+
+
+def _fail(x: Any) -> Any:
+    raise ValueError("failing kernel")
+
+
+_failing = dataflow.op("failing", meta=ops.spec_of, handle=ops.Tensor, inline=False)(_fail)
+
+
+class TestRecorder:
+    def test_one_record_per_task_with_its_dependencies(self) -> None:
+        """A recorder sees each task once, with its inputs, thread and times in order."""
+        rec = dataflow.Recorder()
+
+        async def main() -> Any:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(rec)
+            return await _chain(5)
+
+        dataflow.run(main, interop_threads=2)
+        trace = rec.trace()
+        chain = [t for t in trace.tasks if t.op == "slow_id"]
+        assert len(chain) == 5
+        assert all(t.ready <= t.start <= t.end for t in chain)
+        assert [t.inputs for t in chain[1:]] == [(a.name,) for a in chain[:-1]]
+        assert all(trace.threads[t.thread].startswith("interop") for t in chain)
+
+    def test_scoped_to_one_runtime(self) -> None:
+        """A recorder attached to one runtime records none of another's tasks."""
+        rec = dataflow.Recorder()
+
+        async def main() -> None:
+            async with dataflow.Runtime(private_pool=True) as mine:
+                mine.add_instrument(rec)
+                await _chain(3)
+            async with dataflow.Runtime(private_pool=True):
+                await _chain(4)
+
+        dataflow.run(main)
+        assert len([t for t in rec.trace().tasks if t.op == "slow_id"]) == 3
+        assert rec not in PROCESS.recorders
+
+    def test_attached_before_entry(self) -> None:
+        """rt.add_instrument before `async with` takes effect on entry."""
+        rec = dataflow.Recorder()
+
+        async def main() -> None:
+            rt = dataflow.Runtime(private_pool=True)
+            rt.add_instrument(rec)
+            async with rt:
+                await _chain(2)
+
+        dataflow.run(main)
+        assert len([t for t in rec.trace().tasks if t.op == "slow_id"]) == 2
+
+    def test_profile_of_one_runtime(self) -> None:
+        """dataflow.profile(rt) records that runtime only."""
+
+        async def main() -> int:
+            async with dataflow.Runtime(private_pool=True) as rt:
+                async with dataflow.profile(rt) as prof:
+                    await _chain(3)
+                async with dataflow.Runtime(private_pool=True):
+                    await _chain(2)
+            return len([t for t in prof.trace().tasks if t.op == "slow_id"])
+
+        assert dataflow.run(main) == 3
+
+    def test_max_spans_keeps_the_last(self) -> None:
+        """A ring buffer: max_spans=10 keeps the 10 most recent task records."""
+        rec = dataflow.Recorder(max_spans=10)
+        dataflow.add_instrument(rec)
+        try:
+            dataflow.run(_chain, 50)
+        finally:
+            dataflow.remove_instrument(rec)
+        ids = [t.id for t in rec.trace().tasks]
+        assert len(ids) == 10 and ids == sorted(ids)
+
+    def test_max_seconds_drops_old_records(self) -> None:
+        """max_seconds keeps only what ended within the window."""
+        rec = dataflow.Recorder(max_seconds=3600)
+        rec.tasks.append((1, "old", None, None, None, (), 1, 0, 0, rec.t0 - 7200 * 10**9, 0))
+        dataflow.add_instrument(rec)
+        try:
+            dataflow.run(_chain, 3)
+        finally:
+            dataflow.remove_instrument(rec)
+        assert [t.op for t in rec.trace().tasks].count("old") == 0
+
+    def test_dump_writes_a_trace_and_keeps_recording(self, tmp_path: Path) -> None:
+        """dump(path) writes the buffer as Chrome trace JSON; the recorder goes on."""
+        rec = dataflow.Recorder(max_spans=100)
+        dataflow.add_instrument(rec)
+        try:
+            dataflow.run(_chain, 4)
+            path = tmp_path / "now.json"
+            rec.dump(path)
+            dataflow.run(_chain, 2)
+        finally:
+            dataflow.remove_instrument(rec)
+        doc = json.loads(path.read_text())
+        slices = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        assert len([e for e in slices if e["name"].startswith("slow_id")]) == 4
+        assert len([t for t in rec.trace().tasks if t.op == "slow_id"]) == 6
+
+    def test_empty_dump_says_so(self, tmp_path: Path) -> None:
+        """Dumping a recorder that saw nothing is an error that says why."""
+        with pytest.raises(dataflow.DataflowError, match="holds nothing"):
+            dataflow.Recorder().dump(tmp_path / "x.json")
+
+    def test_bad_bounds(self) -> None:
+        """Bounds are validated, naming the argument."""
+        with pytest.raises(ValueError, match="max_spans"):
+            dataflow.Recorder(max_spans=0)
+        with pytest.raises(TypeError, match="max_seconds"):
+            dataflow.Recorder(max_seconds="1")  # type: ignore[arg-type]
+
+    def test_failures_and_unrun_tasks_are_counted(self) -> None:
+        """A failed kernel is a failed span; its dependents, which never ran, are counted."""
+        rec = dataflow.Recorder()
+
+        async def main() -> None:
+            bad = _failing(np.ones(2))
+            downstream = ops.add(_slow(bad), 1.0)
+            with pytest.raises(dataflow.TaskError):
+                await downstream
+
+        dataflow.add_instrument(rec)
+        try:
+            dataflow.run(main)
+        finally:
+            dataflow.remove_instrument(rec)
+        trace = rec.trace()
+        assert [t.failed for t in trace.tasks if t.op == "failing"] == [True]
+        assert trace.unrun_failed >= 1
+
+
+class _Raising(dataflow.Instrument):
+    """Raises ``exc`` from ``hook`` (and, optionally, from its own __repr__)."""
+
+    def __init__(self, hook: str, exc: BaseException, bad_repr: bool = False) -> None:
+        self.exc = exc
+        self.bad_repr = bad_repr
+        setattr(self, hook, self._raise)
+
+    def _raise(self, *args: Any) -> None:
+        raise self.exc
+
+    def __repr__(self) -> str:
+        if self.bad_repr:
+            raise RuntimeError("repr is broken too")
+        return "<Raising>"
+
+
+class TestObserversNeverBreakARun:
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3), ValueError("v")])
+    @pytest.mark.parametrize("hook", ["task_started", "task_finished", "task_ready"])
+    def test_anything_raised_switches_the_observer_off(self, hook: str, exc: Any) -> None:
+        """An instrument raising KeyboardInterrupt, SystemExit or anything else, on a worker
+        thread, is switched off and reported once; the run completes (issue #19.2)."""
+        inst = _Raising(hook, exc)
+        dataflow.add_instrument(inst)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = dataflow.run(_chain, 6, interop_threads=2)
+        finally:
+            dataflow.remove_instrument(inst)
+        np.testing.assert_array_equal(got, np.ones(8))
+        reports = [w for w in caught if f"raised in {hook}()" in str(w.message)]
+        assert len(reports) == 1
+        assert inst not in PROCESS.instruments
+
+    def test_hook_and_repr_both_raising(self) -> None:
+        """An instrument whose hook and __repr__ both raise is still switched off cleanly."""
+        inst = _Raising("task_started", KeyboardInterrupt(), bad_repr=True)
+        dataflow.add_instrument(inst)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = dataflow.run(_chain, 4, interop_threads=2)
+        finally:
+            dataflow.remove_instrument(inst)
+        np.testing.assert_array_equal(got, np.ones(8))
+        assert any("<_Raising object>" in str(w.message) for w in caught)
+
+    def test_workers_survive(self) -> None:
+        """After an instrument raised on the workers, the pool still has all its threads and
+        runs the next program."""
+        inst = _Raising("task_started", SystemExit(1))
+
+        async def main() -> tuple[Any, int]:
+            rt = dataflow.current_runtime()
+            assert rt is not None and rt._pool is not None
+            rt.add_instrument(inst)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                first = await _chain(4)
+            alive = sum(t.is_alive() for t in rt._pool.threads)
+            return first, alive + 0 * len(await _chain(4))
+
+        first, alive = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(first, np.ones(8))
+        assert alive == 2
+
+    def test_runtime_scope_switches_off_in_that_runtime_only(self) -> None:
+        """A raising observer of one runtime is removed from that runtime, not the process."""
+        inst = _Raising("task_finished", ValueError("x"))
+
+        async def main() -> bool:
+            async with dataflow.Runtime(private_pool=True) as rt:
+                rt.add_instrument(inst)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    await _chain(2)
+                return inst in rt._sched.scope.instruments
+
+        assert dataflow.run(main) is False
