@@ -79,6 +79,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from threading import get_ident, get_native_id
 from typing import TYPE_CHECKING, Any
 
 from . import _graphstate as gs
@@ -90,9 +91,10 @@ from ._errors import (
     OpTimeoutError,
     task_failed,
 )
-from ._instrument import ACTIVE, Scope
+from ._instrument import ACTIVE, GENERATION, HOOKED, Scope
 from ._pool import GRAPH_LOCK, InteropPool, current_pool
 from ._protect import protect, thaw
+from ._record import Recorder
 from ._task import (
     CANCELLED,
     DONE,
@@ -329,6 +331,15 @@ class Scheduler:
         # whether it has any, for the hot path's one test.
         self.scope = Scope(f"runtime {id(runtime) & 0xFFFF:x}")
         self.watching = False
+        self.hooked = False  # an instrument (not only recorders) observes this runtime
+        # The recorders observing it, as (scope, record method) pairs, cached by GENERATION.
+        self._sinks: tuple[tuple[Scope, Any], ...] = ()
+        self._appends: tuple[Callable[[Any], None], ...] = ()
+        self._windowed: tuple[Any, ...] = ()
+        self._overriding: tuple[tuple[Scope, Any], ...] = ()
+        self._sinks_gen = -1
+        self._recorded = 0
+        self._natives: dict[int, int] = {}  # threading.get_ident() -> native thread id
 
     # -- observation (only when something observes: `if ACTIVE or self.watching`) ----------
 
@@ -339,17 +350,40 @@ class Scheduler:
         else:
             self.scope.remove(observer)
         self.watching = bool(self.scope)
+        self.hooked = self.scope.hooked
 
     def _scopes(self) -> list[Scope]:
         if self.watching:
             if not self.scope:  # its last observer was switched off
-                self.watching = False
+                self.watching = self.hooked = False
                 return list(ACTIVE)
             return [*ACTIVE, self.scope]
         return list(ACTIVE)
 
+    def sinks(self) -> tuple[tuple[Scope, Any], ...]:
+        """(scope, recorder) of each recorder observing this runtime (cached by GENERATION,
+        with the recorders' append methods for the inline path, ``_inline_recorded``)."""
+        gen = GENERATION[0]
+        if gen != self._sinks_gen:
+            pairs = tuple((sc, rec) for sc in self._scopes() for rec in sc.recorders)
+            for _, rec in pairs:
+                rec.thread()  # names the calling thread (the loop's, usually) in its trace
+            self._sinks = pairs
+            # A recorder that overrides ``task`` gets the call (``_inline_recorded``).
+            self._appends = tuple(
+                rec.tasks.append for _, rec in pairs if type(rec).task is Recorder.task
+            )
+            self._overriding = tuple(
+                (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
+            )
+            self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
+            self._sinks_gen = gen
+        return self._sinks
+
     def emit(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on the instruments observing this runtime."""
+        if not (HOOKED or self.hooked):
+            return
         ts = time.perf_counter_ns()
         for scope in self._scopes():
             scope.emit_at(ts, hook, *args)
@@ -408,8 +442,11 @@ class Scheduler:
             if inline is None:
                 inline = sig.seconds < self.inline_threshold or self.pool is None
             if inline:
-                if ACTIVE or self.watching:  # the observed path: a full task, its events
-                    return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
+                if ACTIVE or self.watching:
+                    if HOOKED or self.hooked:  # instruments: a full task, its events
+                        return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
+                    # Recorders only: the lean path, timed, and one span record.
+                    return self._inline_recorded(sig, fn, args, kwargs, inputs, values)
                 # The hot path of small ops: no task record until the value exists.
                 if values is None:
                     values = resolve(args) if inputs else args  # type: ignore[assignment]
@@ -525,6 +562,66 @@ class Scheduler:
         if sig.runs > _WARM_UP:  # the first runs pay first-call costs
             note_overlap(sig, wall, (i1 - i0) / wall - 1.0)
         return value
+
+    def _inline_recorded(
+        self,
+        sig: Signature,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        inputs: tuple[Task, ...],
+        values: list[Any] | None,
+    ) -> Task:
+        """The inline hot path of ``submit`` when only recorders observe: the same run, two
+        clock reads and one span record (no task record is built before the value exists)."""
+        if values is None:
+            values = resolve(args) if inputs else args  # type: ignore[assignment]
+        start = time.perf_counter_ns()
+        try:
+            if kwargs and inputs:
+                kwargs = _resolve_kwargs(kwargs)
+            n = sig.calls = sig.calls + 1
+            if n > _FIRST_RUNS and n % _SAMPLE:
+                value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
+            else:
+                value = self._timed(sig, fn, values, kwargs)
+            check = sig.check
+            if check is not None:
+                spec = sig.spec
+                if type(spec) is tuple or check(spec, value) is not None:
+                    sig.check_value(value)
+        except BaseException:
+            task = Task(sig, fn, args, kwargs, self.rt, inputs)
+            self.record(task, start, time.perf_counter_ns(), True)
+            return self._inline_failed(task)
+        end = time.perf_counter_ns()
+        self.inline_run += 1
+        task = Task.done(sig, value, self.rt)
+        if GENERATION[0] != self._sinks_gen:
+            self.sinks()
+        # The record Recorder.task would write, built once and appended to every recorder
+        # (a deque append each: no Python call per recorder on the hottest path).
+        if inputs:
+            ins = (inputs[0].id,) if len(inputs) == 1 else tuple([t.id for t in inputs])
+        else:
+            ins = ()
+        native = self._natives.get(get_ident())  # (get_native_id() is a system call)
+        if native is None:
+            native = self._natives[get_ident()] = get_native_id()
+        record = (task.id, sig, ins, native, start, start, end, False)
+        for append in self._appends:
+            append(record)
+        for scope, rec in self._overriding:
+            try:
+                rec.task(task, start, start, end, False, inputs)
+            except BaseException as exc:  # no observer may break a run
+                scope.disable(rec, "task", exc)
+        if self._windowed:
+            self._recorded += 1
+            if not self._recorded & 255:
+                for rec in self._windowed:
+                    rec.trim(end)
+        return task
 
     def _inline_failed(self, task: Task) -> Task:
         """The inline kernel (or its value check) raised: fail a task record with that error."""
