@@ -44,9 +44,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 import numpy as np
 
+from ._args import resolve
 from ._errors import DataflowTypeError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
-from ._scheduler import resolve
 from ._task import DONE, Cost, Pending, Signature, Task
 from ._timeout import check_timeout
 from ._walk import is_container, items, leaves
