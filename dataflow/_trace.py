@@ -30,6 +30,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import DataflowError
+
 __all__ = [
     "Span",
     "TaskSpan",
@@ -308,8 +310,8 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
 # -- reading ----------------------------------------------------------------------------------
 
 
-class TraceFormatError(ValueError):
-    """A file is not a Chrome trace this module can read."""
+class TraceFormatError(DataflowError, ValueError):
+    """A file is not a Chrome trace this module can read (a ``ValueError`` too)."""
 
 
 #: How deep a trace's arrays and objects may nest (dataflow writes 4 levels).

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import DataflowTypeError
 from .._op import declaring_modules, lookup_op
 from .._task import Signature, Task
 from ._archive import (
@@ -106,14 +107,16 @@ _PYTHON_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "com
 
 def _dtype_text(dtype: np.dtype[Any], where: str) -> str:
     if dtype.fields is not None or dtype.kind in "OVMm" or dtype.subdtype is not None:
-        raise TypeError(f"{where}: dtype {dtype} cannot be saved (numeric and bool dtypes only)")
+        raise DataflowTypeError(
+            f"{where}: dtype {dtype} cannot be saved (numeric and bool dtypes only)"
+        )
     return dtype.str
 
 
 def _class_name(cls: type, where: str) -> str:
     qualname = cls.__qualname__
     if "<locals>" in qualname:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{where}: {cls.__name__} is defined inside a function, so a file cannot name it"
         )
     return f"{cls.__module__}:{qualname}"
@@ -121,7 +124,7 @@ def _class_name(cls: type, where: str) -> str:
 
 def _encode(value: Any, where: str, depth: int = 0) -> Any:
     if depth > MAX_VALUE_DEPTH:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{where}: a value nests tuples, lists or dicts more than {MAX_VALUE_DEPTH} levels "
             "deep, more than a graph file may hold (MAX_VALUE_DEPTH)"
         )
@@ -151,7 +154,7 @@ def _encode(value: Any, where: str, depth: int = 0) -> Any:
         return {"tuple": [_encode(v, where, depth) for v in value]}
     if t is dict:
         if not all(type(k) is str for k in value):
-            raise TypeError(f"{where}: only dicts with str keys can be saved")
+            raise DataflowTypeError(f"{where}: only dicts with str keys can be saved")
         return {"dict": {k: _encode(v, where, depth) for k, v in value.items()}}
     if isinstance(value, tuple) and hasattr(t, "_fields"):
         return {
@@ -173,7 +176,7 @@ def _encode(value: Any, where: str, depth: int = 0) -> Any:
             "scalar": _dtype_text(value.dtype, where),
             "value": _encode(value.item(), where, depth),
         }
-    raise TypeError(
+    raise DataflowTypeError(
         f"{where}: an argument of type {t.__name__} ({value!r:.60}) has no representation in a "
         "graph file (arrays become constants; numbers, strings, tuples, lists, dicts, slices, "
         "dtypes and NamedTuples are saved)"
@@ -188,9 +191,9 @@ def _type_json(vt: ValueType | None, where: str) -> Any:
 
 def _op_name(op: OpLike, where: str) -> str:
     if isinstance(op, UnresolvedOp):
-        raise TypeError(f"{where}: the graph was read for inspection; load it to save it")
+        raise DataflowTypeError(f"{where}: the graph was read for inspection; load it to save it")
     if lookup_op(op.qualname) is not op:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{where}: the op {op.qualname} is not the one registered under that name (another "
             "op with the same name was declared in that module since, or it was declared "
             "without dataflow.Op): give ops distinct names to save graphs that use them"
