@@ -456,3 +456,177 @@ class TestConvertedErrorsKeepTheirBuiltin:
             assert not isinstance(exc, dataflow.TaskError)  # raised at the call, not at await
         else:
             pytest.fail(f"no {builtin.__name__} raised")
+
+
+# -- arguments checked at the call, naming the argument (#19.9, #18.2) ------------------------
+
+
+class TestCostChecksItsFields:
+    @pytest.mark.parametrize(
+        ("flops", "nbytes", "error", "field"),
+        [
+            ("a", "b", dataflow.DataflowTypeError, "flops"),
+            (1.0, "8", dataflow.DataflowTypeError, "bytes"),
+            (True, 0.0, dataflow.DataflowTypeError, "flops"),
+            (1.0, np.bool_(False), dataflow.DataflowTypeError, "bytes"),
+            (None, 0.0, dataflow.DataflowTypeError, "flops"),
+            (1 + 2j, 0.0, dataflow.DataflowTypeError, "flops"),
+            (-1, 0, dataflow.DataflowValueError, "flops"),
+            (0.0, -0.5, dataflow.DataflowValueError, "bytes"),
+            (float("nan"), 0.0, dataflow.DataflowValueError, "flops"),
+            (0.0, np.float32("nan"), dataflow.DataflowValueError, "bytes"),
+            (np.int64(-3), 0.0, dataflow.DataflowValueError, "flops"),
+        ],
+    )
+    def test_refused_naming_the_field(
+        self, flops: Any, nbytes: Any, error: type[Exception], field: str
+    ) -> None:
+        """A field that is not a number >= 0 raises, naming the field."""
+        with pytest.raises(error, match=rf"Cost\({field}=\.\.\.\)"):
+            dataflow.Cost(flops, nbytes)
+        with pytest.raises(error, match=rf"Cost\({field}=\.\.\.\)"):
+            dataflow.Cost(flops=flops, bytes=nbytes)
+
+    def test_numbers_accepted(self) -> None:
+        """Ints, floats, numpy scalars (made Python floats), inf and the defaults are costs."""
+        assert dataflow.Cost(1, 8) == (1, 8)
+        assert dataflow.Cost(2.5, 0.0) == (2.5, 0.0)
+        four: Any = np.int64(4)
+        eight: Any = np.float32(8.0)
+        numpy_cost = dataflow.Cost(four, eight)
+        assert numpy_cost == (4.0, 8.0)
+        assert [type(v) for v in numpy_cost] == [float, float]
+        assert dataflow.Cost(float("inf"), 0) == (float("inf"), 0)
+        assert dataflow.Cost() == (0.0, 0.0)
+        assert dataflow.Cost(bytes=3) == (0.0, 3)
+
+    def test_replace_make_and_pickle_check_too(self) -> None:
+        """_replace, _make and unpickling build a checked Cost; the type stays a NamedTuple."""
+        cost = dataflow.Cost(1.0, 2.0)
+        assert cost._replace(bytes=5.0) == (1.0, 5.0)
+        assert type(cost._replace(bytes=5.0)) is dataflow.Cost
+        with pytest.raises(dataflow.DataflowValueError, match="bytes"):
+            cost._replace(bytes=-1.0)
+        with pytest.raises(dataflow.DataflowTypeError, match="flops"):
+            dataflow.Cost._make(["x", 1.0])
+        again = pickle.loads(pickle.dumps(cost))
+        assert again == cost and type(again) is dataflow.Cost
+        assert dataflow.Cost._fields == ("flops", "bytes")
+        assert repr(cost) == "Cost(flops=1.0, bytes=2.0)"
+
+    def test_errors_keep_their_builtin(self) -> None:
+        """`except TypeError` / `except ValueError` still catch them."""
+        text: Any = "a"
+        with pytest.raises(TypeError):
+            dataflow.Cost(text, text)
+        with pytest.raises(ValueError):
+            dataflow.Cost(-1.0, 0.0)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class TestCostRuleResult:
+    @pytest.mark.parametrize("returned", [3, (1.0, 2.0), None, "cheap"], ids=repr)
+    def test_not_a_cost_fails_at_the_call_naming_the_op(self, returned: Any) -> None:
+        """A cost rule returning anything but a Cost fails where the op is called."""
+        name = f"cost_returns_{type(returned).__name__}"
+        liar = dataflow.op(
+            name, meta=ops.spec_of, handle=ops.Tensor, cost=lambda x: returned, inline=False
+        )(_identity)
+        reached_await = False
+
+        async def main() -> None:
+            nonlocal reached_await
+            y = liar(np.ones(3))
+            reached_await = True
+            await y
+
+        with pytest.raises(dataflow.DataflowTypeError, match=rf"op '{name}': its cost rule"):
+            dataflow.run(main)
+        assert not reached_await
+
+    def test_a_cost_runs(self) -> None:
+        """A cost rule that returns a Cost (ints included) runs as before."""
+        fine = dataflow.op(
+            "cost_returns_cost",
+            meta=ops.spec_of,
+            handle=ops.Tensor,
+            cost=lambda x: dataflow.Cost(1, 8),
+        )(_identity)
+
+        async def main() -> Any:
+            return await fine(np.ones(3))
+
+        np.testing.assert_array_equal(dataflow.run(main), np.ones(3))
+
+
+async def _getitem_program(x: Any) -> Any:
+    return ops.getitem(x, (slice(0, 2), Ellipsis))
+
+
+class TestLoadTrust:
+    @pytest.fixture
+    def saved(self, tmp_path: Path) -> str:
+        path = str(tmp_path / "g.dfg")
+        dataflow.trace(_getitem_program, np.ones((3, 4))).save(path)
+        return path
+
+    @pytest.mark.parametrize(
+        ("trust", "error"),
+        [
+            (5, dataflow.DataflowTypeError),
+            (None, dataflow.DataflowTypeError),
+            (b"ops", dataflow.DataflowTypeError),
+            ([5], dataflow.DataflowTypeError),
+            (["ops", b"dataflow"], dataflow.DataflowTypeError),
+            ("ops.", dataflow.DataflowValueError),
+            ("", dataflow.DataflowValueError),
+            (["ops", "my-package"], dataflow.DataflowValueError),
+        ],
+        ids=repr,
+    )
+    def test_refused_naming_trust(self, saved: str, trust: Any, error: type[Exception]) -> None:
+        """trust is a module name or an iterable of them; anything else names `trust`."""
+        with pytest.raises(error, match=r"load\(trust=\.\.\.\)"):
+            dataflow.load(saved, trust=trust)
+
+    @pytest.mark.parametrize(
+        "trust", ["ops", ["ops"], ("ops", "dataflow"), {"ops"}, iter(["ops.nn"]), ()], ids=repr
+    )
+    def test_module_names_accepted(self, saved: str, trust: Any) -> None:
+        """A name, a list, tuple, set or iterator of names, or nothing, all load."""
+        graph = dataflow.load(saved, trust=trust)
+        np.testing.assert_array_equal(graph.run(np.ones((3, 4))), np.ones((2, 4)))
+
+    def test_a_negative_cost_in_the_file_is_a_format_error(self, saved: str) -> None:
+        """A file whose dataflow.Cost argument has a negative field: GraphFormatError."""
+        import json
+        import zipfile
+
+        with zipfile.ZipFile(saved) as zf:
+            members = {name: zf.read(name) for name in zf.namelist()}
+        doc = json.loads(members["graph.json"])
+        (node,) = [n for n in doc["nodes"] if n["op"] == "ops._indexing:getitem"]
+        node["args"][1] = {"namedtuple": "dataflow._task:Cost", "fields": [-1.0, 8.0]}
+        members["graph.json"] = json.dumps(doc).encode()
+        with zipfile.ZipFile(saved, "w") as zf:
+            for name, data in members.items():
+                zf.writestr(name, data)
+        with pytest.raises(dataflow.GraphFormatError, match=r"Cost\(flops=\.\.\.\) must be"):
+            dataflow.load(saved)
+
+
+class TestTraceCheckFlag:
+    @pytest.mark.parametrize("check", ["no", "False", 0, 1, None], ids=repr)
+    def test_not_a_bool_is_refused(self, check: Any) -> None:
+        """trace(check=) is True or False; a string used to be read as True."""
+        with pytest.raises(dataflow.DataflowTypeError, match=r"trace\(check=\.\.\.\)"):
+            dataflow.trace(_getitem_program, np.ones((3, 4)), check=check)
+
+    @pytest.mark.parametrize("check", [True, False])
+    def test_bools_trace(self, check: bool) -> None:
+        """True and False both give the graph."""
+        graph = dataflow.trace(_getitem_program, np.ones((3, 4)), check=check)
+        np.testing.assert_array_equal(graph.run(np.ones((3, 4))), np.ones((2, 4)))

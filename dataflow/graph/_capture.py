@@ -515,6 +515,10 @@ async def trace_async(fn: Callable[..., Any], *example_inputs: Any, check: bool 
         raise DataflowTypeError("trace() needs the function, not a coroutine object: trace(f, x)")
     if not callable(fn):
         raise DataflowTypeError(f"trace() needs a callable, got {type(fn).__name__}")
+    if type(check) is not bool:
+        raise DataflowTypeError(
+            f"trace(check=...) must be True or False, got {type(check).__name__}: {check!r:.60}"
+        )
     if isinstance(fn, Graph):
         return fn
     typed = _check_examples(example_inputs)
@@ -553,10 +557,12 @@ def trace(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> G
         fn: the program.
         example_inputs: arrays (or finished handles, e.g. ``ops.asarray(x)``), one per
             positional argument.
-        check: trace again with perturbed inputs and warn where the two graphs differ.
+        check: trace again with perturbed inputs and warn where the two graphs differ (True
+            or False).
 
     Raises:
-        TypeError: an example input is not an array, or ``fn`` is a coroutine object.
+        TypeError: an example input is not an array, ``fn`` is a coroutine object, or
+            ``check`` is not a bool (a ``DataflowTypeError``).
         DataflowError: called from a running event loop (use ``await trace_async(...)``).
     """
     try:

@@ -56,13 +56,13 @@ import sys
 import types
 import zipfile
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from .._errors import DataflowTypeError
+from .._errors import DataflowTypeError, DataflowValueError
 from .._op import declaring_modules, lookup_op
-from .._task import Signature, Task
+from .._task import Signature, Task, checked_cost
 from ._archive import (
     MAX_MEMBERS,
     MAX_NBYTES,
@@ -403,7 +403,7 @@ class _Decoder:
             raise Problem(f"{where}: {qualname} is not a NamedTuple class of module {module_name}")
         try:
             return obj(*fields)
-        except TypeError as exc:
+        except Exception as exc:  # its own constructor checks fields: dataflow.Cost(-1.0, 0.0)
             raise Problem(f"{where}: {qualname}{tuple(fields)!r}: {exc}") from exc
 
     def value(self, v: Any, where: str) -> Any:
@@ -673,6 +673,8 @@ def _infer(
     try:
         spec = op.meta(*bound_args, **bound_kwargs)
         cost = op.cost(*bound_args, **bound_kwargs) if op.cost is not None else None
+        if op.cost is not None:
+            cost = checked_cost(cost, op.name)
     except Exception as exc:
         raise Problem(
             f"{where}: the op rejects the recorded arguments: {type(exc).__name__}: {exc}"
@@ -710,10 +712,38 @@ def load(path: str, *, trust: Iterable[str] | str = ()) -> Graph:
     Raises:
         GraphFormatError: the file is not a graph file, is corrupted or truncated, has a newer
             format version, misses a parameter, holds a pickle, or names an op that cannot be
-            found (or whose module is not trusted).
+            found (or whose module is not trusted). Arguments an op's rules refuse, a
+            ``Cost`` field that is negative or NaN, included.
+        DataflowTypeError, DataflowValueError: ``trust`` is not a module name (``"ops"``) or
+            an iterable of them (checked before the file is opened).
         FileNotFoundError: there is no such file.
     """
-    return _read(path, True, trust)
+    return _read(path, True, _trust_names(trust))
+
+
+def _trust_names(trust: object) -> tuple[str, ...]:
+    """``load``'s ``trust``: a module name or an iterable of them; anything else is refused."""
+    if isinstance(trust, str):
+        names: tuple[object, ...] = (trust,)
+    elif isinstance(trust, bytes | bytearray) or not isinstance(trust, Iterable):
+        raise DataflowTypeError(
+            "dataflow.load(trust=...) must be a module name or a list of module names (str), "
+            f"got {type(trust).__name__}: {trust!r:.60}"
+        )
+    else:
+        names = tuple(trust)
+    for name in names:
+        if not isinstance(name, str):
+            raise DataflowTypeError(
+                "dataflow.load(trust=...): each entry must be a module name (str), got "
+                f"{type(name).__name__}: {name!r:.60}"
+            )
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise DataflowValueError(
+                f"dataflow.load(trust=...): {name!r:.60} is not a module name (dotted "
+                "identifiers, like 'ops' or 'mypackage.models')"
+            )
+    return cast("tuple[str, ...]", names)
 
 
 def read(path: str) -> Graph:

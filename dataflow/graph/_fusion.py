@@ -38,7 +38,7 @@ import numpy as np
 
 from .._errors import DataflowValueError
 from .._scheduler import get_inline_threshold
-from .._task import Cost, Signature, Task, estimate_seconds
+from .._task import Cost, Signature, Task, checked_cost, estimate_seconds
 from ._ir import (
     Builder,
     ConstRef,
@@ -317,7 +317,7 @@ class FusedOp:
                 for a in step.args
             ]
             spec = op.meta(*values)
-            cost = op.cost(*values) if op.cost is not None else None
+            cost = checked_cost(op.cost(*values), op.name) if op.cost is not None else None
             slowest = max(slowest, estimate_seconds(cost))
             if cost is not None:
                 flops += cost.flops
