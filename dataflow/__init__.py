@@ -17,11 +17,13 @@ from ._compile import Compiled as Compiled
 from ._compile import compile as compile
 from ._errors import CancelledTaskError as CancelledTaskError
 from ._errors import DataflowError as DataflowError
+from ._errors import DataflowRuntimeError as DataflowRuntimeError
 from ._errors import DataflowTypeError as DataflowTypeError
 from ._errors import DataflowValueError as DataflowValueError
 from ._errors import NoRuntimeError as NoRuntimeError
 from ._errors import NotReadyError as NotReadyError
 from ._errors import OpInputError as OpInputError
+from ._errors import OpNotFoundError as OpNotFoundError
 from ._errors import OpOutputError as OpOutputError
 from ._errors import OpTimeoutError as OpTimeoutError
 from ._errors import OpTypeError as OpTypeError
@@ -66,11 +68,13 @@ for _error in (
     DataflowError,
     DataflowTypeError,
     DataflowValueError,
+    DataflowRuntimeError,
     OpOutputError,
     NoRuntimeError,
     NotReadyError,
     OpInputError,
     OpTypeError,
+    OpNotFoundError,
     OpTimeoutError,
     TaskError,
     CancelledTaskError,
@@ -133,11 +137,13 @@ __all__ = (
     "DataflowError",
     "DataflowTypeError",
     "DataflowValueError",
+    "DataflowRuntimeError",
     "NoRuntimeError",
     "NotReadyError",
     "OpInputError",
     "OpTypeError",
     "OpOutputError",
+    "OpNotFoundError",
     "OpTimeoutError",
     "TaskError",
     "CancelledTaskError",

@@ -3,6 +3,23 @@
 Every error the library raises on purpose derives from :class:`DataflowError`. Errors about
 bad arguments also derive from the builtin a user would expect (``TypeError``, ``ValueError``),
 so ``except ValueError`` keeps working for code written against plain numpy.
+
+The rule, for ``dataflow/`` and ``ops/`` (``tests/test_errors.py`` scans both and fails on a
+break, naming the file and line):
+
+* never ``raise TypeError(...)`` (or any builtin exception) directly: raise the
+  :class:`DataflowError` subclass that also derives from that builtin, so both
+  ``except TypeError`` and ``except dataflow.DataflowError`` catch it --
+  :class:`DataflowTypeError`, :class:`DataflowValueError`, :class:`DataflowRuntimeError`,
+  :class:`OpNotFoundError` (``LookupError``), or a more precise one (:class:`OpTypeError`,
+  :class:`OpInputError`, ``GraphFormatError``, ...). The message names the function and the
+  argument, and says what was expected and what was given;
+* an exception class the packages define derives from :class:`DataflowError` too, unless it
+  never leaves the library (an internal signal caught where it is raised);
+* allowed as they are: a bare ``raise`` (re-raising what was caught), an abstract method whose
+  whole body is ``raise NotImplementedError``, ``AttributeError`` from ``__getattr__`` (the
+  attribute protocol), and the few sites the scan test lists by name with the reason (an
+  ``OSError`` from the file system, an error that mirrors the event loop's own).
 """
 
 from __future__ import annotations
@@ -10,11 +27,13 @@ from __future__ import annotations
 __all__ = [
     "CancelledTaskError",
     "DataflowError",
+    "DataflowRuntimeError",
     "DataflowTypeError",
     "DataflowValueError",
     "NoRuntimeError",
     "NotReadyError",
     "OpInputError",
+    "OpNotFoundError",
     "OpTypeError",
     "OpOutputError",
     "OpTimeoutError",
@@ -51,6 +70,13 @@ class DataflowValueError(DataflowError, ValueError):
     """An argument of the right type but a wrong value was passed to dataflow."""
 
 
+class DataflowRuntimeError(DataflowError, RuntimeError):
+    """A call that is valid in general is not possible in the library's current state.
+
+    For example, resizing the shared inter-op pool while it is running.
+    """
+
+
 class NoRuntimeError(DataflowError, RuntimeError):
     """An API that needs a running runtime was called outside of one."""
 
@@ -65,6 +91,14 @@ class OpInputError(DataflowError, ValueError):
 
 class OpTypeError(DataflowError, TypeError):
     """An op was called with inputs of the wrong type or dtype (raised at the call site)."""
+
+
+class OpNotFoundError(DataflowError, LookupError):
+    """An op named by its qualified name (``module:name``) is not declared where it is looked up.
+
+    Raised on a Dask worker whose import of the op's module declares no op of that name (the
+    worker runs other code than the client).
+    """
 
 
 class OpOutputError(DataflowError, TypeError):

@@ -47,7 +47,7 @@ import numpy as np
 from ._args import resolve
 from ._errors import DataflowTypeError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
-from ._task import DONE, Cost, Pending, Signature, Task
+from ._task import DONE, Cost, Pending, Signature, Task, checked_cost
 from ._timeout import check_timeout
 from ._walk import is_container, items, leaves
 
@@ -194,6 +194,8 @@ class Op(Generic[P, R]):
         """
         spec = self.meta(*args, **kwargs)
         cost = self.cost(*args, **kwargs) if self.cost is not None else None
+        if type(cost) is not Cost and self.cost is not None:
+            cost = checked_cost(cost, self.name)
         sig = Signature(self.name, spec, cost, self.inline, self)
         if None in sig.keys:
             return sig

@@ -26,6 +26,7 @@ import math
 import re
 from typing import Any
 
+from ._errors import DataflowValueError
 from ._profile import active_span, format_seconds, op_stats, op_table, summarize, threads_text
 from ._trace import TaskSpan, Trace, is_loop_lane, lanes
 
@@ -166,7 +167,7 @@ def render_svg(
             ``"none"``.
     """
     if arrows not in ARROWS:
-        raise ValueError(f"render_svg(arrows=...) must be one of {ARROWS}, got {arrows!r}")
+        raise DataflowValueError(f"render_svg(arrows=...) must be one of {ARROWS}, got {arrows!r}")
     summary = summarize(trace)
     lane_of = lanes(trace)
     names = sorted(set(lane_of.values()), key=_natural)

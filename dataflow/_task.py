@@ -19,10 +19,19 @@ the forked coroutine (in ``_api``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from collections.abc import Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Self, TypeVar
 
-from ._errors import CancelledTaskError, NotReadyError, OpOutputError, TaskError
+import numpy as np
+
+from ._errors import (
+    CancelledTaskError,
+    DataflowTypeError,
+    DataflowValueError,
+    NotReadyError,
+    OpOutputError,
+    TaskError,
+)
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -39,11 +48,55 @@ STATE_NAMES = ("pending", "ready", "running", "done", "failed", "cancelled")
 _next_id = itertools.count(1).__next__
 
 
-class Cost(NamedTuple):
-    """An op's cost estimate, from its cost rule: floating-point operations and bytes touched."""
-
+class _CostFields(NamedTuple):
     flops: float = 0.0
     bytes: float = 0.0
+
+
+class Cost(_CostFields):
+    """An op's cost estimate, from its cost rule: floating-point operations and bytes touched.
+
+    Each field is a number >= 0: an int or a float (numpy's too, kept as a Python float), not a
+    bool and not NaN; anything else raises :class:`~dataflow.DataflowTypeError` or
+    :class:`~dataflow.DataflowValueError` naming the field.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, flops: float = 0.0, bytes: float = 0.0) -> Cost:
+        # The common case in a few comparisons (NaN fails `>= 0`); the rest is checked apart.
+        tf, tb = type(flops), type(bytes)
+        if (tf is float or tf is int) and (tb is float or tb is int) and flops >= 0 and bytes >= 0:
+            return tuple.__new__(cls, (flops, bytes))
+        return tuple.__new__(cls, (_cost_field("flops", flops), _cost_field("bytes", bytes)))
+
+    # namedtuple's _make (which _replace uses) builds the tuple directly: check it too. mypy
+    # cannot express the generic signature it overrides.
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]) -> Self:  # type: ignore[override]
+        return cls(*iterable)
+
+
+def _cost_field(name: str, value: object) -> float:
+    if type(value) is bool or not isinstance(value, int | float | np.integer | np.floating):
+        raise DataflowTypeError(
+            f"Cost({name}=...) must be a number (int or float), got "
+            f"{type(value).__name__}: {value!r:.60}"
+        )
+    number = float(value) if isinstance(value, np.integer | np.floating) else value
+    if not number >= 0:
+        raise DataflowValueError(f"Cost({name}=...) must be a number >= 0, got {value!r}")
+    return number
+
+
+def checked_cost(cost: object, op: str) -> Cost:
+    """What an op's cost rule returned, when it is a :class:`Cost`; else an error naming the op."""
+    if isinstance(cost, Cost):
+        return cost
+    raise DataflowTypeError(
+        f"op {op!r}: its cost rule must return a dataflow.Cost(flops, bytes), got "
+        f"{type(cost).__name__}: {cost!r:.60}"
+    )
 
 
 # Rates that turn a Cost into seconds before a kernel has been timed. Deliberately

@@ -19,7 +19,7 @@ import platform
 import sys
 from typing import Any
 
-from ._errors import DataflowValueError
+from ._errors import DataflowRuntimeError, DataflowValueError
 from ._pool import shared_pool_size
 
 __all__ = [
@@ -64,7 +64,9 @@ def default_interop_threads() -> int:
         try:
             return _check_count(int(env), _ENV_INTEROP)
         except ValueError:
-            raise ValueError(f"${_ENV_INTEROP} must be a positive int, got {env!r}") from None
+            raise DataflowValueError(
+                f"${_ENV_INTEROP} must be a positive int, got {env!r}"
+            ) from None
     return _cores()
 
 
@@ -81,7 +83,7 @@ def set_num_interop_threads(n: int) -> None:
     n = _check_count(n, "set_num_interop_threads(n)")
     running = shared_pool_size()
     if running is not None and running != n:
-        raise RuntimeError(
+        raise DataflowRuntimeError(
             f"set_num_interop_threads({n}): the shared inter-op pool is running with {running} "
             "thread(s); call it before any runtime starts (or pass interop_threads= to run/Runtime)"
         )

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import DataflowError
+
 __all__ = [
     "Span",
     "TaskSpan",
@@ -372,8 +374,8 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> None:
 # -- reading ----------------------------------------------------------------------------------
 
 
-class TraceFormatError(ValueError):
-    """A file is not a Chrome trace this module can read."""
+class TraceFormatError(DataflowError, ValueError):
+    """A file is not a Chrome trace this module can read (a ``ValueError`` too)."""
 
 
 #: How deep a trace's arrays and objects may nest (dataflow writes 4 levels).

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._errors import DataflowTypeError
+
 __all__ = ["is_container", "items", "leaves", "rebuild", "replace"]
 
 # Containers by kind: 0 list, 1 tuple, 2 NamedTuple, 3 dict; None for a leaf.
@@ -58,7 +60,9 @@ def rebuild(value: Any, children: list[Any]) -> Any:
         return type(value)(*children)
     if kind == _DICT:
         return dict(zip(value.keys(), children, strict=True))
-    raise TypeError(f"not a container: {type(value).__name__}")
+    raise DataflowTypeError(
+        f"rebuild(): {type(value).__name__} is not a container (list, tuple, NamedTuple or dict)"
+    )
 
 
 def leaves(value: Any) -> Iterator[Any]:

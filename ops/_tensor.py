@@ -93,7 +93,7 @@ class Tensor(Pending[np.ndarray]):
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise dataflow.DataflowTypeError("len() of a 0-d tensor (shape ()): it has no axis 0")
         return self.shape[0]
 
     def __repr__(self) -> str:
@@ -111,7 +111,7 @@ class Tensor(Pending[np.ndarray]):
         return value if dtype is None else value.astype(dtype, copy=False)
 
     def __bool__(self) -> bool:
-        raise TypeError(
+        raise dataflow.DataflowTypeError(
             f"the truth value of {self!r} is not known yet: `await` it first "
             "(Python control flow cannot depend on a pending value)"
         )

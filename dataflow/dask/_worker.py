@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import describe
+from .._errors import OpNotFoundError, describe
 from .._op import lookup_op
 from .._task import Signature
 from .._walk import replace
@@ -172,7 +172,7 @@ def _declared(qualname: str) -> tuple[Callable[..., Any], Any]:
     importlib.import_module(module)
     op = lookup_op(qualname)
     if op is None:
-        raise LookupError(f"no op {qualname!r} is declared by module {module!r} on this worker")
+        raise OpNotFoundError(f"no op {qualname!r} is declared by module {module!r} on this worker")
     return op.kernel, op.check
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._api import model_code
-from .._errors import DataflowError, task_failed
+from .._errors import DataflowError, DataflowTypeError, task_failed
 from .._op import array_handle, op_for_kernel
 from .._runtime import Runtime, resolve_loop_factory
 from .._task import DONE, FAILED, Cost, Future, Pending, Signature, Task
@@ -479,13 +479,13 @@ def _check_examples(examples: Sequence[Any]) -> list[ValueType]:
     types = []
     for k, example in enumerate(examples):
         if isinstance(example, Pending) and not example.done():
-            raise TypeError(
+            raise DataflowTypeError(
                 f"trace(): example input {k} is a pending value that is not computed yet; pass "
                 "an array, or a finished handle such as ops.asarray(x)"
             )
         vt = type_of(example) if isinstance(example, (np.ndarray, Pending)) else None
         if vt is None:
-            raise TypeError(
+            raise DataflowTypeError(
                 f"trace(): example input {k} must be a numpy array (or a finished handle with a "
                 f"shape and dtype), got {type(example).__name__}; bake other arguments in with "
                 "functools.partial"
@@ -518,9 +518,13 @@ async def trace_async(fn: Callable[..., Any], *example_inputs: Any, check: bool 
     """:func:`trace` from inside a running event loop (in the calling task's context)."""
     if inspect.iscoroutine(fn):
         fn.close()
-        raise TypeError("trace() needs the function, not a coroutine object: trace(f, x)")
+        raise DataflowTypeError("trace() needs the function, not a coroutine object: trace(f, x)")
     if not callable(fn):
-        raise TypeError(f"trace() needs a callable, got {type(fn).__name__}")
+        raise DataflowTypeError(f"trace() needs a callable, got {type(fn).__name__}")
+    if type(check) is not bool:
+        raise DataflowTypeError(
+            f"trace(check=...) must be True or False, got {type(check).__name__}: {check!r:.60}"
+        )
     if isinstance(fn, Graph):
         return fn
     typed = _check_examples(example_inputs)
@@ -560,10 +564,12 @@ def trace(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> G
         fn: the program.
         example_inputs: arrays (or finished handles, e.g. ``ops.asarray(x)``), one per
             positional argument.
-        check: trace again with perturbed inputs and warn where the two graphs differ.
+        check: trace again with perturbed inputs and warn where the two graphs differ (True
+            or False).
 
     Raises:
-        TypeError: an example input is not an array, or ``fn`` is a coroutine object.
+        TypeError: an example input is not an array, ``fn`` is a coroutine object, or
+            ``check`` is not a bool (a ``DataflowTypeError``).
         DataflowError: called from a running event loop (use ``await trace_async(...)``).
     """
     try:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._errors import OpInputError, OpTypeError
+from .._errors import DataflowTypeError, OpInputError, OpTypeError
 from .._runtime import get_runtime
 from .._scheduler import scan
 from .._task import Pending, Signature, _next_id, estimate_seconds
@@ -136,7 +136,7 @@ def check_inputs(graph: Graph, inputs: Sequence[Any]) -> list[Any]:
     expected = graph.inputs
     if len(inputs) != len(expected):
         names = ", ".join(i.name for i in expected)
-        raise TypeError(
+        raise DataflowTypeError(
             f"graph {graph.name}({names}) takes {len(expected)} input(s), got {len(inputs)}"
         )
     checked: list[Any] = []
@@ -190,7 +190,7 @@ def dispatch(graph: Graph, inputs: Sequence[Any]) -> Any:
     from ._capture import Tracer
 
     if not graph.resolved:
-        raise TypeError(
+        raise DataflowTypeError(
             f"graph {graph.name} was read for inspection (dataflow.graph.read): load it with "
             "dataflow.load(path, trust=[...]) to run it"
         )

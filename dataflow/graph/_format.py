@@ -56,12 +56,13 @@ import sys
 import types
 import zipfile
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from .._errors import DataflowTypeError, DataflowValueError
 from .._op import declaring_modules, lookup_op
-from .._task import Signature, Task
+from .._task import Signature, Task, checked_cost
 from ._archive import (
     MAX_MEMBERS,
     MAX_NBYTES,
@@ -106,14 +107,16 @@ _PYTHON_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float, "com
 
 def _dtype_text(dtype: np.dtype[Any], where: str) -> str:
     if dtype.fields is not None or dtype.kind in "OVMm" or dtype.subdtype is not None:
-        raise TypeError(f"{where}: dtype {dtype} cannot be saved (numeric and bool dtypes only)")
+        raise DataflowTypeError(
+            f"{where}: dtype {dtype} cannot be saved (numeric and bool dtypes only)"
+        )
     return dtype.str
 
 
 def _class_name(cls: type, where: str) -> str:
     qualname = cls.__qualname__
     if "<locals>" in qualname:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{where}: {cls.__name__} is defined inside a function, so a file cannot name it"
         )
     return f"{cls.__module__}:{qualname}"
@@ -121,7 +124,7 @@ def _class_name(cls: type, where: str) -> str:
 
 def _encode(value: Any, where: str, depth: int = 0) -> Any:
     if depth > MAX_VALUE_DEPTH:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{where}: a value nests tuples, lists or dicts more than {MAX_VALUE_DEPTH} levels "
             "deep, more than a graph file may hold (MAX_VALUE_DEPTH)"
         )
@@ -151,7 +154,7 @@ def _encode(value: Any, where: str, depth: int = 0) -> Any:
         return {"tuple": [_encode(v, where, depth) for v in value]}
     if t is dict:
         if not all(type(k) is str for k in value):
-            raise TypeError(f"{where}: only dicts with str keys can be saved")
+            raise DataflowTypeError(f"{where}: only dicts with str keys can be saved")
         return {"dict": {k: _encode(v, where, depth) for k, v in value.items()}}
     if isinstance(value, tuple) and hasattr(t, "_fields"):
         return {
@@ -173,7 +176,7 @@ def _encode(value: Any, where: str, depth: int = 0) -> Any:
             "scalar": _dtype_text(value.dtype, where),
             "value": _encode(value.item(), where, depth),
         }
-    raise TypeError(
+    raise DataflowTypeError(
         f"{where}: an argument of type {t.__name__} ({value!r:.60}) has no representation in a "
         "graph file (arrays become constants; numbers, strings, tuples, lists, dicts, slices, "
         "dtypes and NamedTuples are saved)"
@@ -188,9 +191,9 @@ def _type_json(vt: ValueType | None, where: str) -> Any:
 
 def _op_name(op: OpLike, where: str) -> str:
     if isinstance(op, UnresolvedOp):
-        raise TypeError(f"{where}: the graph was read for inspection; load it to save it")
+        raise DataflowTypeError(f"{where}: the graph was read for inspection; load it to save it")
     if lookup_op(op.qualname) is not op:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{where}: the op {op.qualname} is not the one registered under that name (another "
             "op with the same name was declared in that module since, or it was declared "
             "without dataflow.Op): give ops distinct names to save graphs that use them"
@@ -400,7 +403,7 @@ class _Decoder:
             raise Problem(f"{where}: {qualname} is not a NamedTuple class of module {module_name}")
         try:
             return obj(*fields)
-        except TypeError as exc:
+        except Exception as exc:  # its own constructor checks fields: dataflow.Cost(-1.0, 0.0)
             raise Problem(f"{where}: {qualname}{tuple(fields)!r}: {exc}") from exc
 
     def value(self, v: Any, where: str) -> Any:
@@ -670,6 +673,8 @@ def _infer(
     try:
         spec = op.meta(*bound_args, **bound_kwargs)
         cost = op.cost(*bound_args, **bound_kwargs) if op.cost is not None else None
+        if op.cost is not None:
+            cost = checked_cost(cost, op.name)
     except Exception as exc:
         raise Problem(
             f"{where}: the op rejects the recorded arguments: {type(exc).__name__}: {exc}"
@@ -707,10 +712,38 @@ def load(path: str, *, trust: Iterable[str] | str = ()) -> Graph:
     Raises:
         GraphFormatError: the file is not a graph file, is corrupted or truncated, has a newer
             format version, misses a parameter, holds a pickle, or names an op that cannot be
-            found (or whose module is not trusted).
+            found (or whose module is not trusted). Arguments an op's rules refuse, a
+            ``Cost`` field that is negative or NaN, included.
+        DataflowTypeError, DataflowValueError: ``trust`` is not a module name (``"ops"``) or
+            an iterable of them (checked before the file is opened).
         FileNotFoundError: there is no such file.
     """
-    return _read(path, True, trust)
+    return _read(path, True, _trust_names(trust))
+
+
+def _trust_names(trust: object) -> tuple[str, ...]:
+    """``load``'s ``trust``: a module name or an iterable of them; anything else is refused."""
+    if isinstance(trust, str):
+        names: tuple[object, ...] = (trust,)
+    elif isinstance(trust, bytes | bytearray) or not isinstance(trust, Iterable):
+        raise DataflowTypeError(
+            "dataflow.load(trust=...) must be a module name or a list of module names (str), "
+            f"got {type(trust).__name__}: {trust!r:.60}"
+        )
+    else:
+        names = tuple(trust)
+    for name in names:
+        if not isinstance(name, str):
+            raise DataflowTypeError(
+                "dataflow.load(trust=...): each entry must be a module name (str), got "
+                f"{type(name).__name__}: {name!r:.60}"
+            )
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise DataflowValueError(
+                f"dataflow.load(trust=...): {name!r:.60} is not a module name (dotted "
+                "identifiers, like 'ops' or 'mypackage.models')"
+            )
+    return cast("tuple[str, ...]", names)
 
 
 def read(path: str) -> Graph:

@@ -36,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import DataflowValueError
 from .._scheduler import get_inline_threshold
-from .._task import Cost, Signature, Task, estimate_seconds
+from .._task import Cost, Signature, Task, checked_cost, estimate_seconds
 from ._ir import (
     Builder,
     ConstRef,
@@ -252,9 +253,9 @@ class FusedOp:
         step_seconds: float | None = None,
     ) -> None:
         if engine not in ENGINES:
-            raise ValueError(f"fusion engine must be one of {ENGINES}, got {engine!r}")
+            raise DataflowValueError(f"fusion engine must be one of {ENGINES}, got {engine!r}")
         if not steps:
-            raise ValueError("a fused op needs at least one step")
+            raise DataflowValueError("a fused op needs at least one step")
         self.steps = tuple(steps)
         self.engine = engine
         # The estimated time of the slowest step: where the steps would each have run inline,
@@ -316,7 +317,7 @@ class FusedOp:
                 for a in step.args
             ]
             spec = op.meta(*values)
-            cost = op.cost(*values) if op.cost is not None else None
+            cost = checked_cost(op.cost(*values), op.name) if op.cost is not None else None
             slowest = max(slowest, estimate_seconds(cost))
             if cost is not None:
                 flops += cost.flops
@@ -349,7 +350,7 @@ def fuse_elementwise(graph: Graph, *, engine: str = "numpy") -> Graph:
         engine: "numpy" (default, exact) or "numexpr" (one expression per group, when it can).
     """
     if engine not in ENGINES:
-        raise ValueError(f"fusion engine must be one of {ENGINES}, got {engine!r}")
+        raise DataflowValueError(f"fusion engine must be one of {ENGINES}, got {engine!r}")
     nodes = graph.nodes
     uses: dict[NodeRef, int] = {}
     for node in nodes:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
+from .._errors import DataflowTypeError, DataflowValueError
 from .._task import Cost, Task
 
 if TYPE_CHECKING:
@@ -151,7 +152,10 @@ class OpLike(Protocol):
 
 
 def _unresolved(*args: Any, **kwargs: Any) -> Any:
-    raise TypeError("this graph was read for inspection: its ops are not resolved")
+    raise DataflowTypeError(
+        "this graph was read for inspection (dataflow.graph.read): its ops are not resolved; "
+        "load it with dataflow.load(path, trust=[...]) to run it"
+    )
 
 
 class UnresolvedOp:
@@ -290,7 +294,9 @@ class Graph:
                         else (ref.index is not None and 0 <= ref.index < len(node.types))
                     )
             if not ok:
-                raise ValueError(f"{where} refers to {format_ref(ref)}, which does not exist")
+                raise DataflowValueError(
+                    f"{where} refers to {format_ref(ref)}, which does not exist"
+                )
 
         for i, node in enumerate(self.nodes):
             for ref in node.refs():

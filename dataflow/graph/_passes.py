@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import DataflowTypeError, DataflowValueError
 from ._fusion import ENGINES, FusedOp, fuse_elementwise
 from ._ir import Builder, ConstRef, Graph, InputRef, NodeRef, UnresolvedOp, iter_refs, map_refs
 
@@ -35,7 +36,7 @@ __all__ = [
 
 def _require_resolved(graph: Graph, what: str) -> None:
     if not graph.resolved:
-        raise TypeError(
+        raise DataflowTypeError(
             f"{what} needs the graph's ops: load it with dataflow.load(path, trust=...)"
         )
 
@@ -204,7 +205,7 @@ def optimize(graph: Graph, *, engine: str = "numpy") -> Graph:
         engine: the fused kernels' engine: "numpy" (exact) or "numexpr".
     """
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        raise DataflowValueError(f"optimize(engine=...) must be one of {ENGINES}, got {engine!r}")
     _require_resolved(graph, "optimize")
     graph = fold_constants(graph)
     graph = eliminate_common_subexpressions(graph)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dataflow import OpInputError, OpTypeError
+from dataflow import DataflowValueError, OpInputError, OpTypeError
 
 from .._checks import refuse_subclass
 from .._linalg import linear
@@ -49,7 +49,7 @@ class Linear(Module):
     ) -> None:
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"nn.Linear: {name} must be a positive int, got {v!r}")
+                raise DataflowValueError(f"nn.Linear: {name} must be a positive int, got {v!r}")
         with_bias = check_flag("nn.Linear", "bias", bias)
         dt = float_dtype("nn.Linear", dtype)
         self.in_features = in_features

@@ -44,7 +44,7 @@ class IncompatibleKeys(NamedTuple):
 def make_rng(seed: int | None, rng: np.random.Generator | None, where: str) -> np.random.Generator:
     """The generator a module initialises its parameters from (``seed`` xor ``rng``)."""
     if seed is not None and rng is not None:
-        raise ValueError(f"{where}: give seed or rng, not both")
+        raise dataflow.DataflowValueError(f"{where}: give seed or rng, not both")
     return rng if rng is not None else np.random.default_rng(seed)
 
 
