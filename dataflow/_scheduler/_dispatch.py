@@ -70,11 +70,11 @@ class Scheduler(Execution):
             if inline is None:
                 inline = sig.seconds < self.inline_threshold or self.pool is None
             if inline:
+                start = 0  # nonzero: recorders observe, and this is when the kernel began
                 if ACTIVE or self.watching:
                     if HOOKED or self.hooked:  # instruments: a full task, its events
                         return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
-                    # Recorders only: the lean path, timed, and one span record.
-                    return self._inline_recorded(sig, fn, args, kwargs, inputs, values)
+                    start = time.perf_counter_ns()  # recorders only: timed, one span record
                 # The hot path of small ops: no task record until the value exists.
                 if values is None:
                     values = resolve(args) if inputs else args  # type: ignore[assignment]
@@ -93,9 +93,15 @@ class Scheduler(Execution):
                             sig.check_value(value)
                 except BaseException:
                     # Fail it the slow way, with a full task (which re-runs nothing).
-                    return self._inline_failed(Task(sig, fn, args, kwargs, self.rt, inputs))
+                    task = Task(sig, fn, args, kwargs, self.rt, inputs)
+                    if start:
+                        self.record(task, start, time.perf_counter_ns(), True)
+                    return self._inline_failed(task)
                 self.inline_run += 1
-                return Task.done(sig, value, self.rt)
+                task = Task.done(sig, value, self.rt)
+                if start:
+                    self._record_inline(task, inputs, start)
+                return task
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
         task = Task(sig, fn, args, kwargs, self.rt, inputs)
@@ -132,40 +138,10 @@ class Scheduler(Execution):
             self._throttle()
         return task
 
-    def _inline_recorded(
-        self,
-        sig: Signature,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        inputs: tuple[Task, ...],
-        values: list[Any] | None,
-    ) -> Task:
-        """The inline hot path of ``submit`` when only recorders observe: the same run, two
-        clock reads and one span record (no task record is built before the value exists)."""
-        if values is None:
-            values = resolve(args) if inputs else args  # type: ignore[assignment]
-        start = time.perf_counter_ns()
-        try:
-            if kwargs and inputs:
-                kwargs = resolve_kwargs(kwargs)
-            n = sig.calls = sig.calls + 1
-            if n > FIRST_RUNS and n % SAMPLE:
-                value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
-            else:
-                value = self._timed(sig, fn, values, kwargs)
-            check = sig.check
-            if check is not None:
-                spec = sig.spec
-                if type(spec) is tuple or check(spec, value) is not None:
-                    sig.check_value(value)
-        except BaseException:
-            task = Task(sig, fn, args, kwargs, self.rt, inputs)
-            self.record(task, start, time.perf_counter_ns(), True)
-            return self._inline_failed(task)
+    def _record_inline(self, task: Task, inputs: tuple[Task, ...], start: int) -> None:
+        """An inline kernel that began at ``start`` ended now: its span record, for the
+        recorders observing this runtime (only recorders: instruments take ``_run_inline``)."""
         end = time.perf_counter_ns()
-        self.inline_run += 1
-        task = Task.done(sig, value, self.rt)
         if GENERATION[0] != self._sinks_gen:
             self.sinks()
         # The record Recorder.task would write, built once and appended to every recorder
@@ -177,7 +153,7 @@ class Scheduler(Execution):
         native = self._natives.get(get_ident())  # (get_native_id() is a system call)
         if native is None:
             native = self._natives[get_ident()] = get_native_id()
-        record = (task.id, sig, ins, native, start, start, end, False)
+        record = (task.id, task.sig, ins, native, start, start, end, False)
         for append in self._appends:
             append(record)
         for scope, rec in self._overriding:
@@ -190,7 +166,6 @@ class Scheduler(Execution):
             if not self._recorded & 255:
                 for rec in self._windowed:
                     rec.trim(end)
-        return task
 
     def _inline_failed(self, task: Task) -> Task:
         """The inline kernel (or its value check) raised: fail a task record with that error."""
