@@ -35,6 +35,7 @@ from ._instrument import remove_instrument as remove_instrument
 from ._logging import TaskLogger as TaskLogger
 from ._op import Op as Op
 from ._op import op as op
+from ._op import set_array_handle as set_array_handle
 from ._profile import Profiler as Profiler
 from ._profile import Summary as Summary
 from ._profile import profile as profile
@@ -105,6 +106,7 @@ __all__ = (
     "Compiled",
     # ops
     "op",
+    "set_array_handle",
     "Op",
     "Cost",
     "set_inline_threshold",

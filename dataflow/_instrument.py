@@ -41,6 +41,8 @@ from ._errors import DataflowTypeError, describe
 
 __all__ = [
     "ACTIVE",
+    "GENERATION",
+    "HOOKED",
     "PROCESS",
     "Instrument",
     "Scope",
@@ -120,6 +122,11 @@ class Scope:
     def __bool__(self) -> bool:
         return bool(self.instruments or self.recorders)
 
+    @property
+    def hooked(self) -> bool:
+        """Whether an instrument (hook calls) observes this scope, not only recorders."""
+        return bool(self.instruments)
+
     def __repr__(self) -> str:
         return (
             f"<observers of {self.name}: {len(self.instruments)} instrument(s), "
@@ -132,6 +139,7 @@ class Scope:
             with self._lock:
                 if observer not in self.recorders:
                     self.recorders = [*self.recorders, observer]
+                GENERATION[0] += 1
             return
         if not any(callable(getattr(observer, h, None)) for h in _HOOKS):
             raise DataflowTypeError(
@@ -143,6 +151,7 @@ class Scope:
             if observer not in self.instruments:
                 self.instruments = [*self.instruments, observer]
                 self._hooks = {}
+            GENERATION[0] += 1
 
     def remove(self, observer: Any) -> None:
         """Detach an observer; a no-op when it is not attached."""
@@ -152,6 +161,7 @@ class Scope:
             if observer in self.instruments:
                 self.instruments = [i for i in self.instruments if i is not observer]
                 self._hooks = {}
+            GENERATION[0] += 1
 
     def methods(self, hook: str) -> tuple[tuple[Any, Any], ...]:
         """(instrument, bound method) for each instrument that defines ``hook``."""
@@ -205,6 +215,13 @@ PROCESS = Scope("every runtime")
 #: Non-empty while the process scope observes anything: hot paths test ``if ACTIVE:``.
 ACTIVE: list[Scope] = []
 
+#: Bumped whenever any scope gains or loses an observer: runtimes cache their recorders by it.
+GENERATION = [0]
+
+#: Non-empty while the process scope has an instrument (hook calls), not only recorders: a
+#: task observed by recorders alone takes the lean inline path plus one span record.
+HOOKED: list[Scope] = []
+
 
 def _sync() -> None:
     if PROCESS:
@@ -212,6 +229,11 @@ def _sync() -> None:
             ACTIVE.append(PROCESS)
     else:
         ACTIVE.clear()
+    if PROCESS.hooked:
+        if not HOOKED:
+            HOOKED.append(PROCESS)
+    else:
+        HOOKED.clear()
 
 
 def add_instrument(observer: Any) -> None:

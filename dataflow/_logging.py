@@ -16,6 +16,7 @@ CLI configures it for ``dataflow run``; see ``docs/timelines.md``).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
@@ -75,7 +76,15 @@ class TaskLogger:
     def __repr__(self) -> str:
         return f"<TaskLogger running={len(self._starts)}>"
 
+    def _on(self) -> bool:
+        """Whether the logger emits debug lines now (building a dropped event costs more
+        than the task it describes; structlog's filtering loggers say so cheaply)."""
+        check = getattr(self._log, "is_enabled_for", None)
+        return True if check is None else bool(check(logging.DEBUG))
+
     def task_started(self, ts: int, task: Task) -> None:
+        if not self._on():
+            return
         self._starts[task.id] = ts
         self._log.debug(
             "task started",
@@ -87,6 +96,8 @@ class TaskLogger:
 
     def task_finished(self, ts: int, task: Task) -> None:
         start = self._starts.pop(task.id, None)
+        if not self._on():
+            return
         self._log.debug(
             "task finished",
             task=task.name,
@@ -98,6 +109,8 @@ class TaskLogger:
 
     def task_failed(self, ts: int, task: Task) -> None:
         start = self._starts.pop(task.id, None)
+        if not self._on():
+            return
         self._log.debug(
             "task failed",
             task=task.name,

@@ -44,9 +44,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 import numpy as np
 
+from ._args import resolve
 from ._errors import DataflowTypeError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
-from ._scheduler import resolve
 from ._task import DONE, Cost, Pending, Signature, Task, checked_cost
 from ._timeout import check_timeout
 from ._walk import is_container, items, leaves
@@ -327,6 +327,36 @@ _by_qualname: weakref.WeakValueDictionary[str, Op[..., Any]] = weakref.WeakValue
 _by_kernel: weakref.WeakValueDictionary[tuple[int, str], Op[..., Any]] = (
     weakref.WeakValueDictionary()
 )
+
+
+_array_handle: tuple[Callable[..., Any], Callable[[Any], Any]] | None = None
+
+
+def set_array_handle(handle: Callable[..., Any], spec: Callable[[Any], Any]) -> None:
+    """Declare the handle type that stands for an ndarray input where a program is traced.
+
+    ``dataflow`` knows no op library; the one in use (``ops`` does this on import) names its
+    pending-array type and its spec rule, so that :func:`dataflow.trace` hands the program a
+    pending placeholder of that type for each ndarray example input: numpy code applied to
+    the input (``x @ w``, ``np.tanh(x)``) then dispatches to ops and is recorded, as
+    ``torch.jit.trace`` records tensor ops, instead of running once at trace time.
+
+    Args:
+        handle: the handle type, called as ``handle(task, None, spec)``.
+        spec: ``spec(array)``: the output spec of an array (its shape and dtype).
+    """
+    global _array_handle
+    if not callable(handle) or not callable(spec):
+        raise DataflowTypeError(
+            f"set_array_handle(handle, spec): both must be callable, got "
+            f"{type(handle).__name__} and {type(spec).__name__}"
+        )
+    _array_handle = (handle, spec)
+
+
+def array_handle() -> tuple[Callable[..., Any], Callable[[Any], Any]] | None:
+    """The (handle type, spec rule) declared by :func:`set_array_handle`, or None."""
+    return _array_handle
 
 
 def _declaring_module() -> str:

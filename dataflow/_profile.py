@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import DataflowError
 from ._instrument import add_instrument, remove_instrument
-from ._record import END, FAILED, ID, OP, READY, START, THREAD, Recorder
+from ._record import END, FAILED, ID, READY, SIG, START, THREAD, Recorder
 from ._trace import (
     TaskSpan,
     Trace,
+    alive_bytes,
     is_loop_lane,
     lanes,
     save,
@@ -135,7 +136,8 @@ class Profiler(Recorder):
         waits (rebuilt from the span records)."""
         out: list[Event] = []
         for rec in list(self.tasks):
-            task_id, op, thread = rec[ID], rec[OP], rec[THREAD]
+            task_id, thread = rec[ID], rec[THREAD]
+            op = rec[SIG] if type(rec[SIG]) is str else rec[SIG].name
             out.append(Event("task_ready", rec[READY], task_id, None, None))
             out.append(Event("task_started", rec[START], task_id, thread, op))
             done = "task_failed" if rec[FAILED] else "task_finished"
@@ -222,6 +224,9 @@ class Summary:
         dispatch_s: of that, the time after the thread that ran it was free: the cost of the
             hand-off itself (waking a worker, popping the queue).
         overhead_share: ``dispatch_s / (total busy + dispatch_s)``.
+        peak_alive_bytes: the most bytes of task outputs alive at once, each counted from the
+            end of its task to the end of its last reader (see
+            :func:`~dataflow._trace.alive_bytes`; also a ``memory`` counter in the trace).
     """
 
     wall_s: float
@@ -239,6 +244,7 @@ class Summary:
     dispatch_s: float
     overhead_share: float
     pool_threads: int = 0
+    peak_alive_bytes: int = 0
 
     @property
     def total_busy_s(self) -> float:
@@ -278,6 +284,11 @@ class Summary:
             f"(mean {fs(mean_wait)}); dispatch {fs(self.dispatch_s)} "
             f"({100 * self.overhead_share:.1f}% of thread time)"
         )
+        if self.peak_alive_bytes:
+            lines.append(
+                f"memory          peak {self.peak_alive_bytes / 2**20:.1f} MiB of task outputs "
+                "alive (each from its task's end to its last reader's end)"
+            )
         return "\n".join(lines)
 
 
@@ -400,6 +411,7 @@ def summarize(trace: Trace) -> Summary:
         dispatch_s=dispatch_s,
         overhead_share=dispatch_s / (total_busy + dispatch_s) if dispatch_s else 0.0,
         pool_threads=len(pool),
+        peak_alive_bytes=max((b for _, b in alive_bytes(trace)), default=0),
     )
 
 

@@ -21,6 +21,7 @@ import collections
 import os
 import threading
 import time
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorder"]
 
-# Task record fields, by position.
-ID, OP, SPEC, FLOPS, BYTES, INPUTS, THREAD, READY, START, END, FAILED = range(11)
+# Task record fields, by position. SIG is the op's Signature (shared by every call with the
+# same argument signature: name, spec and cost are read from it when the trace is built).
+ID, SIG, INPUTS, THREAD, READY, START, END, FAILED = range(8)
 
 # Outcome flags of a task record.
 OK, FAILED_RUN = 0, 1
@@ -102,19 +104,30 @@ class Recorder:
             self._native[ident] = native
         return native
 
-    def task(self, task: Task, ready: int, start: int, end: int, failed: bool) -> None:
-        """One task ran on the calling thread (times: ``time.perf_counter_ns``)."""
-        inputs = task.inputs
-        cost = task.sig.cost
+    def task(
+        self,
+        task: Task,
+        ready: int,
+        start: int,
+        end: int,
+        failed: bool,
+        inputs: tuple[Task, ...] | None = None,
+    ) -> None:
+        """One task ran on the calling thread (times: ``time.perf_counter_ns``); ``inputs``
+        when the task record does not hold them (an inline run's lean record)."""
+        if inputs is None:
+            inputs = task.inputs
+        native = self._native.get(get_ident())
+        if native is None:
+            native = self.thread()
         self.tasks.append(
             (
                 task.id,
-                task.sig.name,
-                task.sig.spec,
-                None if cost is None else cost[0],
-                None if cost is None else cost[1],
-                tuple(t.id for t in inputs) if inputs else (),
-                self.thread(),
+                task.sig,
+                ((inputs[0].id,) if len(inputs) == 1 else tuple([t.id for t in inputs]))
+                if inputs
+                else (),
+                native,
                 ready or start,
                 start,
                 end,
@@ -124,7 +137,7 @@ class Recorder:
         if self._window is not None:
             self._appends += 1
             if not self._appends & 255:
-                self._trim(end)
+                self.trim(end)
 
     def unrun(self, cancelled: bool) -> None:
         """A task failed (an input failed) or was cancelled without running."""
@@ -137,7 +150,8 @@ class Recorder:
         """A forked coroutine's lifetime, or a wait, ended on the calling (loop) thread."""
         self.spans.append((kind, name, self.thread(), start, end, parent))
 
-    def _trim(self, now: int) -> None:
+    def trim(self, now: int) -> None:
+        """Drop the records that ended before ``now`` minus ``max_seconds``."""
         assert self._window is not None
         oldest = now - self._window
         tasks = self.tasks
@@ -153,11 +167,18 @@ class Recorder:
         """What the recorder holds now, as a :class:`~dataflow._trace.Trace`."""
         stop = self.t1 or time.perf_counter_ns()
         if self._window is not None:
-            self._trim(stop)
+            self.trim(stop)
+        tasks = list(self.tasks)
+        threads = dict(self.threads)
+        unnamed = {rec[THREAD] for rec in tasks} - threads.keys()
+        if unnamed:  # an inline run's record names its thread by native id only
+            alive = {t.native_id: t.name for t in threading.enumerate()}
+            for native in unnamed:
+                threads[native] = alive.get(native, f"thread {native}")
         return build(
-            list(self.tasks),
+            tasks,
             list(self.spans),
-            dict(self.threads),
+            threads,
             self.t0,
             stop,
             self.unrun_failed,
@@ -187,15 +208,18 @@ def build(
     by_id: dict[int, TaskSpan] = {}
     inputs: dict[int, tuple[int, ...]] = {}
     for rec in tasks:
-        args = describe_spec(rec[SPEC])
-        if rec[FLOPS] is not None:
-            args["flops"] = rec[FLOPS]
-            args["bytes"] = rec[BYTES]
+        sig = rec[SIG]
+        op = sig if type(sig) is str else sig.name  # a str: a record made by hand
+        args = describe_spec(getattr(sig, "spec", None))
+        cost = getattr(sig, "cost", None)
+        if cost is not None:
+            args["flops"] = cost[0]
+            args["bytes"] = cost[1]
         task_id = rec[ID]
         start = rec[START] - t0
         by_id[task_id] = TaskSpan(
-            f"{rec[OP]}#{task_id}",
-            rec[OP],
+            f"{op}#{task_id}",
+            op,
             rec[THREAD],
             start,
             rec[END] - t0,

@@ -15,7 +15,8 @@ and chrome://tracing):
   loop, ``interop-N`` for pool workers) and ``thread_sort_index``;
 * a flow (``s`` then ``f`` with ``bp: "e"``, same ``id``) from each task to each dependent;
 * forked coroutines and waits as async slices (``b``/``e`` with an ``id``) on the loop track;
-* counters (``C``): tasks running and tasks ready (``running``/``ready``, arg ``tasks``);
+* counters (``C``): tasks running and tasks ready (``running``/``ready``, arg ``tasks``), and
+  the bytes of task outputs alive (``memory``, arg ``bytes alive``: see :func:`alive_bytes`);
 * ``otherData.dataflow``: the wall time and the tasks that never ran, so a loaded trace gives
   the same summary as the live profile.
 """
@@ -29,6 +30,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ._errors import DataflowError
 
@@ -246,6 +249,17 @@ def to_chrome(trace: Trace, process_name: str = "dataflow") -> dict[str, Any]:
         events.append(begin)
         events.append({**common, "ph": "e", "ts": _us(s.end)})
     events.extend(_counters(trace, pid, loop_tid))
+    for ts, alive in alive_bytes(trace):
+        events.append(
+            {
+                "name": "memory",
+                "ph": "C",
+                "pid": pid,
+                "tid": loop_tid,
+                "ts": _us(ts),
+                "args": {"bytes alive": alive},
+            }
+        )
     # Small keys first: Perfetto's streaming reader wants displayTimeUnit before the events.
     return {
         "displayTimeUnit": "ms",
@@ -264,6 +278,56 @@ def to_chrome(trace: Trace, process_name: str = "dataflow") -> dict[str, Any]:
 def _thread_order(item: tuple[int, str]) -> tuple[int, str]:
     name = item[1]
     return (0 if name == "loop" else 1 if name.startswith("loop") else 2, name)
+
+
+def output_bytes(args: dict[str, Any]) -> int:
+    """The bytes of a task's output(s), from its recorded shape(s) and dtype(s) (0 unknown)."""
+    shapes = args.get("shapes") or ([args["shape"]] if "shape" in args else [])
+    dtypes = args.get("dtypes") or ([args["dtype"]] if "dtype" in args else [])
+    total = 0
+    for shape, dtype in zip(shapes, dtypes, strict=False):
+        if shape is None or dtype is None:
+            continue
+        try:
+            itemsize = np.dtype(dtype).itemsize
+        except TypeError:
+            continue
+        total += math.prod(int(d) for d in shape) * itemsize
+    return total
+
+
+def alive_bytes(trace: Trace) -> list[tuple[int, int]]:
+    """``(time, bytes)`` at each change of the bytes of task outputs alive.
+
+    An output counts from the end of the task that made it to the end of the last traced
+    task that reads it (to the end of the trace when none does: the program may hold it).
+    What the trace cannot see: a value the program keeps after its last reader, inputs and
+    weights made before the trace, and views (an output that shares memory with its input
+    counts in full). So it is the working set of the graph's intermediates, the part the
+    scheduler's order decides: running every input projection first shows up here.
+    """
+    last_read: dict[str, int] = {}
+    for t in trace.tasks:
+        for name in t.inputs:
+            if t.end > last_read.get(name, -1):
+                last_read[name] = t.end
+    end_of_trace = max([trace.wall] + [t.end for t in trace.tasks])
+    changes: dict[int, int] = {}
+    for t in trace.tasks:
+        if t.failed:
+            continue
+        n = output_bytes(t.args)
+        if not n:
+            continue
+        until = max(last_read.get(t.name, end_of_trace), t.end)
+        changes[t.end] = changes.get(t.end, 0) + n
+        changes[until] = changes.get(until, 0) - n
+    out: list[tuple[int, int]] = []
+    alive = 0
+    for ts in sorted(changes):
+        alive += changes[ts]
+        out.append((ts, alive))
+    return out
 
 
 def _counters(trace: Trace, pid: int, tid: int) -> list[dict[str, Any]]:

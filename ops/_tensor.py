@@ -393,6 +393,9 @@ def _binary(op: dataflow.Op[..., Tensor], x: Any, y: Any) -> Tensor:
     return unsupported
 
 
+# dataflow.trace hands a program a pending Tensor for each ndarray example input.
+dataflow.set_array_handle(Tensor, spec_of)
+
 # The op modules import this one (for Tensor and define); importing them at the end, once
 # Tensor exists, breaks the cycle. The operators above look them up at call time.
 from . import _checks, _elementwise, _indexing, _interop, _linalg, _reduce, _shape  # noqa: E402

@@ -33,6 +33,9 @@ def _fail(x: Any) -> Any:
 
 
 _failing = dataflow.op("failing", meta=ops.spec_of, handle=ops.Tensor, inline=False)(_fail)
+_failing_inline = dataflow.op("failing_inline", meta=ops.spec_of, handle=ops.Tensor, inline=True)(
+    _fail
+)
 
 
 class TestRecorder:
@@ -53,6 +56,45 @@ class TestRecorder:
         assert all(t.ready <= t.start <= t.end for t in chain)
         assert [t.inputs for t in chain[1:]] == [(a.name,) for a in chain[:-1]]
         assert all(trace.threads[t.thread].startswith("interop") for t in chain)
+
+    def test_inline_ops_recorded_on_the_lean_path(self) -> None:
+        """Inline ops observed by recorders alone (no hook calls) still give one record
+        each, with their inputs, the loop's thread and ordered times; failures too."""
+        rec = dataflow.Recorder()
+        seen: list[Any] = []
+
+        class Sub(dataflow.Recorder):  # overrides task(): gets the call, not an append
+            def task(self, task: Any, *args: Any) -> None:
+                seen.append(task.id)
+                super().task(task, *args)
+
+        sub = Sub()
+
+        async def main() -> Any:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(rec)
+            rt.add_instrument(sub)
+            y: Any = ops.asarray(np.arange(4.0))
+            for _ in range(4):
+                y = ops.add(y, 1.0)
+            z = ops.multiply(y, y)
+            with pytest.raises(ValueError):
+                await _failing_inline(np.ones(3))  # an inline failure is recorded too
+            return await z
+
+        value = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(value, (np.arange(4.0) + 4) ** 2)
+        for trace in (rec.trace(), sub.trace()):
+            adds = [t for t in trace.tasks if t.op == "add" and not t.failed]
+            assert len(adds) == 4
+            assert [t.inputs for t in adds[1:]] == [(a.name,) for a in adds[:-1]]
+            (mul,) = [t for t in trace.tasks if t.op == "multiply"]
+            assert mul.inputs == (adds[-1].name, adds[-1].name)
+            assert all(t.ready <= t.start <= t.end for t in trace.tasks)
+            assert {trace.threads[t.thread] for t in adds} == {"loop"}
+            assert [t for t in trace.tasks if t.failed]
+        assert len(seen) >= 5
 
     def test_scoped_to_one_runtime(self) -> None:
         """A recorder attached to one runtime records none of another's tasks."""
@@ -109,7 +151,7 @@ class TestRecorder:
     def test_max_seconds_drops_old_records(self) -> None:
         """max_seconds keeps only what ended within the window."""
         rec = dataflow.Recorder(max_seconds=3600)
-        rec.tasks.append((1, "old", None, None, None, (), 1, 0, 0, rec.t0 - 7200 * 10**9, 0))
+        rec.tasks.append((1, "old", (), 1, 0, 0, rec.t0 - 7200 * 10**9, 0))
         dataflow.add_instrument(rec)
         try:
             dataflow.run(_chain, 3)

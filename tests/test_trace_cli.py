@@ -77,9 +77,11 @@ def saved_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return x
 
     async def main() -> Any:
-        a = np.eye(96, dtype=np.float32)
+        a = np.eye(256, dtype=np.float32)  # big enough for the pool: two lanes, arrows
         f1, f2 = dataflow.fork(chain, a, 3), dataflow.fork(chain, a * 0.5, 3)
-        return await ops.add(await f1, await f2)
+        with dataflow.model_code():  # the forks' pending outputs, so `add` depends on both
+            x1, x2 = await f1, await f2
+        return await ops.add(x1, x2)
 
     with dataflow.profile() as prof:
         dataflow.run(main, interop_threads=2)

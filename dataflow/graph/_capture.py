@@ -35,7 +35,7 @@ import numpy as np
 
 from .._api import model_code
 from .._errors import DataflowError, DataflowTypeError, task_failed
-from .._op import op_for_kernel
+from .._op import array_handle, op_for_kernel
 from .._runtime import Runtime, resolve_loop_factory
 from .._task import DONE, FAILED, Cost, Future, Pending, Signature, Task
 from ._check import check_trace
@@ -143,13 +143,19 @@ class Tracer:
     def placeholder(self, index: int) -> Any:
         """What the program receives for input ``index``: the array, or a fresh handle."""
         example = self._templates[index]
-        if not isinstance(example, Pending):
-            return example
-        task = example.task
-        spec = task.spec if example._index is None else task.spec[example._index]
+        make: Any
+        if isinstance(example, Pending):
+            task = example.task
+            spec = task.spec if example._index is None else task.spec[example._index]
+            make = type(example)
+        else:
+            declared = array_handle()  # the op library's pending-array type (ops.Tensor)
+            if declared is None or type(example) is not np.ndarray:
+                return example
+            make, spec_rule = declared
+            spec = spec_rule(example)
         stand_in = Task(Signature("input", spec), _input_kernel, (), None, self.runtime)
         self._input_of_task[stand_in.id] = index
-        make: Any = type(example)
         return make(stand_in, None, spec)
 
     # -- recording ----------------------------------------------------------------------
@@ -541,12 +547,13 @@ def trace(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> G
     loops are unrolled and branches taken for these example inputs, and the graph accepts only
     inputs of their shapes and dtypes.
 
-    Array inputs are recognised by identity when the program passes them to ops; numpy code
-    applied to them directly (``x @ w`` on two ndarrays) runs once, at trace time, and its
-    result would be a constant. Pass ``ops.asarray(x)`` to trace Tensor operators on the input
-    too. With ``check`` (the default) the program is traced a second time with other input
-    values, and a :class:`~dataflow.TracerWarning` names the first node that differs: a
-    constant computed from an input, or a path that depends on the values.
+    The program receives a pending placeholder for each array input (an ``ops.Tensor``:
+    the handle type the op library declared with :func:`dataflow.set_array_handle`), so numpy
+    code on an input (``x @ w``, ``np.tanh(x)``) dispatches to ops and is recorded; numpy code
+    on a value the program *read* (``np.exp(await x)``) runs once, at trace time, and its
+    result is a constant. With ``check`` (the default) the program is traced a second time
+    with other input values, and a :class:`~dataflow.TracerWarning` names the first node
+    that differs: a constant computed from an input, or a path that depends on the values.
 
     Example:
         >>> graph = dataflow.trace(model, x)        # x: an example input array

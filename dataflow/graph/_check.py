@@ -78,10 +78,10 @@ def difference(a: Graph, b: Graph) -> tuple[str, str | None] | None:
             if other is None or not _same_array(a.constants[ref.name], other):
                 return (
                     f"constant %{ref.name}, read by node %{i} ({name}), changes with the input "
-                    "values: it was computed from an input outside the ops (numpy code on an "
-                    "input array, such as x @ w on ndarrays), and the graph would reuse the "
-                    "example's result. Compute it with ops (ops.matmul(x, w)), or trace with "
-                    "ops.asarray(x) so Tensor operators on the input are recorded",
+                    "values: it was computed from an input outside the ops (numpy code on a "
+                    "value the program read, such as np.exp(await x)), and the graph would "
+                    "reuse the example's result. Compute it from the pending value instead "
+                    "(np.exp(x) and ops on Tensors are recorded)",
                     na.location,
                 )
     if len(a.nodes) != len(b.nodes):

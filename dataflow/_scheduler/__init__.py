@@ -1,0 +1,104 @@
+"""The local scheduler: where each task runs, and when. Its policy:
+
+* **Dispatch returns at once.** Calling an op (or forking a plain function) creates a task
+  and returns a pending handle; the meta and cost rules ran once for the call's signature
+  (``_op``), so a repeated call costs a dictionary lookup plus what follows.
+* **Small work runs where it is needed; big work goes to the pool.** Each op signature's
+  kernel time is estimated from its cost rule, then measured (a running average of sampled
+  runs, ``Signature.seconds``), as TensorFlow's executor splits inexpensive from expensive
+  kernels. A kernel faster than the *inline threshold* (default 50 us, about what handing a
+  task to another thread and back costs on a 2-vCPU VM) is not worth a hand-off, and in
+  CPython it would hold the GIL anyway (numpy releases the GIL only in BLAS calls and in
+  loops over large arrays), so running it elsewhere buys no parallelism:
+
+  - a small task whose inputs are ready runs inline on the dispatching thread;
+  - a small task that waits for inputs runs on the thread that finishes its last input,
+    right after it: chains of small ops run back to back on one thread, with no wake-up;
+  - an awaited small task that is queued and not started is run by the awaiting thread
+    itself instead of waiting for a worker;
+  - a big task goes to the pool. A worker that finishes a task goes on with the first big
+    task it made ready (and with every small one), and queues the others for idle workers.
+
+  So more inter-op threads only ever add parallelism for kernels that can use it, and a
+  program of small ops runs like the same numpy code run plainly.
+* **The GIL lane.** A big kernel can still be GIL-bound: a Python loop of small numpy calls
+  (a whole LSTM direction at batch 1) holds the GIL nearly all the time, and two of them on
+  two threads only take turns, slower than one after the other. The scheduler measures it:
+  each pool integrates the number of kernels running over time, so every pool run knows how
+  many others overlapped it on average (``o``) and, against the signature's best time
+  ``b``, how much they slowed it: ``g = (w / b - 1) / o``, near 0 for BLAS and large ufuncs
+  (they release the GIL) on free cores, 1 or more for a kernel that holds it. Two such
+  kernels side by side give ``2 / (1 + g)`` times the throughput of one after the other;
+  once the median over its last 12 to 16 overlapped runs passes 1.5 (under 0.8x the
+  throughput: the noise of a shared machine blurs the break-even) a signature is *serial*:
+  its kernels take the pool's GIL lane, one at a time (the thread holding the lane runs the
+  next waiting one when it ends), while GIL-free kernels keep running in parallel beside it.
+  One run in 256 of a serial signature skips the lane to measure again; under 1.0 the mark
+  is lifted.
+* **Ready order, and requests.** Work dispatched from a coroutine on the loop belongs to
+  that coroutine's task (a request, in a server): its tasks take the request's age as their
+  priority, so the oldest request's ready work runs first and a burst of new requests cannot
+  starve an old one (a captured graph run adds its static critical-path rank). Otherwise the
+  queue is FIFO by issue order. The continuation above keeps a worker on the chain it is on
+  (its data is in cache, and a chain's intermediate arrays die young).
+* **Work belongs to whoever still wants it.** When a request's task is cancelled (the client
+  went away, a timeout), every task it dispatched that has not started is dropped, unless
+  someone still wants its value: a live coroutine awaiting it, a handle on it held anywhere
+  but in the cancelled coroutine's own variables, or an unfinished task of someone else that
+  reads it. (The cancelled coroutine's frames are released for that: its CancelledError's
+  traceback would keep its variables alive.) Awaiting a dropped value raises
+  :class:`~dataflow.CancelledTaskError`. (asyncio; under trio a cancelled request's work runs
+  to completion.)
+* **Failures propagate, never hang.** A kernel that raises fails its task with a
+  :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
+  on it fails with that same error, whatever runtime owns it; independent tasks are not
+  affected. Every transition is accounted to the runtime that owns the task.
+* **Timeouts.** A task with a timeout (``dataflow.op(timeout=)``, ``Runtime(op_timeout=)``)
+  never runs inline on the loop; if its kernel outlives the timeout a watchdog thread fails
+  it and its dependents with :class:`~dataflow.OpTimeoutError` and the stuck worker is
+  replaced (see ``_timeout``).
+* **Backpressure.** Past ``max_pending`` tasks in flight, ``submit`` makes the dispatching
+  thread help run queued tasks until the count is 10% under the limit; with nothing to run it
+  waits for the pool, unless all that is in flight waits on dispatching threads themselves
+  (then it lets the dispatch through rather than deadlock). On the loop thread, a cancelled
+  dispatching task stops at its next op.
+
+The graph's rules are the pure transitions of ``_graphstate``; this module makes them under
+:data:`~dataflow._pool.GRAPH_LOCK` and acts on what they return. The executor is injected: an
+:class:`~dataflow._pool.InteropPool`, or none (``interop_threads=0``, the synchronous mode:
+every task runs inline at dispatch, in program order, on the calling thread, like dask's
+``get_sync``, for debugging).
+
+The layers, each a module and a class built on the one before:
+
+* ``_placement``: the inline threshold, kernel-time sampling, the GIL measurement;
+* ``_base``: :class:`SchedulerBase`, the state, observers, and the start / end / fail
+  transitions under the lock;
+* ``_requests``: ownership of work by requests, and dropping it on cancel;
+* ``_execution``: running kernels and placing what they made ready;
+* ``_dispatch``: :class:`Scheduler`: ``submit`` (the hot path), waiting, timeouts and
+  backpressure.
+"""
+
+from __future__ import annotations
+
+from .._args import resolve, scan
+from ._dispatch import Scheduler
+from ._execution import running_task
+from ._placement import (
+    DEFAULT_INLINE_THRESHOLD,
+    get_inline_threshold,
+    note_overlap,
+    set_inline_threshold,
+)
+
+__all__ = [
+    "DEFAULT_INLINE_THRESHOLD",
+    "Scheduler",
+    "get_inline_threshold",
+    "note_overlap",
+    "resolve",
+    "running_task",
+    "scan",
+    "set_inline_threshold",
+]

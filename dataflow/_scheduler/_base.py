@@ -1,0 +1,225 @@
+"""The scheduler's state and its lowest layer: observation, and starting, ending and failing
+tasks under the graph lock (see :mod:`dataflow._scheduler` for the policy and the layers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import _graphstate as gs
+from .._errors import (
+    CancelledTaskError,
+)
+from .._instrument import ACTIVE, GENERATION, HOOKED, Scope
+from .._pool import GRAPH_LOCK, InteropPool
+from .._protect import thaw
+from .._record import Recorder
+from .._task import (
+    CANCELLED,
+    PENDING,
+    READY,
+    RUNNING,
+    Task,
+)
+from .._timeout import Watchdog
+
+if TYPE_CHECKING:
+    from .._loop import HostLoop
+    from .._runtime import Runtime
+    from ._requests import _Owner
+
+__all__ = ["SchedulerBase"]
+
+
+class SchedulerBase:
+    """A runtime's scheduling state, its observers, and the transitions every layer makes:
+    a task starts running, ends, or fails with its dependents (see :class:`Scheduler`).
+
+    Counters (read by ``repr``, tests and benchmarks): ``inflight`` tasks submitted and not
+    finished, ``running`` kernels running on the pool now and ``peak_running`` at most,
+    ``tasks_run`` kernels run off the dispatching thread, ``inline_run`` kernels run inline,
+    ``dropped`` tasks dropped unrun because their request was cancelled.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        pool: InteropPool | None,
+        host: HostLoop,
+        *,
+        inline_threshold: float,
+        max_pending: int | None,
+        simulate: Callable[[Task], Any] | None,
+    ) -> None:
+        self.rt = runtime
+        self.pool = pool
+        self.host = host
+        self.inline_threshold = inline_threshold
+        self.simulate = simulate
+        limit = (1 << 62) if max_pending is None else max_pending
+        self._limit = limit
+        self._low_water = limit - limit // 10
+        self._blocked = 0  # threads other than the loop's held back in _throttle
+        self.failures: list[BaseException] = []
+        self.inflight = 0
+        self.running = 0
+        self.peak_running = 0
+        self.tasks_run = 0
+        self.inline_run = 0
+        self.dropped = 0
+        self.cancelling = False
+        self.closed = False
+        # Inline at dispatch is allowed (not while cancelling, nor with simulated kernels).
+        self._inline_ok = simulate is None
+        self._drained: Any = None
+        self._watchdog: Watchdog | None = None
+        # Requests (tasks on the loop) that dispatched deferred work, by their loop task.
+        self._owners: dict[Any, _Owner] = {}
+        # This runtime's own observers (the process's are in ACTIVE); ``watching`` mirrors
+        # whether it has any, for the hot path's one test.
+        self.scope = Scope(f"runtime {id(runtime) & 0xFFFF:x}")
+        self.watching = False
+        self.hooked = False  # an instrument (not only recorders) observes this runtime
+        # The recorders observing it, as (scope, record method) pairs, cached by GENERATION.
+        self._sinks: tuple[tuple[Scope, Any], ...] = ()
+        self._appends: tuple[Callable[[Any], None], ...] = ()
+        self._windowed: tuple[Any, ...] = ()
+        self._overriding: tuple[tuple[Scope, Any], ...] = ()
+        self._sinks_gen = -1
+        self._recorded = 0
+        self._natives: dict[int, int] = {}  # threading.get_ident() -> native thread id
+
+    # -- observation (only when something observes: `if ACTIVE or self.watching`) ----------
+
+    def observe(self, observer: Any, attach: bool) -> None:
+        """Attach (or detach) an instrument or recorder to this runtime only."""
+        if attach:
+            self.scope.add(observer)
+        else:
+            self.scope.remove(observer)
+        self.watching = bool(self.scope)
+        self.hooked = self.scope.hooked
+
+    def _scopes(self) -> list[Scope]:
+        if self.watching:
+            if not self.scope:  # its last observer was switched off
+                self.watching = self.hooked = False
+                return list(ACTIVE)
+            return [*ACTIVE, self.scope]
+        return list(ACTIVE)
+
+    def sinks(self) -> tuple[tuple[Scope, Any], ...]:
+        """(scope, recorder) of each recorder observing this runtime (cached by GENERATION,
+        with the recorders' append methods for the inline path, ``_inline_recorded``)."""
+        gen = GENERATION[0]
+        if gen != self._sinks_gen:
+            pairs = tuple((sc, rec) for sc in self._scopes() for rec in sc.recorders)
+            for _, rec in pairs:
+                rec.thread()  # names the calling thread (the loop's, usually) in its trace
+            self._sinks = pairs
+            # A recorder that overrides ``task`` gets the call (``_inline_recorded``).
+            self._appends = tuple(
+                rec.tasks.append for _, rec in pairs if type(rec).task is Recorder.task
+            )
+            self._overriding = tuple(
+                (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
+            )
+            self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
+            self._sinks_gen = gen
+        return self._sinks
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on the instruments observing this runtime."""
+        if not (HOOKED or self.hooked):
+            return
+        ts = time.perf_counter_ns()
+        for scope in self._scopes():
+            scope.emit_at(ts, hook, *args)
+
+    def emit_at(self, ts: int, hook: str, *args: Any) -> None:
+        """``emit`` with a given timestamp (an event that happened elsewhere: Dask)."""
+        for scope in self._scopes():
+            scope.emit_at(ts, hook, *args)
+
+    def record(self, task: Task, start: int, end: int, failed: bool) -> None:
+        """One span record of a task that ran, for the recorders observing this runtime."""
+        for scope in self._scopes():
+            for rec in scope.recorders:
+                try:
+                    rec.task(task, task.ready, start, end, failed)
+                except BaseException as exc:  # no observer may break a run
+                    scope.disable(rec, "task", exc)
+
+    def record_unrun(self, cancelled: bool) -> None:
+        for scope in self._scopes():
+            for rec in scope.recorders:
+                rec.unrun(cancelled)
+
+    def record_span(self, kind: str, name: str, start: int, end: int, parent: str | None) -> None:
+        """A fork's or a wait's span ended (on the loop thread)."""
+        for scope in self._scopes():
+            for rec in scope.recorders:
+                try:
+                    rec.span(kind, name, start, end, parent)
+                except BaseException as exc:  # no observer may break a run
+                    scope.disable(rec, "span", exc)
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def begin_locked(self, task: Task) -> None:
+        """``task`` starts running on some thread (state and counts). Holds the lock."""
+        task.state = RUNNING
+        self.running += 1
+        if self.running > self.peak_running:
+            self.peak_running = self.running
+        if self.pool is not None:
+            self.pool.busy_locked(1)
+
+    def _end_locked(self) -> None:
+        """A task that was running ended (its state already set). Holds the lock."""
+        self.running -= 1
+        if self.pool is not None:
+            self.pool.busy_locked(-1)
+
+    def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
+        """Fail ``task`` and, transitively, every task waiting on it. Holds the lock.
+
+        A dependent may belong to another runtime (nested runtimes, or runtimes in two
+        threads): each task is accounted to, and its waiters woken through, its own runtime.
+        ``counted``: ``task`` was counted in flight (an inline task is not).
+        """
+        was_running = task.state == RUNNING
+        owners: list[SchedulerBase] = []
+        for t in gs.fail(task, err):
+            if t.frozen is not None and not (t is task and was_running):
+                thaw(t)  # it never runs (a running kernel thaws its own when it returns)
+            sched = t.runtime._sched  # type: ignore[union-attr]
+            if counted or t is not task:
+                sched.inflight -= 1
+                if t is task and was_running:
+                    sched._end_locked()
+                if sched not in owners:
+                    owners.append(sched)
+            waiters = t.waiters
+            if waiters is not None:
+                t.waiters = None
+                sched.host.wake(waiters)
+            if ACTIVE or sched.watching:
+                cancelled = t.state == CANCELLED
+                if not (t is task and was_running):  # (a kernel that ran records its span)
+                    sched.record_unrun(cancelled)
+                sched.emit("task_cancelled" if cancelled else "task_failed", t)
+        for sched in owners:
+            if sched.inflight == 0 and sched._drained is not None:
+                sched.host.wake([sched._drained])
+                sched._drained = None
+
+    def cancel(self, task: Task) -> bool:
+        """Cancel a task that has not started; its dependents fail with CancelledTaskError."""
+        with GRAPH_LOCK:
+            if task.state not in (PENDING, READY):
+                return False
+            self._fail_locked(task, CancelledTaskError(f"{task.name} was cancelled before it ran"))
+        return True

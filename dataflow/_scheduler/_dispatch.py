@@ -1,0 +1,386 @@
+"""The top layer: dispatch (``submit``, with the inline hot path), waiting, timeouts and
+backpressure (:mod:`dataflow._scheduler`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from threading import get_ident, get_native_id
+from typing import TYPE_CHECKING, Any
+
+from .. import _graphstate as gs
+from .._args import resolve, resolve_kwargs
+from .._errors import (
+    DataflowError,
+    OpTimeoutError,
+    task_failed,
+)
+from .._instrument import ACTIVE, GENERATION, HOOKED
+from .._pool import GRAPH_LOCK
+from .._protect import protect
+from .._task import (
+    DONE,
+    READY,
+    RUNNING,
+    Signature,
+    Task,
+)
+from .._timeout import TimedKernel, Watchdog
+from ._placement import FIRST_RUNS, SAMPLE
+
+if TYPE_CHECKING:
+    pass
+from ._execution import Execution
+
+__all__ = ["Scheduler"]
+
+# Set on a thread while it helps run tasks for backpressure (helping never nests).
+_helping = threading.local()
+
+
+class Scheduler(Execution):
+    """The local execution engine of one runtime (see :mod:`dataflow._scheduler`)."""
+
+    # -- dispatch (the hot path) ---------------------------------------------------------------
+
+    def submit(
+        self,
+        sig: Signature,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        inputs: tuple[Task, ...],
+        ready: bool,
+        priority: float | None = None,
+        timeout: float | None = None,
+        values: list[Any] | None = None,
+    ) -> Task:
+        """Add a task: run it inline, queue it, or park it on its inputs (``dataflow._scheduler``).
+
+        ``inputs`` are the tasks of the pending handles among the arguments, ``ready``
+        whether all are done, and ``values`` (when the caller has them) the arguments with
+        every handle replaced by its value. ``priority`` orders the task among ready tasks
+        (smaller first; default: issue order). ``timeout`` bounds its kernel's run time.
+        """
+        if ready and timeout is None and self._inline_ok:
+            inline = sig.inline
+            if inline is None:
+                inline = sig.seconds < self.inline_threshold or self.pool is None
+            if inline:
+                if ACTIVE or self.watching:
+                    if HOOKED or self.hooked:  # instruments: a full task, its events
+                        return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
+                    # Recorders only: the lean path, timed, and one span record.
+                    return self._inline_recorded(sig, fn, args, kwargs, inputs, values)
+                # The hot path of small ops: no task record until the value exists.
+                if values is None:
+                    values = resolve(args) if inputs else args  # type: ignore[assignment]
+                try:
+                    if kwargs and inputs:
+                        kwargs = resolve_kwargs(kwargs)
+                    n = sig.calls = sig.calls + 1
+                    if n > FIRST_RUNS and n % SAMPLE:
+                        value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
+                    else:
+                        value = self._timed(sig, fn, values, kwargs)
+                    check = sig.check
+                    if check is not None:
+                        spec = sig.spec
+                        if type(spec) is tuple or check(spec, value) is not None:
+                            sig.check_value(value)
+                except BaseException:
+                    # Fail it the slow way, with a full task (which re-runs nothing).
+                    return self._inline_failed(Task(sig, fn, args, kwargs, self.rt, inputs))
+                self.inline_run += 1
+                return Task.done(sig, value, self.rt)
+        if self.closed:
+            raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
+        task = Task(sig, fn, args, kwargs, self.rt, inputs)
+        if priority is not None:
+            task.priority = priority
+        if timeout is not None:
+            task.fn = TimedKernel(fn, task, timeout)
+        watched = ACTIVE or self.watching
+        if watched:
+            self.emit("task_created", task)
+        if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
+            return self._run_now(task)
+        protect(task)  # it runs later: the caller may change its arrays meanwhile
+        owner = self._owner() if threading.get_ident() == self.host.thread_id else None
+        if owner is not None:
+            if priority is None:
+                task.priority = owner.base
+            owner.add(task)
+        with GRAPH_LOCK:
+            self.inflight += 1
+            failed = gs.add(task) if inputs else None
+            if failed is not None:
+                # An input already failed: this task fails with the same error, unrun.
+                self._fail_locked(task, failed.error)
+                return task
+            if not inputs:
+                task.state = READY
+            if task.state == READY:
+                self.pool.push_locked(task)
+        if watched and task.state == READY:
+            task.ready = time.perf_counter_ns()
+            self.emit("task_ready", task)
+        if self.inflight > self._limit:
+            self._throttle()
+        return task
+
+    def _inline_recorded(
+        self,
+        sig: Signature,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        inputs: tuple[Task, ...],
+        values: list[Any] | None,
+    ) -> Task:
+        """The inline hot path of ``submit`` when only recorders observe: the same run, two
+        clock reads and one span record (no task record is built before the value exists)."""
+        if values is None:
+            values = resolve(args) if inputs else args  # type: ignore[assignment]
+        start = time.perf_counter_ns()
+        try:
+            if kwargs and inputs:
+                kwargs = resolve_kwargs(kwargs)
+            n = sig.calls = sig.calls + 1
+            if n > FIRST_RUNS and n % SAMPLE:
+                value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
+            else:
+                value = self._timed(sig, fn, values, kwargs)
+            check = sig.check
+            if check is not None:
+                spec = sig.spec
+                if type(spec) is tuple or check(spec, value) is not None:
+                    sig.check_value(value)
+        except BaseException:
+            task = Task(sig, fn, args, kwargs, self.rt, inputs)
+            self.record(task, start, time.perf_counter_ns(), True)
+            return self._inline_failed(task)
+        end = time.perf_counter_ns()
+        self.inline_run += 1
+        task = Task.done(sig, value, self.rt)
+        if GENERATION[0] != self._sinks_gen:
+            self.sinks()
+        # The record Recorder.task would write, built once and appended to every recorder
+        # (a deque append each: no Python call per recorder on the hottest path).
+        if inputs:
+            ins = (inputs[0].id,) if len(inputs) == 1 else tuple([t.id for t in inputs])
+        else:
+            ins = ()
+        native = self._natives.get(get_ident())  # (get_native_id() is a system call)
+        if native is None:
+            native = self._natives[get_ident()] = get_native_id()
+        record = (task.id, sig, ins, native, start, start, end, False)
+        for append in self._appends:
+            append(record)
+        for scope, rec in self._overriding:
+            try:
+                rec.task(task, start, start, end, False, inputs)
+            except BaseException as exc:  # no observer may break a run
+                scope.disable(rec, "task", exc)
+        if self._windowed:
+            self._recorded += 1
+            if not self._recorded & 255:
+                for rec in self._windowed:
+                    rec.trim(end)
+        return task
+
+    def _inline_failed(self, task: Task) -> Task:
+        """The inline kernel (or its value check) raised: fail a task record with that error."""
+        exc = sys.exc_info()[1]
+        assert exc is not None
+        task.state = RUNNING
+        err = task_failed(task.name, task.op, exc)
+        with GRAPH_LOCK:
+            self.failures.append(err)
+            self._fail_locked(task, err, counted=False)
+        return task
+
+    def _run_inline(self, task: Task) -> Task:
+        """Run a just-created task whose inputs are done, here and now (observed: events and
+        a span record; the unobserved hot path is in ``submit``).
+
+        No lock is needed until it ends: until ``submit`` returns its handle, no other thread
+        can see the task, so nobody can be waiting on it or depend on it.
+        """
+        task.state = RUNNING
+        self.emit("task_created", task)
+        self.emit("task_started", task)
+        start = time.perf_counter_ns()
+        try:
+            value = self._call(task)
+        except BaseException as exc:
+            self.record(task, start, time.perf_counter_ns(), True)
+            err = task_failed(task.name, task.op, exc)
+            with GRAPH_LOCK:
+                self.failures.append(err)
+                self._fail_locked(task, err, counted=False)
+            return task
+        self.record(task, start, time.perf_counter_ns(), False)
+        task.value = value
+        self.emit("task_finished", task)
+        self.inline_run += 1
+        task.state = DONE
+        task.fn = task.args = task.kwargs = None
+        task.inputs = ()
+        return task
+
+    def _run_now(self, task: Task) -> Task:
+        """Synchronous mode: run a task with a timeout or a plain fork at once, in order."""
+        if not task.inputs or all(t.state == DONE for t in task.inputs):
+            with GRAPH_LOCK:
+                self.inflight += 1
+                self.begin_locked(task)
+            self.execute(task, go_on=False)
+            return task
+        with GRAPH_LOCK:
+            self.inflight += 1
+            failed = gs.add(task)
+            if failed is not None:
+                self._fail_locked(task, failed.error)
+        return task
+
+    # -- waiting and closing -------------------------------------------------------------------
+
+    def cancel_everything(self) -> None:
+        """The body failed: queued kernels are dropped unrun (running ones finish)."""
+        self.cancelling = True
+        self._inline_ok = False
+
+    def completion(self, task: Task) -> Any:
+        """An awaitable that completes when ``task`` is done (``await handle``).
+
+        A small task that is queued and not started is run right here instead (see
+        ``dataflow._scheduler``).
+        """
+        host = self.host
+        if threading.get_ident() != host.thread_id:
+            raise DataflowError(
+                f"{task.name} belongs to a runtime on another event loop; await it there "
+                "(pending values cannot move between event loops or threads)"
+            )
+        if task.state == READY and type(task.fn) is not TimedKernel and self.pool is not None:
+            inline = task.sig.inline
+            if (task.sig.seconds < self.inline_threshold if inline is None else inline) and (
+                self._inline_ok
+            ):
+                with GRAPH_LOCK:
+                    take = task.state == READY
+                    if take:
+                        self.begin_locked(task)
+                if take:
+                    self.execute(task, go_on=False)
+        return self.waiter(task)
+
+    def waiter(self, task: Task) -> Any:
+        """An awaitable that completes when ``task`` is done (nothing is run to help)."""
+        host = self.host
+        if task.state >= DONE:
+            return host.done_waiter()
+        waiter = host.waiter()
+        with GRAPH_LOCK:
+            if task.state >= DONE:
+                return host.done_waiter()
+            if task.waiters is None:
+                task.waiters = [waiter]
+            else:
+                task.waiters.append(waiter)
+        return waiter
+
+    async def join(self) -> None:
+        """Wait until every task submitted here has finished."""
+        while True:
+            with GRAPH_LOCK:
+                if self.inflight == 0:
+                    return
+                waiter = self._drained = self.host.waiter()
+            await waiter
+
+    def close(self) -> None:
+        """Stop taking tasks; stop the watchdog."""
+        self.closed = True
+        self._inline_ok = False
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
+
+    # -- timeouts ------------------------------------------------------------------------------
+
+    def watchdog_arm(self, task: Task, seconds: float) -> list[Any]:
+        """Start ``task``'s deadline (called by its TimedKernel on the thread running it)."""
+        wd = self._watchdog
+        if wd is None:
+            with GRAPH_LOCK:
+                wd = self._watchdog
+                if wd is None:
+                    name = f"dataflow-watchdog-{id(self) & 0xFFFF:x}"
+                    wd = self._watchdog = Watchdog(self._timed_out, name)
+        return wd.arm(task, seconds)
+
+    def _timed_out(self, task: Task, seconds: float, thread: threading.Thread) -> None:
+        """``task``'s kernel outlived its timeout: fail it and its dependents (watchdog thread)."""
+        with GRAPH_LOCK:
+            if task.state != RUNNING:
+                return  # it finished in the meantime
+            err = OpTimeoutError(
+                f"{task.name} timed out: its kernel ran longer than the {seconds:g} s timeout "
+                f"of op {task.op!r}. A running kernel cannot be interrupted: its thread is "
+                "left to finish in the background (the pool starts a replacement) and its "
+                "result will be discarded. Raise the timeout (dataflow.op(..., timeout=) or "
+                "Runtime(op_timeout=)) if the op is just slow, or find out why it hangs.",
+                task=task.name,
+                op=task.op,
+            )
+            self.failures.append(err)
+            self._fail_locked(task, err)
+            if self.pool is not None:
+                self.pool.abandon_locked(thread)
+                # The stuck kernel may hold the GIL lane: hand it on from here.
+                self._lane_after_locked(task, None)
+
+    # -- backpressure --------------------------------------------------------------------------
+
+    def _throttle(self) -> None:
+        """Over ``max_pending``: help run queued tasks until 10% under it (see
+        ``dataflow._scheduler``, "Backpressure")."""
+        if getattr(_helping, "active", False):
+            return  # a task this thread runs as a helper dispatches: let it through
+        _helping.active = True
+        on_loop = threading.get_ident() == self.host.thread_id
+        pool = self.pool
+        assert pool is not None
+        if not on_loop:
+            with GRAPH_LOCK:
+                self._blocked += 1
+        try:
+            while True:
+                # Ctrl-C cancels the task that is dispatching (asyncio.Runner's handler runs
+                # between any two bytecodes): stop here, as it would at its next await.
+                if on_loop and self.host.cancel_requested():
+                    self.host.raise_cancelled()
+                    return
+                with GRAPH_LOCK:
+                    if self.inflight <= self._low_water or self.cancelling or self.closed:
+                        return
+                    task = pool.take_locked(TimedKernel)
+                    # Waiting is only useful while a kernel runs that is not itself a
+                    # dispatcher held back here (such as a plain fork dispatching ops).
+                    stuck = task is None and self.running <= self._blocked
+                if task is not None:
+                    task.runtime._sched.execute(task)  # type: ignore[union-attr]
+                    continue
+                if stuck:
+                    return
+                time.sleep(0.0005)
+        finally:
+            _helping.active = False
+            if not on_loop:
+                with GRAPH_LOCK:
+                    self._blocked -= 1

@@ -1,0 +1,292 @@
+"""Running tasks: kernels on this thread (timed, sampled, GIL-measured), publishing their
+values, and placing what they made ready: on this thread next, or queued for the pool
+(:mod:`dataflow._scheduler`, "Small work runs where it is needed" and "The GIL lane").
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import _graphstate as gs
+from .._args import resolve, resolve_kwargs
+from .._errors import (
+    CancelledTaskError,
+    task_failed,
+)
+from .._instrument import ACTIVE
+from .._pool import GRAPH_LOCK, InteropPool, current_pool
+from .._protect import thaw
+from .._task import (
+    READY,
+    RUNNING,
+    Signature,
+    Task,
+)
+from .._timeout import TimedKernel
+from ._placement import EWMA, FIRST_RUNS, PROBE, SAMPLE, WARM_UP, note_overlap
+
+if TYPE_CHECKING:
+    pass
+from ._requests import Requests
+
+__all__ = ["Execution", "running_task"]
+
+# The task whose kernel the thread is running (off the dispatching thread's inline path).
+_running = threading.local()
+
+
+def running_task() -> Task | None:
+    """The task whose kernel the calling thread is running on the pool (or None).
+
+    Inline kernels (run at dispatch) are not recorded: that is the hot path.
+    """
+    return getattr(_running, "task", None)
+
+
+class Execution(Requests):
+    """The execution layer of :class:`~dataflow._scheduler.Scheduler`."""
+
+    def _call(self, task: Task, pool_run: bool = False) -> Any:
+        """Run ``task``'s kernel on this thread and return its value (sampling its time).
+
+        ``pool_run``: it runs on a pool thread, so a sampled run also measures whether the
+        kernel holds the GIL (``dataflow._scheduler``, "the GIL lane").
+        """
+        fn = task.fn
+        assert fn is not None
+        if task.inputs:
+            args = resolve(task.args)  # type: ignore[arg-type]
+            kwargs = resolve_kwargs(task.kwargs) if task.kwargs else None
+        else:
+            args = task.args  # type: ignore[assignment]
+            kwargs = task.kwargs
+        if self.simulate is not None:
+            return self.simulate(task)
+        sig = task.sig
+        n = sig.calls = sig.calls + 1
+        if pool_run and self.pool is not None:  # every pool run: they are >= 50 us each
+            value = self._measured(sig, fn, args, kwargs)
+        elif n > FIRST_RUNS and n % SAMPLE:
+            value = fn(*args, **kwargs) if kwargs else fn(*args)
+        else:
+            value = self._timed(sig, fn, args, kwargs)
+        if sig.check is not None:
+            sig.check_value(value)
+        return value
+
+    @staticmethod
+    def _timed(
+        sig: Signature, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any] | None
+    ) -> Any:
+        """``fn(*args, **kwargs)``, its time folded into ``sig.seconds`` (running average)."""
+        t0 = time.perf_counter()
+        value = fn(*args, **kwargs) if kwargs else fn(*args)
+        dt = time.perf_counter() - t0
+        sig.seconds = dt if not sig.runs else sig.seconds + (dt - sig.seconds) * EWMA
+        sig.runs += 1
+        return value
+
+    def _measured(
+        self, sig: Signature, fn: Callable[..., Any], args: Any, kwargs: dict[str, Any] | None
+    ) -> Any:
+        """``_timed`` on a pool thread, also measuring how much other pool work overlapped
+        the run (the pool's busy integral): see :func:`note_overlap`."""
+        pool = self.pool
+        assert pool is not None
+        i0 = pool.busy_integral_now()
+        t0 = time.perf_counter()
+        value = fn(*args, **kwargs) if kwargs else fn(*args)
+        t1 = time.perf_counter()
+        i1 = pool.busy_integral_now()
+        wall = t1 - t0
+        sig.seconds = wall if not sig.runs else sig.seconds + (wall - sig.seconds) * EWMA
+        sig.runs += 1
+        if sig.runs > WARM_UP:  # the first runs pay first-call costs
+            note_overlap(sig, wall, (i1 - i0) / wall - 1.0)
+        return value
+
+    def execute_now(self, task: Task) -> None:
+        """Synchronous mode: run a READY task here and now."""
+        with GRAPH_LOCK:
+            self.begin_locked(task)
+        self.execute(task, go_on=False)
+
+    def start_locked(self, task: Task, pool: InteropPool) -> bool:
+        """A worker of ``pool`` (or a helper) takes a READY task: RUNNING, or to the GIL lane.
+
+        A serial (GIL-bound) task starts only if the pool's lane is free, and then holds it;
+        otherwise it waits in the lane's queue (False). Every 256th run of a serial signature
+        is a probe that skips the lane and measures again (``dataflow._scheduler``). Holds the lock.
+        """
+        sig = task.sig
+        if sig.serial and (sig.calls + 1) % PROBE:
+            if pool.lane_task is None:
+                pool.lane_task = task
+            else:
+                heapq.heappush(pool.lane_queue, (task.priority, task.id, task))
+                return False
+        self.begin_locked(task)
+        return True
+
+    def _lane_after_locked(self, task: Task, here: InteropPool | None) -> Task | None:
+        """``task`` ended: if it held its pool's GIL lane, pass the lane on. Holds the lock.
+
+        On a thread of that pool the next waiting task is returned to run here, next; from
+        any other thread the waiting tasks go back to the pool's queue.
+        """
+        pool = self.pool
+        if pool is None or pool.lane_task is not task:
+            return None
+        queue = pool.lane_queue
+        while queue:
+            nxt = heapq.heappop(queue)[2]
+            if nxt.state != READY:
+                continue
+            if here is not pool:
+                pool.lane_task = None
+                pool.push_locked(nxt)
+                while queue:
+                    pool.push_locked(heapq.heappop(queue)[2])
+                return None
+            pool.lane_task = nxt
+            nxt.runtime._sched.begin_locked(nxt)  # type: ignore[union-attr]
+            return nxt
+        pool.lane_task = None
+        return None
+
+    def execute(self, task: Task, go_on: bool = True) -> None:
+        """Run a RUNNING task's kernel here, publish it, and go on with what it made ready.
+
+        ``go_on``: after the task, run the small dependents it made ready and the first big
+        one on this thread (queue the rest); otherwise queue them all (the event loop's thread
+        helping an awaiting coroutine must return to it).
+        """
+        local: deque[Task] | None = None
+        here = current_pool()
+        while True:
+            sched = task.runtime._sched  # type: ignore[union-attr]
+            mine = sched._execute_one(task, go_on, here)
+            if mine is not None:
+                if local is None:
+                    local = deque(mine)
+                else:
+                    local.extend(mine)
+            if not local:
+                return
+            task = local.popleft()
+
+    def _execute_one(self, task: Task, go_on: bool, here: InteropPool | None) -> list[Task] | None:
+        """Run one RUNNING task; returns the tasks this thread runs next (or None)."""
+        if self.cancelling:
+            thaw(task)
+            cancelled = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
+            with GRAPH_LOCK:
+                self._fail_locked(task, cancelled)
+                nxt = self._lane_after_locked(task, here)
+            return None if nxt is None else [nxt]
+        watched = ACTIVE or self.watching
+        if watched:
+            self.emit("task_started", task)
+            start = time.perf_counter_ns()
+        _running.task = task
+        try:
+            value = self._call(task, here is not None)
+        except BaseException as exc:
+            _running.task = None
+            thaw(task)
+            if watched:
+                self.record(task, start, time.perf_counter_ns(), True)
+            err = task_failed(task.name, task.op, exc)
+            with GRAPH_LOCK:
+                if task.state == RUNNING:  # else it timed out while it ran: dropped
+                    self.failures.append(err)
+                    self._fail_locked(task, err)
+                nxt = self._lane_after_locked(task, here)
+            return None if nxt is None else [nxt]
+        _running.task = None
+        thaw(task)
+        if watched:
+            # Before the dependents are made ready, so events stay in causal order. The value
+            # is readable by the instrument (its state is not DONE yet: nobody else reads it).
+            end = time.perf_counter_ns()
+            self.record(task, start, end, False)
+            task.value = value
+            self.emit("task_finished", task)
+        mine = None
+        with GRAPH_LOCK:
+            nxt = self._lane_after_locked(task, here)
+            if task.state != RUNNING:  # timed out while it ran: the result is dropped
+                return None if nxt is None else [nxt]
+            waiters = task.waiters
+            task.waiters = None
+            ready = gs.finish(task, value)
+            self.inflight -= 1
+            self._end_locked()
+            self.tasks_run += 1
+            if waiters is not None:
+                self.host.wake(waiters)
+            if self.inflight == 0 and self._drained is not None:
+                self.host.wake([self._drained])
+                self._drained = None
+            if nxt is not None:
+                mine = [nxt]
+            if ready is not None:
+                more = self._place_ready_locked(ready, go_on and here is not None, here)
+                if more is not None:
+                    if mine is None:
+                        mine = more
+                    else:
+                        mine.extend(more)
+        if watched and ready is not None:
+            for d in ready:
+                d.ready = end
+                self.emit("task_ready", d)
+        return mine
+
+    @staticmethod
+    def _place_ready_locked(
+        ready: list[Task], go_on: bool, here: InteropPool | None
+    ) -> list[Task] | None:
+        """Decide where newly ready tasks run: on this thread next, or queued (see
+        ``dataflow._scheduler``).
+
+        ``here`` is the pool the current thread works for: a big task goes on here only if
+        it belongs to that pool (so a private pool's size still bounds its runtime), and a
+        GIL-bound one only through that pool's lane.
+        """
+        mine: list[Task] | None = None
+        big_taken = False
+        for d in ready:
+            sched = d.runtime._sched  # type: ignore[union-attr]
+            pool = sched.pool
+            if pool is None:  # synchronous mode: run it now, here
+                sched.begin_locked(d)
+                if mine is None:
+                    mine = [d]
+                else:
+                    mine.append(d)
+                continue
+            if go_on and type(d.fn) is not TimedKernel:
+                inline = d.sig.inline
+                small = (
+                    d.sig.seconds < sched.inline_threshold if inline is None else inline
+                ) and sched._inline_ok
+                if small or (not big_taken and pool is here):
+                    if not small:
+                        big_taken = True
+                        if not sched.start_locked(d, pool):
+                            continue  # it waits for the GIL lane
+                    else:
+                        sched.begin_locked(d)
+                    if mine is None:
+                        mine = [d]
+                    else:
+                        mine.append(d)
+                    continue
+            pool.push_locked(d)
+        return mine

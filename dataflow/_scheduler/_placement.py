@@ -1,0 +1,111 @@
+"""Where a task runs: the inline threshold, sampled kernel timing, and the GIL lane.
+
+The policy is in :mod:`dataflow._scheduler`'s docstring ("Small work runs where it is needed"
+and "The GIL lane"); this module holds its settings and the GIL measurement, which is pure
+arithmetic on a :class:`~dataflow._task.Signature` (unit-tested without threads).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._errors import DataflowTypeError, DataflowValueError
+
+if TYPE_CHECKING:
+    from .._task import Signature
+
+__all__ = [
+    "DEFAULT_INLINE_THRESHOLD",
+    "EWMA",
+    "FIRST_RUNS",
+    "PROBE",
+    "SAMPLE",
+    "WARM_UP",
+    "get_inline_threshold",
+    "note_overlap",
+    "set_inline_threshold",
+]
+
+#: Kernels measured (or estimated) faster than this run inline; see ``dataflow._scheduler``.
+DEFAULT_INLINE_THRESHOLD = 50e-6
+_inline_threshold = DEFAULT_INLINE_THRESHOLD
+
+# Kernel timing is sampled: the first runs of a signature, then one in SAMPLE.
+FIRST_RUNS = 4
+SAMPLE = 32
+EWMA = 0.25
+# The GIL lane (``dataflow._scheduler``): a signature is serial once its GIL fraction, the median
+# over its last GIL_WINDOW overlapped runs (at least GIL_DECIDE), is over the first figure;
+# free again under the second. Two kernels that overlap each take (1 + g) times their best,
+# so running them side by side gives 2 / (1 + g) times the throughput of one after the
+# other: parallel pays while g < 1. (Measured pairs of LSTM direction kernels, 2 vCPUs:
+# batch 1 x 128 channels, each 2.4x slower paired, 0.83x the throughput; batch 4 x 256,
+# 1.8x slower, 1.26x the throughput; batch 16 x 256, 1.5x the throughput.) The same
+# workload measured g = 0.42 in one run and 1.81 in another on a shared VM, so the lane
+# only takes kernels that clearly lose (g over 1.5: under 0.8x the throughput paired).
+SERIAL_ABOVE = 1.5
+FREE_BELOW = 1.0
+GIL_DECIDE = 12
+GIL_WINDOW = 16
+# Pool runs of a signature not measured for the GIL: caches, allocator and BLAS warm up.
+WARM_UP = 8
+# One run in this many of a serial signature skips the GIL lane, to measure again.
+PROBE = 256
+# Runs shorter than this say nothing about the GIL (clock resolution, start-up).
+MIN_MEASURED = 50e-6
+
+
+def set_inline_threshold(seconds: float) -> None:
+    """The process default: kernels faster than this run inline (default 50 us).
+
+    A runtime takes the default when it is created (``Runtime(inline_threshold=)`` sets its
+    own). 0 sends every op with a kernel time to the pool; a large value runs everything
+    inline (sequentially, on the thread that dispatches or finishes its inputs).
+    """
+    global _inline_threshold
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise DataflowTypeError(
+            f"set_inline_threshold(seconds): must be a number of seconds, got "
+            f"{type(seconds).__name__}: {seconds!r}"
+        )
+    if not seconds >= 0:
+        raise DataflowValueError(f"set_inline_threshold(seconds): must be >= 0, got {seconds!r}")
+    _inline_threshold = float(seconds)
+
+
+def get_inline_threshold() -> float:
+    """The process default inline threshold in seconds (see :func:`set_inline_threshold`)."""
+    return _inline_threshold
+
+
+def note_overlap(sig: Signature, wall: float, others: float) -> None:
+    """Fold one pool run of ``wall`` seconds, overlapped by ``others`` kernels on average,
+    into ``sig``'s GIL estimate, and mark it serial or not (``dataflow._scheduler``, "the
+    GIL lane").
+
+    Against the best time ``b`` the run gives ``g = (wall / b - 1) / others``: 0 when the
+    others cost this kernel nothing (GIL-free work on free cores), 1 when it only ran while
+    they waited (all of it under the GIL).
+    """
+    if wall < MIN_MEASURED:
+        return
+    if not sig.best or wall < sig.best:
+        sig.best = wall
+    # While serial, only a probe (a run that skipped the lane) measures sharing.
+    if others <= 0.3 or (sig.serial and sig.calls % PROBE):
+        return
+    seen = sig.overlaps
+    seen.append((wall, others))
+    if len(seen) > GIL_WINDOW:
+        del seen[0]
+    if len(seen) < GIL_DECIDE:
+        return
+    # The median is robust to a run a vCPU went missing in; the best time is today's, so
+    # early slow runs do not count against the kernel.
+    best = sig.best
+    fractions = sorted((w / best - 1.0) / o for w, o in seen)
+    sig.gil = fractions[len(fractions) // 2]
+    if sig.gil > SERIAL_ABOVE:
+        sig.serial = True
+    elif sig.gil < FREE_BELOW:
+        sig.serial = False

@@ -1,0 +1,134 @@
+"""Requests: the work a coroutine on the loop dispatched belongs to it (its age orders the
+ready queue), and is dropped when it is cancelled unless someone else still wants it
+(:mod:`dataflow._scheduler`, "Ready order, and requests" and "Work belongs to whoever still
+wants it").
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from .._errors import (
+    CancelledTaskError,
+)
+from .._pool import GRAPH_LOCK
+from .._task import (
+    DONE,
+    READY,
+    Task,
+    _next_id,
+)
+
+if TYPE_CHECKING:
+    pass
+from ._base import SchedulerBase
+
+__all__ = ["Requests"]
+
+
+def _done(waiter: Any) -> bool:
+    done = getattr(waiter, "done", None)
+    return bool(done()) if done is not None else False
+
+
+class _Owner:
+    """What one request (a task on the event loop) dispatched: weak references, in order, so
+    a finished task (and its value) is freed as usual while the request goes on."""
+
+    __slots__ = ("base", "dropped", "limit", "refs")
+
+    def __init__(self, base: float) -> None:
+        self.base = base
+        self.refs: list[weakref.ref[Task]] = []
+        self.limit = 1024
+        self.dropped = False
+
+    def add(self, task: Task) -> None:
+        refs = self.refs
+        refs.append(weakref.ref(task))
+        if len(refs) > self.limit:  # forget the finished and freed ones now and then
+            self.refs = [r for r in refs if (t := r()) is not None and t.state < DONE]
+            self.limit = max(1024, 2 * len(self.refs))
+
+    def tasks(self) -> list[Task]:
+        """The tasks still alive, in dispatch order."""
+        return [t for r in self.refs if (t := r()) is not None]
+
+
+class Requests(SchedulerBase):
+    """The request layer of :class:`~dataflow._scheduler.Scheduler`."""
+
+    def _owner(self) -> _Owner | None:
+        """The record of the request running on the loop (made on its first deferred task)."""
+        current = self.host.current_task()
+        if current is None:
+            return None
+        owner = self._owners.get(current)
+        if owner is None:
+            owner = self._owners[current] = _Owner(float(_next_id()))
+            self.host.on_task_done(current, self._owner_done)
+        return owner
+
+    def owner_priority(self) -> float | None:
+        """The priority of work the running request dispatches (its age), or None."""
+        if threading.get_ident() != self.host.thread_id:
+            return None
+        owner = self._owner()
+        return None if owner is None else owner.base
+
+    def adopt(self, tasks: list[Task]) -> _Owner | None:
+        """Tasks made elsewhere for the running request (a plan's nodes) belong to it too."""
+        owner = self._owner() if threading.get_ident() == self.host.thread_id else None
+        if owner is not None:
+            for t in tasks:
+                owner.add(t)
+        return owner
+
+    def _owner_done(self, current: Any, cancelled: bool) -> None:
+        owner = self._owners.pop(current, None)
+        if owner is not None and cancelled:
+            # The cancelled coroutine's frames live on in its CancelledError's traceback,
+            # holding its local variables (handles it never passed on). Release them, so a
+            # handle still alive is one that someone else holds.
+            self.host.release_frames(current)
+            self.drop(owner)
+
+    def drop(self, owner: _Owner) -> int:
+        """A request was cancelled: drop what it dispatched that nobody else needs.
+
+        Goes backwards through its tasks (dependents come after what they read), so a task
+        whose only dependents were dropped is dropped too. Returns how many were dropped.
+        """
+        with GRAPH_LOCK:
+            owner.dropped = True
+            dropped = self.drop_locked_tasks(owner.tasks())
+            owner.refs = []
+        return dropped
+
+    def drop_locked_tasks(self, tasks: list[Task]) -> int:
+        """Drop the tasks of ``tasks`` that have not started and that nobody else needs,
+        last first (see :meth:`drop`). Holds the lock; returns how many were dropped."""
+        dropped = 0
+        for t in reversed(tasks):
+            if t.state > READY:
+                continue
+            waiters = t.waiters
+            if waiters and any(not _done(w) for w in waiters):
+                continue  # a live coroutine awaits it
+            handles = t.handles
+            if handles and any(h() is not None for h in handles):
+                continue  # someone holds a handle on it
+            deps = t.dependents
+            if deps and any(d.state < DONE for d in deps):
+                continue  # someone else's unfinished task reads it
+            err = CancelledTaskError(
+                f"{t.name} was dropped unrun: the request that dispatched it was cancelled "
+                "and nothing else was waiting for its value"
+            )
+            t.runtime._sched._fail_locked(t, err)  # type: ignore[union-attr]
+            dropped += 1
+        if dropped:
+            self.dropped += dropped
+        return dropped
