@@ -77,13 +77,16 @@ class Cost(_CostFields):
         return cls(*iterable)
 
 
+_NUMBERS = (int, float, np.integer, np.floating)
+
+
 def _cost_field(name: str, value: object) -> float:
-    if type(value) is bool or not isinstance(value, int | float | np.integer | np.floating):
+    if type(value) is bool or not isinstance(value, _NUMBERS):
         raise DataflowTypeError(
             f"Cost({name}=...) must be a number (int or float), got "
             f"{type(value).__name__}: {value!r:.60}"
         )
-    number = float(value) if isinstance(value, np.integer | np.floating) else value
+    number = value if type(value) is int or type(value) is float else float(value)
     if not number >= 0:
         raise DataflowValueError(f"Cost({name}=...) must be a number >= 0, got {value!r}")
     return number
