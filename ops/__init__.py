@@ -56,6 +56,8 @@ from ._reduce import mean as mean
 from ._reduce import min as min
 from ._reduce import sum as sum
 from ._reduce import var as var
+from ._rnn_ops import gru_sequence as gru_sequence
+from ._rnn_ops import lstm_sequence as lstm_sequence
 from ._shape import asarray as asarray
 from ._shape import astype as astype
 from ._shape import concatenate as concatenate
@@ -131,5 +133,7 @@ __all__ = (
     # recurrent cells (ops._recurrent) and modules (ops.nn)
     "lstm_cell",
     "gru_cell",
+    "lstm_sequence",
+    "gru_sequence",
     "nn",
 )

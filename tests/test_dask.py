@@ -278,7 +278,8 @@ class TestEnsemble:
         y = dataflow.run(main, loop=loop)
         np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
         rt = runtimes[0]
-        assert counters(rt).sent > 40 and counters(rt).remote_done == counters(rt).sent
+        # At least the four LSTM directions (one lstm_sequence op each) ran on the cluster.
+        assert counters(rt).sent >= 2 * 2 and counters(rt).remote_done == counters(rt).sent
         assert counters(rt).fetched == 1, "intermediates were fetched to the client"
         assert counters(rt).local_ops == 0
 
@@ -640,9 +641,9 @@ class TestTimeline:
         assert len(remote) == counters(runtimes[0]).sent
         assert 1 <= len({t.thread for t in remote}) <= 2  # 2 workers x 1 thread
         assert all(t.end >= t.start for t in remote)
-        steps = sorted((t for t in remote if t.op == "lstm_step"), key=lambda t: t.start)
-        assert len(steps) == 2 * 3
-        assert any(t.inputs for t in steps), "dependency edges are recorded"
+        directions = [t for t in remote if t.op == "lstm_sequence"]
+        assert len(directions) == 2  # one op per LSTM direction at this size
+        assert any(t.inputs for t in directions), "dependency edges are recorded"
         assert not [t for t in threading.enumerate() if t.name.startswith("dask tcp://")]
 
 

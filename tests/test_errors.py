@@ -168,9 +168,7 @@ _ALLOWED: dict[tuple[str, str], str] = {
 
 # Files whose bare raises are still to convert, because another change rewrites them; the
 # entry goes once the file has none (a stale entry fails the test).
-_TO_CONVERT: dict[str, str] = {
-    "ops/nn/_rnn.py": "rewritten by the RNN work (ops/_recurrent.py has none left)",
-}
+_TO_CONVERT: dict[str, str] = {}
 
 # Exception classes the packages define that are not DataflowErrors: internal signals that
 # never reach user code.

@@ -152,7 +152,7 @@ class TestRoundTrip:
         assert doc["format"] == "dataflow.graph"
         assert doc["version"] == FORMAT_VERSION == 1
         assert len(doc["nodes"]) == len(graph.nodes)
-        assert doc["nodes"][0]["op"] == "ops._recurrent:rnn_projection"
+        assert doc["nodes"][0]["op"] == "ops._rnn_ops:lstm_sequence"
         with np.load(io.BytesIO(members["params.npz"]), allow_pickle=False) as npz:
             assert set(npz.files) == set(graph.constants)
 
@@ -274,7 +274,7 @@ class TestBadFiles:
             doc["nodes"][0]["outputs"][0]["shape"] = [9, 9]
 
         _edit_json(path, edit)
-        self._error(path, r"node %0 \(ops\._recurrent:rnn_projection\): the op computes")
+        self._error(path, r"node %0 \(ops\._rnn_ops:lstm_sequence\): the op computes")
 
     def test_bad_reference(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
         """A node that reads a later node is refused."""

@@ -628,7 +628,7 @@ class TestParallelism:
         """Layer 1 steps start before layer 0 is done, and run alongside layer 0's steps."""
         # Steps big enough that the GEMM (which releases the GIL) dominates each kernel.
         steps = 12
-        m = nn.LSTM(256, 256, num_layers=2, seed=0)
+        m = nn.LSTM(256, 256, num_layers=2, seed=0, granularity="step")
         x = np.random.default_rng(1).random((steps, 32, 256), dtype=np.float32)
         y, rec = self._run_recorded(m, x, threads=2)
         # Layer 0 runs as lstm_step ops (after one projection), layer 1 as fused lstm_cell ops.
@@ -642,7 +642,7 @@ class TestParallelism:
 
     def test_one_thread_runs_steps_one_at_a_time(self) -> None:
         """Control for the test above: with one inter-op thread no two steps overlap."""
-        m = nn.LSTM(128, 128, num_layers=2, seed=0)
+        m = nn.LSTM(128, 128, num_layers=2, seed=0, granularity="step")
         x = np.random.default_rng(1).random((6, 8, 128), dtype=np.float32)
         _, rec = self._run_recorded(m, x, threads=1)
         layer0 = self._intervals(rec, "lstm_step")

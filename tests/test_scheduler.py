@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from dataflow import OpOutputError, TaskError
 from dataflow import _graphstate as gs
 from dataflow._pool import GRAPH_LOCK
 from dataflow._scheduler import note_overlap
+from dataflow._scheduler._placement import PROBE, runs_inline
 from dataflow._task import Signature, Task
 from tests._helpers import Arr, Spec, gated
 
@@ -302,6 +304,7 @@ class TestGilLane:
 
     def test_a_failing_serial_kernel_passes_the_lane_on(self) -> None:
         """A serial kernel that raises still hands the lane to the next one."""
+
         def kernel(x: Any, bad: bool) -> Any:
             if bad:
                 raise ValueError("no")
@@ -328,6 +331,51 @@ class TestGilLane:
         assert dataflow.run(main, interop_threads=2) == 3
 
 
+class TestSerialRunsWhereNeeded:
+    """A GIL-bound kernel shorter than a GIL switch interval runs on the thread that needs it."""
+
+    def test_rule(self) -> None:
+        """Tiny: inline; serial and short: inline, except probe runs; serial and long: pool."""
+        sig = Signature("k")
+        sig.seconds = 1e-3
+        assert not runs_inline(sig, 50e-6)
+        sig.serial = True
+        assert runs_inline(sig, 50e-6)
+        sig.calls = PROBE - 1  # the next run is a probe: it goes to the pool to measure
+        assert not runs_inline(sig, 50e-6)
+        sig.calls = 0
+        sig.seconds = 2 * sys.getswitchinterval()
+        assert not runs_inline(sig, 50e-6)
+        sig.seconds = 1e-6
+        sig.serial = False
+        assert runs_inline(sig, 50e-6)
+
+    def test_serial_kernel_runs_on_the_dispatching_thread(self) -> None:
+        """Once its signature is serial, a 1 ms kernel runs on the event loop's thread (no
+        hand-off to a worker), and what it makes ready goes on there too."""
+        where: list[int] = []
+
+        def kernel(x: Any) -> Any:
+            where.append(threading.get_ident())
+            time.sleep(1e-3)  # keeps its measured time over the inline threshold
+            return x + 1.0
+
+        slowish = dataflow.op("slowish", meta=lambda x: ops.spec_of(x), handle=ops.Tensor)(kernel)
+
+        async def main() -> int:
+            warm = slowish(np.zeros(1))
+            await warm
+            sig = warm.task.sig
+            sig.seconds, sig.serial = 1e-3, True  # as if measured: 1 ms, GIL-bound
+            where.clear()
+            y = slowish(slowish(np.zeros(1)))
+            await y
+            return threading.get_ident()
+
+        loop_thread = dataflow.run(main, interop_threads=2)
+        assert where == [loop_thread, loop_thread]
+
+
 class TestSynchronousMode:
     def test_everything_runs_on_the_calling_thread_in_program_order(self) -> None:
         """interop_threads=0: no pool, every op and plain fork runs at once, in order."""
@@ -337,9 +385,7 @@ class TestSynchronousMode:
             order.append(name)
             return np.array([threading.get_ident()], dtype=np.int64)
 
-        note = dataflow.op("note", meta=lambda n: _ident_meta(n), handle=Arr, inline=False)(
-            step
-        )
+        note = dataflow.op("note", meta=lambda n: _ident_meta(n), handle=Arr, inline=False)(step)
 
         async def main() -> list[int]:
             a = note("a")

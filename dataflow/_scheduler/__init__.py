@@ -34,7 +34,10 @@
   its kernels take the pool's GIL lane, one at a time (the thread holding the lane runs the
   next waiting one when it ends), while GIL-free kernels keep running in parallel beside it.
   One run in 256 of a serial signature skips the lane to measure again; under 1.0 the mark
-  is lifted.
+  is lifted. A serial kernel shorter than the interpreter's GIL switch interval (5 ms by
+  default) runs on the thread that needs it, through the lane, like a small one: on a worker
+  it would hold the GIL that long before the dispatching thread got it back, so the hand-off
+  buys nothing and costs a wake-up (``_placement.runs_inline``).
 * **Ready order, and requests.** Work dispatched from a coroutine on the loop belongs to
   that coroutine's task (a request, in a server): its tasks take the request's age as their
   priority, so the oldest request's ready work runs first and a burst of new requests cannot

@@ -29,7 +29,7 @@ from .._task import (
     Task,
 )
 from .._timeout import TimedKernel, Watchdog
-from ._placement import FIRST_RUNS, SAMPLE
+from ._placement import FIRST_RUNS, SAMPLE, runs_inline
 
 if TYPE_CHECKING:
     pass
@@ -129,8 +129,23 @@ class Scheduler(Execution):
                 return task
             if not inputs:
                 task.state = READY
+            here = False
             if task.state == READY:
-                self.pool.push_locked(task)
+                # A GIL-bound kernel shorter than a GIL switch interval runs here, through
+                # the pool's GIL lane (``_placement.runs_inline``); anything else is queued.
+                if (
+                    sig.serial
+                    and timeout is None
+                    and sig.inline is None
+                    and self._inline_ok
+                    and runs_inline(sig, self.inline_threshold)
+                ):
+                    here = self.start_locked(task, self.pool)
+                else:
+                    self.pool.push_locked(task)
+        if here:
+            self.execute(task)  # and the small work it makes ready
+            return task
         if watched and task.state == READY:
             task.ready = time.perf_counter_ns()
             self.emit("task_ready", task)
@@ -243,13 +258,16 @@ class Scheduler(Execution):
             )
         if task.state == READY and type(task.fn) is not TimedKernel and self.pool is not None:
             inline = task.sig.inline
-            if (task.sig.seconds < self.inline_threshold if inline is None else inline) and (
+            if (runs_inline(task.sig, self.inline_threshold) if inline is None else inline) and (
                 self._inline_ok
             ):
                 with GRAPH_LOCK:
                     take = task.state == READY
                     if take:
-                        self.begin_locked(task)
+                        if task.sig.serial and inline is None:
+                            take = self.start_locked(task, self.pool)  # through the GIL lane
+                        else:
+                            self.begin_locked(task)
                 if take:
                     self.execute(task, go_on=False)
         return self.waiter(task)

@@ -28,7 +28,7 @@ from .._task import (
     Task,
 )
 from .._timeout import TimedKernel
-from ._placement import EWMA, FIRST_RUNS, PROBE, SAMPLE, WARM_UP, note_overlap
+from ._placement import EWMA, FIRST_RUNS, PROBE, SAMPLE, WARM_UP, note_overlap, runs_inline
 
 if TYPE_CHECKING:
     pass
@@ -273,12 +273,15 @@ class Execution(Requests):
                 continue
             if go_on and type(d.fn) is not TimedKernel:
                 inline = d.sig.inline
-                small = (
-                    d.sig.seconds < sched.inline_threshold if inline is None else inline
-                ) and sched._inline_ok
+                if inline is None:
+                    tiny = d.sig.seconds < sched.inline_threshold
+                    small = tiny or runs_inline(d.sig, sched.inline_threshold)
+                else:
+                    tiny = small = inline
+                small = small and sched._inline_ok
                 if small or (not big_taken and pool is here):
-                    if not small:
-                        big_taken = True
+                    if not (small and tiny):  # big, or GIL-bound: through the GIL lane
+                        big_taken = big_taken or not small
                         if not sched.start_locked(d, pool):
                             continue  # it waits for the GIL lane
                     else:

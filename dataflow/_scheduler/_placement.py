@@ -7,6 +7,7 @@ arithmetic on a :class:`~dataflow._task.Signature` (unit-tested without threads)
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from .._errors import DataflowTypeError, DataflowValueError
@@ -23,6 +24,7 @@ __all__ = [
     "WARM_UP",
     "get_inline_threshold",
     "note_overlap",
+    "runs_inline",
     "set_inline_threshold",
 ]
 
@@ -53,6 +55,22 @@ WARM_UP = 8
 PROBE = 256
 # Runs shorter than this say nothing about the GIL (clock resolution, start-up).
 MIN_MEASURED = 50e-6
+
+
+def runs_inline(sig: Signature, threshold: float) -> bool:
+    """Whether a task of ``sig`` runs on the thread that needs it rather than on the pool.
+
+    Below the inline threshold a hand-off costs more than the kernel. A GIL-bound (serial)
+    kernel shorter than the interpreter's GIL switch interval (``sys.getswitchinterval()``,
+    5 ms by default) runs there too: on a worker it would hold the GIL that long before the
+    dispatching thread got it back, so the hand-off buys no parallelism and delays the
+    dispatching thread as much as running it does. (Its probe runs, one in PROBE, still go
+    to the pool to measure the GIL again.)
+    """
+    seconds = sig.seconds
+    if seconds < threshold:
+        return True
+    return sig.serial and seconds < sys.getswitchinterval() and bool((sig.calls + 1) % PROBE)
 
 
 def set_inline_threshold(seconds: float) -> None:

@@ -141,6 +141,11 @@ class Module:
             if not name.startswith("_") and isinstance(value, np.ndarray):
                 yield name, value
 
+    def _parameter_layout(self, name: str, value: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The array to store for parameter ``name`` (a hook: a module may lay a loaded
+        parameter out in another memory order; values, shape and dtype must not change)."""
+        return value
+
     def named_children(self) -> Iterator[tuple[str, Module]]:
         """The direct submodules with their attribute names (``models.0`` for list items)."""
         for name, value in vars(self).items():
@@ -264,7 +269,8 @@ class Module:
                     f"{key}: the model has {_fmt(current)}, the state dict has {_fmt(value)}"
                 )
                 continue
-            updates.append((module, attr, np.array(value, order="C", copy=True)))
+            copy = np.array(value, order="C", copy=True)
+            updates.append((module, attr, module._parameter_layout(attr, copy)))
         if problems:
             hint = " (pass strict=False to ignore missing and unexpected keys)" if strict else ""
             raise StateDictError(

@@ -1,7 +1,20 @@
-"""``LSTM`` and ``GRU``: torch's modules, decomposed into ops that expose parallelism.
+"""``LSTM`` and ``GRU``: torch's modules, as ops sized for the scheduler.
 
-A recurrent layer is a chain: step t needs step t-1's state. What is *not* a chain is
-dispatched so the scheduler can see it:
+A forward runs at one of two granularities, picked per call (``granularity="auto"``, see
+:meth:`_RNNBase.granularity_for`) or fixed by the user:
+
+* **"sequence"**: one op per layer and direction (:func:`ops.lstm_sequence`,
+  :func:`ops.gru_sequence`): the input projection in time chunks and the whole time loop run
+  inside one kernel (:mod:`ops._rnn_kernels`), the directions of a layer side by side. This is
+  what "auto" picks almost everywhere: a step of a small model is a few microseconds of numpy,
+  less than an op's hand-off, and per-step ops expose no parallelism that one op per direction
+  lacks, except in one case:
+* **"step"**: the decomposition below, one op per time step. It pays where a unidirectional
+  stack's layers can run as a wavefront and each step is big enough (at least
+  :data:`STEP_OP_MIN_SECONDS`) for its op to cost under ~1% in dispatch.
+
+In the per-step decomposition a recurrent layer is a chain: step t needs step t-1's state.
+What is *not* a chain is dispatched so the scheduler can see it:
 
 * **The input projection is one GEMM.** For layer 0 (and every layer of a bidirectional
   stack), ``x @ W_ih.T + biases`` for all T steps is a single (T*B, I) x (I, G*H) product
@@ -37,6 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import numpy as np
 
+import dataflow
 from dataflow import OpInputError, OpTypeError
 
 from .._recurrent import (
@@ -49,10 +63,25 @@ from .._recurrent import (
     select,
     stack_states,
 )
+from .._rnn_kernels import lay_out
+from .._rnn_ops import gru_sequence, lstm_sequence
+from .._shape import concatenate
 from .._tensor import Tensor, TensorSpec, spec_of
-from ._module import Module, make_rng, uniform
+from ._module import Module, check_flag, float_dtype, make_rng, uniform
 
-__all__ = ["GRU", "LSTM"]
+__all__ = ["GRANULARITIES", "GRU", "LSTM", "STEP_OP_MIN_SECONDS"]
+
+#: The values of ``granularity``: "auto" picks one of the other two per call.
+GRANULARITIES = ("auto", "sequence", "step")
+
+#: A step becomes an op of its own (granularity "step") only where that exposes parallelism
+#: (a unidirectional stack's wavefront) and the step's estimated time is at least this:
+#: 100 times the ~20 us a hand-off to an inter-op thread costs, so dispatch stays under ~1%.
+STEP_OP_MIN_SECONDS = 2e-3
+
+#: The single-thread GEMM rate the estimate assumes (flop/s): a conservative figure for one
+#: core of the machines we measure on (OpenBLAS float32 reaches 50-70 GFLOP/s there).
+_ASSUMED_GEMM_RATE = 50e9
 
 Array = np.ndarray[Any, Any]
 Value = Tensor | Array
@@ -70,8 +99,30 @@ class _Weights(NamedTuple):
 
 
 def _check_positive(where: str, name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{where}: {name} must be a positive int, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        raise dataflow.DataflowTypeError(
+            f"{where}: {name} must be a positive int, got {type(v).__name__}: {v!r}"
+        )
+    if v < 1:
+        raise dataflow.DataflowValueError(f"{where}: {name} must be a positive int, got {v!r}")
+    return int(v)
+
+
+def _check_dropout(where: str, v: object) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+        raise dataflow.DataflowTypeError(
+            f"{where}: dropout must be a number in [0, 1], got {type(v).__name__}: {v!r}"
+        )
+    if not 0.0 <= float(v) <= 1.0:  # NaN fails this too
+        raise dataflow.DataflowValueError(f"{where}: dropout must be in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _check_granularity(where: str, v: object) -> str:
+    if not isinstance(v, str) or v not in GRANULARITIES:
+        raise dataflow.DataflowValueError(
+            f"{where}: granularity must be one of {', '.join(map(repr, GRANULARITIES))}, got {v!r}"
+        )
     return v
 
 
@@ -97,21 +148,19 @@ class _RNNBase(Module):
         dtype: Any = np.float32,
         seed: int | None = None,
         rng: np.random.Generator | None = None,
+        granularity: str = "auto",
     ) -> None:
         where = f"nn.{type(self).__name__}"
         self.input_size = _check_positive(where, "input_size", input_size)
         self.hidden_size = _check_positive(where, "hidden_size", hidden_size)
         self.num_layers = _check_positive(where, "num_layers", num_layers)
-        if not 0.0 <= dropout <= 1.0:
-            raise ValueError(f"{where}: dropout must be in [0, 1], got {dropout!r}")
-        self.bias = bool(bias)
-        self.batch_first = bool(batch_first)
+        self.bias = check_flag(where, "bias", bias)
+        self.batch_first = check_flag(where, "batch_first", batch_first)
         # Inference only: dropout is kept for torch compatibility (torch ignores it in eval).
-        self.dropout = float(dropout)
-        self.bidirectional = bool(bidirectional)
-        dt = np.dtype(dtype)
-        if dt.kind != "f":
-            raise TypeError(f"{where}: dtype must be floating point, got {dt}")
+        self.dropout = _check_dropout(where, dropout)
+        self.bidirectional = check_flag(where, "bidirectional", bidirectional)
+        self.granularity = _check_granularity(where, granularity)
+        dt = float_dtype(where, dtype)
         gen = make_rng(seed, rng, where)
         bound = 1.0 / math.sqrt(hidden_size)
         gh = self._gates * hidden_size
@@ -121,10 +170,35 @@ class _RNNBase(Module):
             for d in range(self.num_directions):
                 sfx = self._suffix(layer, d)
                 setattr(self, f"weight_ih{sfx}", uniform(gen, bound, (gh, in_size), dt))
-                setattr(self, f"weight_hh{sfx}", uniform(gen, bound, (gh, hidden_size), dt))
+                w_hh = uniform(gen, bound, (gh, hidden_size), dt)
+                setattr(self, f"weight_hh{sfx}", lay_out(w_hh))
                 if self.bias:
                     setattr(self, f"bias_ih{sfx}", uniform(gen, bound, (gh,), dt))
                     setattr(self, f"bias_hh{sfx}", uniform(gen, bound, (gh,), dt))
+
+    def _parameter_layout(self, name: str, value: Array) -> Array:
+        # Recurrent weights are stored in the memory order their step GEMM runs fastest in
+        # (measured per shape: ops._rnn_kernels.lay_out); values, shape and dtype unchanged.
+        return lay_out(value) if name.startswith("weight_hh") else value
+
+    def granularity_for(self, batch: int) -> str:
+        """What a forward of this batch size runs as: "sequence" or "step".
+
+        "sequence": one op per layer and direction (:func:`ops.lstm_sequence`), the time loop
+        inside the kernel. "step": the input projection, then one op per time step
+        (:func:`ops._recurrent.lstm_step`), which lets layer l of a unidirectional stack run
+        step t while layer l-1 runs step t+1 (a wavefront). With ``granularity="auto"`` a step
+        is an op of its own only where that wavefront exists and a step is estimated to take
+        at least :data:`STEP_OP_MIN_SECONDS`; everywhere else per-step ops expose no
+        parallelism that one op per direction lacks, and cost a hand-off each.
+        """
+        if self.granularity != "auto":
+            return self.granularity
+        if self.bidirectional or self.num_layers == 1:
+            return "sequence"
+        h = self.hidden_size
+        step_flops = 2.0 * batch * h * self._gates * h * 2  # recurrent + layer-below GEMMs
+        return "step" if step_flops / _ASSUMED_GEMM_RATE >= STEP_OP_MIN_SECONDS else "sequence"
 
     @property
     def num_directions(self) -> int:
@@ -161,6 +235,8 @@ class _RNNBase(Module):
             s += ", batch_first=True"
         if self.bidirectional:
             s += ", bidirectional=True"
+        if self.granularity != "auto":
+            s += f", granularity={self.granularity!r}"
         return s
 
     # -- validation -------------------------------------------------------------------------
@@ -212,9 +288,52 @@ class _RNNBase(Module):
     # -- the layer / direction loop ---------------------------------------------------------
 
     def _run(
-        self, x: Value, steps: int, h0: list[State], c0: list[State] | None
+        self, x: Value, steps: int, batch: int, h0: list[State], c0: list[State] | None
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Dispatch every op of the forward pass: (output, final hs, final cs)."""
+        if self.granularity_for(batch) == "sequence":
+            return self._run_sequences(x, h0, c0)
+        return self._run_steps(x, steps, h0, c0)
+
+    def _run_sequences(
+        self, x: Value, h0: list[State], c0: list[State] | None
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """One op per layer and direction; a bidirectional layer's outputs joined by one op."""
+        layers, dirs = self.num_layers, self.num_directions
+        layer_in: Value = x
+        final_h: list[Tensor] = []
+        final_c: list[Tensor] = []
+        output: Tensor | None = None
+        for layer in range(layers):
+            outs: list[Tensor] = []
+            for d in range(dirs):
+                k = layer * dirs + d
+                out, h_n, c_n = self._sequence(
+                    self._weights(layer, d),
+                    layer_in,
+                    h0[k],
+                    None if c0 is None else c0[k],
+                    reverse=d == 1,
+                )
+                outs.append(out)
+                final_h.append(h_n)
+                if c_n is not None:
+                    final_c.append(c_n)
+            output = outs[0] if dirs == 1 else concatenate(outs, axis=2)
+            layer_in = output
+        assert output is not None
+        return output, final_h, final_c
+
+    def _sequence(
+        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One layer-direction as one op: (output, h_n, c_n)."""
+        raise NotImplementedError
+
+    def _run_steps(
+        self, x: Value, steps: int, h0: list[State], c0: list[State] | None
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """The per-step decomposition (see the module docstring)."""
         layers, dirs = self.num_layers, self.num_directions
         weights = [[self._weights(layer, d) for d in range(dirs)] for layer in range(layers)]
         # states[k] is the running (h, c) of layer k // dirs, direction k % dirs.
@@ -320,8 +439,13 @@ class LSTM(_RNNBase):
                 raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
             h0 = self._split_state(hx[0], "h0", batch)
             c0 = self._split_state(hx[1], "c0", batch)
-        output, hs, cs = self._run(x, steps, h0, c0)
+        output, hs, cs = self._run(x, steps, batch, h0, c0)
         return output, (stack_states(hs), stack_states(cs))
+
+    def _sequence(
+        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        return lstm_sequence(layer_in, w.w_ih, w.b_sum, w.w_hh, h0, c0, reverse, self.batch_first)
 
     def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
         # Both biases fold into one vector, added once to the whole projection.
@@ -354,8 +478,16 @@ class GRU(_RNNBase):
         """``(output, h_n)`` for x (steps, batch, input_size) and optional h0."""
         x, steps, batch = self._check_input(x)
         h0 = self._split_state(hx, "h0", batch)
-        output, hs, _ = self._run(x, steps, h0, None)
+        output, hs, _ = self._run(x, steps, batch, h0, None)
         return output, stack_states(hs)
+
+    def _sequence(
+        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        out, h_n = gru_sequence(
+            layer_in, w.w_ih, w.b_ih, w.w_hh, w.b_hh, h0, reverse, self.batch_first
+        )
+        return out, h_n, None
 
     def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
         # b_hh stays in the step: r multiplies (W_hn h + b_hn), so it cannot be folded in.

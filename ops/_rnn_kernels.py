@@ -1,0 +1,299 @@
+"""Whole-sequence recurrent kernels: one direction of one layer, the time loop inside one call.
+
+The per-step decomposition (``rnn_projection`` then one ``lstm_step`` op per step) exposes
+parallelism to the scheduler, but each op costs a hand-off, and at small sizes a step's numpy
+work (a few microseconds) is smaller than that. These kernels run a direction in one call, so
+an LSTM costs one op per layer and direction, and they do less work per step than plain numpy
+code written the obvious way:
+
+* **Projection in time chunks.** ``x @ w_ih.T + bias`` is computed for a chunk of steps at a
+  time (one GEMM of ``chunk * batch`` rows, about :data:`CHUNK_BYTES` of output) into one
+  buffer reused for every chunk, so a direction never holds its whole (T, B, G*H) projection:
+  at the tutorial's size that is 8 MiB instead of 39 MiB per direction.
+* **No allocation per step.** The gate pre-activations go into one preallocated (B, G*H)
+  buffer (``np.matmul(..., out=)``), the gate math runs in place on it, the cell state is
+  updated in place, and each step's h is written straight into its row of the output: the
+  next step's GEMM reads it from there. Nothing is copied between steps.
+* **Fewest passes for the size.** The four LSTM gates go through one ``exp`` pass (sigmoid,
+  and ``tanh(g) = 2 sigmoid(2g) - 1`` for the cell gate); ``tanh(c)`` uses numpy's ``tanh``
+  where the state is small (one ufunc call; call overhead dominates there) and the same ``exp``
+  form where it is large (numpy's float32 ``exp`` is vectorised, its ``tanh`` is ~3x slower at
+  (50, 1024)). The crossover is :data:`TANH_DIRECT_MAX` elements, measured on the 2-vCPU
+  machine (``benchmarks/kernels.py``).
+* **Weights in the layout BLAS likes.** :func:`lay_out` stores a recurrent weight in the
+  memory order whose ``h @ w.T`` GEMM measured fastest on this machine for its shape (Fortran
+  order makes ``w.T`` a plain row-major operand: 22% faster at (50, 1024) x (1024, 4096) with
+  OpenBLAS on one thread). It is the parameter's own memory, not a cached copy, so in-place
+  writes and ``load_state_dict`` can never leave a stale copy behind; the kernels take either
+  layout.
+
+Gate order and equations are torch's (see :mod:`ops._recurrent`); outputs match torch's
+``nn.LSTM`` / ``nn.GRU`` within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, TypeAlias
+
+import numpy as np
+
+__all__ = [
+    "CHUNK_BYTES",
+    "TANH_DIRECT_MAX",
+    "chunk_steps",
+    "gru_sequence_kernel",
+    "lay_out",
+    "lstm_sequence_kernel",
+]
+
+Array: TypeAlias = "np.ndarray[Any, Any]"
+
+#: Target size of one chunk of the input projection (bytes). Large enough that the chunk's GEMM
+#: runs at full rate (at the tutorial's size a chunk is 10 steps: a (500, 1024) x (1024, 4096)
+#: product), small enough that it stays in the last-level cache's neighbourhood.
+CHUNK_BYTES = 8 << 20
+
+#: Largest state (batch * hidden elements) whose tanh uses ``np.tanh`` (one ufunc call) rather
+#: than the six-call ``exp`` form: below it call overhead dominates, above it ``exp`` is faster.
+TANH_DIRECT_MAX = 8192
+
+_LSTM_GATES = 4
+_GRU_GATES = 3
+
+
+def chunk_steps(steps: int, batch: int, width: int, itemsize: int) -> int:
+    """How many time steps one chunk of the projection holds (at least 1, at most ``steps``)."""
+    per_step = max(batch * width * itemsize, 1)
+    return max(1, min(steps, CHUNK_BYTES // per_step))
+
+
+# -- weight layout ------------------------------------------------------------------------------
+
+_LAYOUT_BATCH = 50  # the batch the layout is measured at (the tutorial's)
+_LAYOUT_REPEATS = 5
+
+
+@functools.lru_cache(maxsize=64)
+def _fortran_is_faster(rows: int, cols: int, dtype: np.dtype[Any]) -> bool:
+    """Whether ``h @ w.T`` is faster with ``w`` (rows, cols) in Fortran order, measured once.
+
+    Times both layouts back to back, best of a few repeats each, on random data of the real
+    shape; small weights (where either form takes microseconds and the difference is noise)
+    keep the row-major layout.
+    """
+    if rows * cols < 256 * 1024:
+        return False
+    rng = np.random.default_rng(0)
+    w_c = rng.standard_normal((rows, cols)).astype(dtype)
+    w_f = np.asfortranarray(w_c)
+    h = rng.standard_normal((_LAYOUT_BATCH, cols)).astype(dtype)
+    out = np.empty((_LAYOUT_BATCH, rows), dtype=dtype)
+    best = {"C": float("inf"), "F": float("inf")}
+    for _ in range(_LAYOUT_REPEATS):
+        for name, w in (("C", w_c), ("F", w_f)):
+            t0 = time.perf_counter()
+            np.matmul(h, w.T, out=out)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    # Only switch for a clear gain: a tie keeps the layout torch and numpy users expect.
+    return best["F"] < 0.95 * best["C"]
+
+
+def lay_out(w: Array) -> Array:
+    """``w`` (gates*hidden, hidden) in the memory order its recurrent GEMM runs fastest in.
+
+    Returns ``w`` itself when it already is, else a copy in the other order (same values,
+    shape and dtype). Measured once per shape and dtype on this machine.
+    """
+    if w.ndim != 2 or w.dtype.kind != "f":
+        return w
+    fortran = _fortran_is_faster(w.shape[0], w.shape[1], w.dtype)
+    if fortran and not w.flags.f_contiguous:
+        return np.asfortranarray(w)
+    if not fortran and not w.flags.c_contiguous:
+        return np.ascontiguousarray(w)
+    return w
+
+
+# -- shared pieces ------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def _lstm_exp_scale(hidden: int, dtype: np.dtype[Any]) -> Array:
+    """Per-column factors -1 (i, f, o) and -2 (g) for the one ``exp`` over all four gates."""
+    scale = np.full(4 * hidden, -1.0, dtype=dtype)
+    scale[2 * hidden : 3 * hidden] = -2.0
+    scale.setflags(write=False)
+    return scale
+
+
+def _gemm_into(a: Array, b: Array, out: Array) -> None:
+    """``out = a @ b``: ``np.dot`` (less call overhead than ``np.matmul``) where it can write
+    ``out`` directly, which needs both operands' dtype to match ``out``'s."""
+    np.dot(a, b, out=out)
+
+
+def _tanh_into(src: Array, out: Array) -> None:
+    """``out = tanh(src)``; src is left unchanged."""
+    if src.size <= TANH_DIRECT_MAX:
+        np.tanh(src, out=out)
+        return
+    one, two = out.dtype.type(1.0), out.dtype.type(2.0)
+    np.multiply(src, -two, out=out)
+    with np.errstate(over="ignore"):  # exp(-2x) -> inf for x << 0 gives the right limit, -1
+        np.exp(out, out=out)
+    np.add(out, one, out=out)
+    np.reciprocal(out, out=out)
+    np.multiply(out, two, out=out)
+    np.subtract(out, one, out=out)
+
+
+def _project_chunk(
+    x: Array, t0: int, t1: int, w_ih: Array, bias: Array | None, batch_first: bool, buf: Array
+) -> Array:
+    """``x[t0:t1] @ w_ih.T + bias`` into ``buf``'s first rows: a (t1 - t0, B, G) view."""
+    part = x[:, t0:t1].swapaxes(0, 1) if batch_first else x[t0:t1]
+    n, batch = part.shape[0], part.shape[1]
+    rows = np.ascontiguousarray(part).reshape(n * batch, part.shape[2])
+    flat = buf[: n * batch]
+    np.matmul(rows, w_ih.T, out=flat)
+    if bias is not None:
+        flat += bias
+    view: Array = flat.reshape(n, batch, buf.shape[1])
+    return view
+
+
+def _chunks(steps: int, size: int, reverse: bool) -> list[tuple[int, int]]:
+    """[t0, t1) chunks covering the steps, in the order the direction visits them."""
+    bounds = [(t0, min(t0 + size, steps)) for t0 in range(0, steps, size)]
+    return bounds[::-1] if reverse else bounds
+
+
+def _output(steps: int, batch: int, hidden: int, dtype: Any, batch_first: bool) -> Array:
+    shape = (batch, steps, hidden) if batch_first else (steps, batch, hidden)
+    return np.empty(shape, dtype=dtype)
+
+
+# -- LSTM ---------------------------------------------------------------------------------------
+
+
+def lstm_sequence_kernel(
+    x: Array,
+    w_ih: Array,
+    bias: Array | None,
+    w_hh: Array,
+    h0: Array | None,
+    c0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array, Array]:
+    """One LSTM direction over the whole sequence: (output, h_n, c_n).
+
+    ``x`` is (T, B, I) (or (B, T, I) with ``batch_first``, and the output then too); ``bias``
+    is ``b_ih + b_hh`` (or None); ``h0``/``c0`` (B, H) or None for zeros. With ``reverse``
+    the steps run from T-1 down to 0 and h_n is the state after step 0; the output stays in
+    time order either way.
+    """
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = _LSTM_GATES * hidden
+    dtype = w_hh.dtype
+    out = _output(steps, batch, hidden, dtype, batch_first)
+    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
+    size = chunk_steps(steps, batch, width, dtype.itemsize)
+    buf = np.empty((size * batch, width), dtype=dtype)
+    gates = np.empty((batch, width), dtype=dtype)
+    c = np.zeros((batch, hidden), dtype=dtype) if c0 is None else np.array(c0, dtype=dtype)
+    scale = _lstm_exp_scale(hidden, dtype)
+    one, two = dtype.type(1.0), dtype.type(2.0)
+    i = gates[:, :hidden]
+    f = gates[:, hidden : 2 * hidden]
+    g = gates[:, 2 * hidden : 3 * hidden]
+    o = gates[:, 3 * hidden :]
+    w_hh_t = w_hh.T
+    h: Array | None = h0
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
+        for t0, t1 in _chunks(steps, size, reverse):
+            xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
+            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+                if h is None:
+                    np.copyto(gates, xp[t - t0])
+                else:
+                    _gemm_into(h, w_hh_t, gates)
+                    np.add(gates, xp[t - t0], out=gates)
+                # sigmoid of every gate (of 2g for the cell gate) in one exp pass, ...
+                np.multiply(gates, scale, out=gates)
+                np.exp(gates, out=gates)
+                np.add(gates, one, out=gates)
+                np.reciprocal(gates, out=gates)
+                # ... then tanh(g) = 2 sigmoid(2g) - 1 on g's columns only.
+                np.multiply(g, two, out=g)
+                np.subtract(g, one, out=g)
+                np.multiply(i, g, out=i)
+                np.multiply(c, f, out=c)
+                np.add(c, i, out=c)
+                h = seq[t]
+                _tanh_into(c, h)
+                np.multiply(h, o, out=h)
+    h_n = np.array(seq[0] if reverse else seq[steps - 1])
+    return out, h_n, c
+
+
+# -- GRU ----------------------------------------------------------------------------------------
+
+
+def gru_sequence_kernel(
+    x: Array,
+    w_ih: Array,
+    b_ih: Array | None,
+    w_hh: Array,
+    b_hh: Array | None,
+    h0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array]:
+    """One GRU direction over the whole sequence: (output, h_n); arguments as for the LSTM.
+
+    ``b_hh`` stays in the step (r multiplies ``W_hn h + b_hn``, so it cannot be folded into
+    the projection as the LSTM's can).
+    """
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = _GRU_GATES * hidden
+    dtype = w_hh.dtype
+    out = _output(steps, batch, hidden, dtype, batch_first)
+    seq = out.swapaxes(0, 1) if batch_first else out
+    size = chunk_steps(steps, batch, width, dtype.itemsize)
+    buf = np.empty((size * batch, width), dtype=dtype)
+    gh = np.empty((batch, width), dtype=dtype)
+    rz = gh[:, : 2 * hidden]
+    r = gh[:, :hidden]
+    z = gh[:, hidden : 2 * hidden]
+    n = gh[:, 2 * hidden :]
+    w_hh_t = w_hh.T
+    one = dtype.type(1.0)
+    h: Array = np.zeros((batch, hidden), dtype=dtype) if h0 is None else h0
+    for t0, t1 in _chunks(steps, size, reverse):
+        xp = _project_chunk(x, t0, t1, w_ih, b_ih, batch_first, buf)
+        for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+            gi = xp[t - t0]
+            _gemm_into(h, w_hh_t, gh)
+            if b_hh is not None:
+                gh += b_hh
+            rz += gi[:, : 2 * hidden]
+            np.negative(rz, out=rz)
+            with np.errstate(over="ignore"):
+                np.exp(rz, out=rz)
+            np.add(rz, one, out=rz)
+            np.reciprocal(rz, out=rz)  # sigmoid(r), sigmoid(z)
+            n *= r
+            n += gi[:, 2 * hidden :]
+            _tanh_into(n, n)
+            # h' = (1 - z) * n + z * h = n + z * (h - n), written into the output's row.
+            h_new = seq[t]
+            np.subtract(h, n, out=h_new)
+            h_new *= z
+            h_new += n
+            h = h_new
+    return out, np.array(h)

@@ -1,0 +1,221 @@
+"""The whole-sequence recurrent ops: ``lstm_sequence`` and ``gru_sequence``.
+
+One op runs one layer-direction over every time step (kernels in :mod:`ops._rnn_kernels`):
+the input projection in time chunks and the recurrence, in one call. ``ops.nn.LSTM`` and
+``ops.nn.GRU`` use them when a step is too small to be worth an op of its own (see
+``granularity`` there); they are public for users who write their own recurrent modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from dataflow import Cost, OpInputError, OpTypeError
+
+from ._rnn_kernels import chunk_steps, gru_sequence_kernel, lstm_sequence_kernel
+from ._tensor import Tensor, TensorSpec, define_multi, spec_of
+
+__all__ = ["gru_sequence", "lstm_sequence"]
+
+ArrayLike: TypeAlias = "Tensor | np.ndarray[Any, Any]"
+
+
+def _describe(named: dict[str, TensorSpec | None]) -> str:
+    return ", ".join(f"{k} {v!r}" for k, v in named.items() if v is not None)
+
+
+def _sequence_meta(
+    op: str,
+    gates: int,
+    named: dict[str, TensorSpec | None],
+    reverse: Any,
+    batch_first: Any,
+) -> tuple[TensorSpec, TensorSpec]:
+    """Validate a sequence op's inputs; the specs of its output and of one final state."""
+    for flag, value in (("reverse", reverse), ("batch_first", batch_first)):
+        if not isinstance(value, bool | np.bool_):
+            raise OpTypeError(
+                f"{op}: {flag} must be True or False, got {type(value).__name__}: {value!r}"
+            )
+    dtypes = {s.dtype for s in named.values() if s is not None}
+    dtype = next(iter(dtypes))
+    if len(dtypes) != 1 or dtype.kind != "f":
+        raise OpTypeError(
+            f"{op}: every input must have the same floating-point dtype, got "
+            f"{_describe(named)}; convert them with .astype(np.float32)"
+        )
+    x, w_ih, w_hh = named["x"], named["w_ih"], named["w_hh"]
+    assert x is not None and w_ih is not None and w_hh is not None
+
+    def bad(what: str) -> OpInputError:
+        return OpInputError(f"{op}: {what} (got {_describe(named)})")
+
+    if len(w_hh.shape) != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
+        raise bad(f"w_hh must have shape ({gates}*hidden_size, hidden_size)")
+    hidden = w_hh.shape[1]
+    if len(w_ih.shape) != 2 or w_ih.shape[0] != gates * hidden:
+        raise bad(
+            f"w_ih must have shape ({gates}*hidden_size, input_size) = ({gates * hidden}, "
+            "input_size)"
+        )
+    layout = "(batch, steps, input_size)" if batch_first else "(steps, batch, input_size)"
+    if len(x.shape) != 3 or x.shape[2] != w_ih.shape[1] or 0 in x.shape:
+        raise bad(f"x must have shape {layout} with input_size {w_ih.shape[1]} (from w_ih)")
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    state = (batch, hidden)
+    for name in ("h0", "c0"):
+        s = named.get(name)
+        if s is not None and s.shape != state:
+            raise bad(f"{name} must have shape {state} (batch, hidden_size)")
+    for name in ("bias", "b_ih", "b_hh"):
+        s = named.get(name)
+        if s is not None and s.shape != (gates * hidden,):
+            raise bad(f"{name} must have shape ({gates * hidden},) = ({gates}*hidden_size,)")
+    out = (batch, steps, hidden) if batch_first else (steps, batch, hidden)
+    return TensorSpec(out, dtype), TensorSpec(state, dtype)
+
+
+def _specs(**values: Any) -> dict[str, TensorSpec | None]:
+    return {k: None if v is None else spec_of(v) for k, v in values.items()}
+
+
+def _lstm_sequence_meta(
+    x: Any,
+    w_ih: Any,
+    bias: Any,
+    w_hh: Any,
+    h0: Any = None,
+    c0: Any = None,
+    reverse: Any = False,
+    batch_first: Any = False,
+) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
+    if (h0 is None) != (c0 is None):
+        raise OpInputError(
+            "lstm_sequence: give both h0 and c0, or neither (None for both means zero state)"
+        )
+    named = _specs(x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0)
+    out, state = _sequence_meta("lstm_sequence", 4, named, reverse, batch_first)
+    return out, state, state
+
+
+def _gru_sequence_meta(
+    x: Any,
+    w_ih: Any,
+    b_ih: Any,
+    w_hh: Any,
+    b_hh: Any,
+    h0: Any = None,
+    reverse: Any = False,
+    batch_first: Any = False,
+) -> tuple[TensorSpec, TensorSpec]:
+    named = _specs(x=x, w_ih=w_ih, b_ih=b_ih, w_hh=w_hh, b_hh=b_hh, h0=h0)
+    return _sequence_meta("gru_sequence", 3, named, reverse, batch_first)
+
+
+def _sequence_cost(x: Any, w_ih: Any, w_hh: Any, batch_first: Any) -> Cost:
+    xs, wi, wh = spec_of(x), spec_of(w_ih), spec_of(w_hh)
+    steps, batch = (xs.shape[1], xs.shape[0]) if batch_first else xs.shape[:2]
+    width, inputs, hidden = wi.shape[0], wi.shape[1], wh.shape[1]
+    rows = steps * batch
+    flops = 2.0 * rows * width * (inputs + hidden) + 12.0 * rows * width
+    item = wh.dtype.itemsize
+    chunk = chunk_steps(steps, batch, width, item) * batch * width * item
+    weights = (wi.shape[0] * wi.shape[1] + wh.shape[0] * wh.shape[1]) * item
+    moved = xs.shape[0] * xs.shape[1] * xs.shape[2] * item + rows * hidden * item
+    return Cost(flops, float(weights + moved + chunk))
+
+
+def _lstm_sequence_cost(
+    x: Any,
+    w_ih: Any,
+    bias: Any,
+    w_hh: Any,
+    h0: Any = None,
+    c0: Any = None,
+    reverse: Any = False,
+    batch_first: Any = False,
+) -> Cost:
+    return _sequence_cost(x, w_ih, w_hh, batch_first)
+
+
+def _gru_sequence_cost(
+    x: Any,
+    w_ih: Any,
+    b_ih: Any,
+    w_hh: Any,
+    b_hh: Any,
+    h0: Any = None,
+    reverse: Any = False,
+    batch_first: Any = False,
+) -> Cost:
+    return _sequence_cost(x, w_ih, w_hh, batch_first)
+
+
+_lstm_sequence = define_multi(
+    "lstm_sequence", lstm_sequence_kernel, _lstm_sequence_meta, _lstm_sequence_cost
+)
+_gru_sequence = define_multi(
+    "gru_sequence", gru_sequence_kernel, _gru_sequence_meta, _gru_sequence_cost
+)
+
+
+def lstm_sequence(
+    x: ArrayLike,
+    w_ih: ArrayLike,
+    bias: ArrayLike | None,
+    w_hh: ArrayLike,
+    h0: ArrayLike | None = None,
+    c0: ArrayLike | None = None,
+    reverse: bool = False,
+    batch_first: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer-direction over a whole sequence, as one op: ``(output, h_n, c_n)``.
+
+    Args:
+        x: (steps, batch, input_size), or (batch, steps, input_size) with ``batch_first``.
+        w_ih: (4*hidden_size, input_size), gates i, f, g, o stacked on axis 0 (torch's).
+        bias: ``b_ih + b_hh`` (4*hidden_size,), or None.
+        w_hh: (4*hidden_size, hidden_size), in either memory order.
+        h0, c0: initial states (batch, hidden_size), or both None for zeros.
+        reverse: run from the last step to the first (a bidirectional layer's reverse
+            direction); the output stays in time order and h_n is the state after step 0.
+        batch_first: x and the output are batch-major.
+
+    Returns:
+        output (steps, batch, hidden_size) (batch-major with ``batch_first``), h_n and c_n
+        (batch, hidden_size); all pending.
+
+    Raises:
+        OpInputError: a shape does not fit (naming every input's shape and dtype).
+        OpTypeError: dtypes differ or are not floating point; a flag is not a bool.
+
+    Example:
+        >>> out, h_n, c_n = ops.lstm_sequence(x, w_ih, b_ih + b_hh, w_hh)
+    """
+    result: tuple[Tensor, Tensor, Tensor] = _lstm_sequence(
+        x, w_ih, bias, w_hh, h0, c0, reverse, batch_first
+    )
+    return result
+
+
+def gru_sequence(
+    x: ArrayLike,
+    w_ih: ArrayLike,
+    b_ih: ArrayLike | None,
+    w_hh: ArrayLike,
+    b_hh: ArrayLike | None,
+    h0: ArrayLike | None = None,
+    reverse: bool = False,
+    batch_first: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """One GRU layer-direction over a whole sequence, as one op: ``(output, h_n)``.
+
+    Arguments as for :func:`lstm_sequence`, with gates r, z, n and both biases separate
+    (``b_hh``'s n part is multiplied by r, so it cannot be folded into the projection).
+    """
+    result: tuple[Tensor, Tensor] = _gru_sequence(
+        x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first
+    )
+    return result

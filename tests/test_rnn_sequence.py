@@ -1,0 +1,290 @@
+"""Whole-sequence recurrent ops, weight layout and the recurrent modules' granularity.
+
+Every kernel is checked against the float64 loop reference of tests/test_nn.py and, where
+torch is installed, against ``torch.nn.LSTM`` / ``GRU`` on random data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from ops import _rnn_kernels, nn
+from tests.test_nn import ref_rnn
+
+Array = np.ndarray[Any, Any]
+TOL = 2e-5
+
+
+def _rand(seed: int, *shape: int) -> Array:
+    a: Array = np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
+    return a
+
+
+def _module(mode: str, **kwargs: Any) -> nn.LSTM | nn.GRU:
+    cls = nn.LSTM if mode == "LSTM" else nn.GRU
+    return cls(**kwargs)
+
+
+def _forward(m: nn.LSTM | nn.GRU, x: Array, h0: Array | None, c0: Array | None) -> Any:
+    async def main() -> Any:
+        if isinstance(m, nn.LSTM):
+            return await m(x, None if h0 is None else (h0, c0))
+        return await m(x, h0)
+
+    return dataflow.run(main)
+
+
+class TestSequenceOps:
+    """lstm_sequence / gru_sequence against the loop reference, every flag."""
+
+    @pytest.mark.parametrize(
+        ("mode", "reverse", "batch_first", "with_state"),
+        list(itertools.product(("LSTM", "GRU"), (False, True), (False, True), (False, True))),
+    )
+    def test_against_reference(
+        self, mode: str, reverse: bool, batch_first: bool, with_state: bool
+    ) -> None:
+        """One direction over a sequence equals the reference loop (reverse: flipped time)."""
+        steps, batch, inp, hid = 7, 3, 5, 6
+        m = _module(mode, input_size=inp, hidden_size=hid, seed=2, batch_first=batch_first)
+        p = m.state_dict()
+        x = _rand(1, batch, steps, inp) if batch_first else _rand(1, steps, batch, inp)
+        h0 = _rand(3, 1, batch, hid) if with_state else None
+        c0 = _rand(4, 1, batch, hid) if with_state and mode == "LSTM" else None
+        t_axis = 1 if batch_first else 0
+        x_in = np.flip(x, t_axis).copy() if reverse else x
+        out_ref, h_ref, c_ref = ref_rnn(mode, p, x_in, h0, c0, 1, False, batch_first)
+        if reverse:
+            out_ref = np.flip(out_ref, t_axis)
+        h0_ = None if h0 is None else h0[0]
+        if mode == "LSTM":
+            c0_ = None if c0 is None else c0[0]
+            b = p["bias_ih_l0"] + p["bias_hh_l0"]
+            got = ops.lstm_sequence(
+                x, p["weight_ih_l0"], b, p["weight_hh_l0"], h0_, c0_, reverse, batch_first
+            )
+            out, h_n, c_n = (g.result() for g in got)
+            np.testing.assert_allclose(c_n, c_ref[0], atol=TOL)
+        else:
+            got2 = ops.gru_sequence(
+                x,
+                p["weight_ih_l0"],
+                p["bias_ih_l0"],
+                p["weight_hh_l0"],
+                p["bias_hh_l0"],
+                h0_,
+                reverse,
+                batch_first,
+            )
+            out, h_n = (g.result() for g in got2)
+        np.testing.assert_allclose(out, out_ref, atol=TOL)
+        np.testing.assert_allclose(h_n, h_ref[0], atol=TOL)
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_time_chunks_give_the_same_result(
+        self, mode: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A projection computed a few steps at a time equals one computed all at once."""
+        m = _module(mode, input_size=8, hidden_size=16, seed=0, bidirectional=True)
+        x = _rand(5, 11, 4, 8)
+        whole = _forward(m, x, None, None)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 4 * m._gates * 16 * 4)
+        assert _rnn_kernels.chunk_steps(11, 4, m._gates * 16, 4) == 3
+        chunked = _forward(m, x, None, None)
+        for a, b in zip(np.atleast_1d(whole[0]), np.atleast_1d(chunked[0]), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+
+    def test_large_state_uses_the_exp_form_of_tanh(self) -> None:
+        """Above TANH_DIRECT_MAX elements tanh(c) goes through exp; still exact."""
+        hid = 96
+        batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
+        m = nn.LSTM(4, hid, seed=1)
+        x = _rand(2, 3, batch, 4)
+        out, (_, c_n) = _forward(m, x, None, None)
+        ref = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
+        np.testing.assert_allclose(out, ref[0], atol=TOL)
+        np.testing.assert_allclose(c_n, ref[2], atol=TOL)
+
+    def test_bad_shapes_and_dtypes_are_named_at_the_call(self) -> None:
+        """Errors name the op and every input's shape and dtype, raised where called."""
+        x, w_ih, w_hh = _rand(0, 5, 2, 3), _rand(1, 16, 3), _rand(2, 16, 4)
+        with pytest.raises(dataflow.OpInputError, match=r"lstm_sequence: w_ih must have shape"):
+            ops.lstm_sequence(x, _rand(1, 12, 3), None, w_hh)
+        with pytest.raises(dataflow.OpInputError, match=r"x must have shape.*input_size 3"):
+            ops.lstm_sequence(_rand(0, 5, 2, 7), w_ih, None, w_hh)
+        with pytest.raises(dataflow.OpInputError, match=r"h0 must have shape \(2, 4\)"):
+            ops.lstm_sequence(x, w_ih, None, w_hh, _rand(3, 3, 4), _rand(3, 3, 4))
+        with pytest.raises(dataflow.OpInputError, match=r"give both h0 and c0"):
+            ops.lstm_sequence(x, w_ih, None, w_hh, _rand(3, 2, 4), None)
+        with pytest.raises(dataflow.OpInputError, match=r"bias must have shape \(16,\)"):
+            ops.lstm_sequence(x, w_ih, _rand(4, 8), w_hh)
+        with pytest.raises(dataflow.OpTypeError, match=r"same floating-point dtype.*float64"):
+            ops.lstm_sequence(x.astype(np.float64), w_ih, None, w_hh)
+        with pytest.raises(dataflow.OpTypeError, match=r"reverse must be True or False"):
+            ops.lstm_sequence(x, w_ih, None, w_hh, None, None, "yes")  # type: ignore[arg-type]
+        with pytest.raises(dataflow.OpInputError, match=r"gru_sequence: w_hh must have shape"):
+            ops.gru_sequence(x, _rand(1, 12, 3), None, w_hh, None)
+
+
+class TestWeightLayout:
+    def test_lay_out_keeps_values_and_follows_the_measurement(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """lay_out returns the same values, in the order measured fastest for the shape."""
+        w = _rand(0, 64, 16)
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        f = _rnn_kernels.lay_out(w)
+        assert f.flags.f_contiguous and not f.flags.c_contiguous
+        np.testing.assert_array_equal(f, w)
+        assert _rnn_kernels.lay_out(f) is f
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: False)
+        c = _rnn_kernels.lay_out(f)
+        assert c.flags.c_contiguous
+        np.testing.assert_array_equal(c, w)
+
+    def test_small_weights_keep_row_major_without_measuring(self) -> None:
+        """Below the size where the GEMM forms differ, nothing is measured or changed."""
+        w = _rand(0, 32, 8)
+        assert _rnn_kernels.lay_out(w) is w
+
+    def test_fortran_weights_are_exact_and_writes_take_effect(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With Fortran-ordered recurrent weights the module is exact; loading a state dict
+        and writing a parameter in place both change the next forward (no stale copy)."""
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        m = nn.LSTM(6, 8, seed=0, bidirectional=True)
+        assert m.weight_hh_l0.flags.f_contiguous
+        x = _rand(1, 5, 2, 6)
+
+        def ref(params: dict[str, Array]) -> Array:
+            return ref_rnn("LSTM", params, x, None, None, 1, True, False)[0]
+
+        out, _ = _forward(m, x, None, None)
+        np.testing.assert_allclose(out, ref(m.state_dict()), atol=TOL)
+        new = {k: _rand(9, *v.shape) for k, v in m.state_dict().items()}
+        m.load_state_dict(new)
+        assert m.weight_hh_l0_reverse.flags.f_contiguous
+        out2, _ = _forward(m, x, None, None)
+        np.testing.assert_allclose(out2, ref(new), atol=TOL)
+        m.weight_hh_l0[:] = 0.0  # in place
+        out3, _ = _forward(m, x, None, None)
+        np.testing.assert_allclose(out3, ref(m.state_dict()), atol=TOL)
+        assert not np.allclose(out3, out2)
+
+
+class TestGranularity:
+    def _ops_of(self, m: nn.LSTM | nn.GRU, x: Array) -> dict[str, int]:
+        async def program(x: Any) -> Any:
+            out, _ = await m.forward(x)
+            return out
+
+        return dataflow.trace(program, x).op_counts()
+
+    def test_auto_is_one_op_per_direction_for_small_or_bidirectional(self) -> None:
+        m = nn.LSTM(8, 16, num_layers=2, bidirectional=True, seed=0)
+        assert m.granularity_for(50) == "sequence"
+        counts = self._ops_of(m, _rand(0, 5, 2, 8))
+        assert counts["ops.lstm_sequence"] == 4
+        assert "ops.lstm_step" not in counts
+
+    def test_auto_steps_a_big_unidirectional_stack(self) -> None:
+        """Big steps in a unidirectional stack: per-step ops, for the wavefront."""
+        m = nn.LSTM(512, 512, num_layers=2, seed=0)
+        assert m.granularity_for(50) == "step"
+        assert m.granularity_for(1) == "sequence"
+        assert nn.LSTM(512, 512, num_layers=1, seed=0).granularity_for(50) == "sequence"
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    @pytest.mark.parametrize("granularity", ["sequence", "step"])
+    def test_forced_granularity_is_exact(self, mode: str, granularity: str) -> None:
+        """Both granularities give the reference result, stacked, bidirectional, batch-first."""
+        for layers, bi, bf in itertools.product((1, 3), (False, True), (False, True)):
+            m = _module(
+                mode,
+                input_size=5,
+                hidden_size=4,
+                num_layers=layers,
+                bidirectional=bi,
+                batch_first=bf,
+                seed=layers,
+                granularity=granularity,
+            )
+            d = 2 if bi else 1
+            x = _rand(7, 2, 6, 5) if bf else _rand(7, 6, 2, 5)
+            h0 = _rand(8, layers * d, 2, 4)
+            c0 = _rand(9, layers * d, 2, 4) if mode == "LSTM" else None
+            got = _forward(m, x, h0, c0)
+            ref = ref_rnn(mode, m.state_dict(), x, h0, c0, layers, bi, bf)
+            out, h_n = got[0], got[1][0] if mode == "LSTM" else got[1]
+            np.testing.assert_allclose(out, ref[0], atol=TOL)
+            np.testing.assert_allclose(h_n, ref[1], atol=TOL)
+            if mode == "LSTM":
+                np.testing.assert_allclose(got[1][1], ref[2], atol=TOL)
+
+    def test_step_granularity_dispatches_steps(self) -> None:
+        m = nn.GRU(4, 4, seed=0, granularity="step")
+        counts = self._ops_of(m, _rand(0, 5, 1, 4))
+        assert counts["ops.gru_step"] == 5
+        assert "granularity='step'" in repr(m)
+
+
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("torch") is None, reason="torch not installed"
+)
+class TestAgainstTorch:
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    @pytest.mark.parametrize("granularity", ["sequence", "step"])
+    def test_matches_torch(self, mode: str, granularity: str) -> None:
+        """torch's weights loaded unchanged give torch's outputs, at a size that chunks."""
+        import torch
+
+        torch.manual_seed(0)
+        tm = getattr(torch.nn, mode)(32, 64, num_layers=2, bidirectional=True)
+        m = _module(
+            mode,
+            input_size=32,
+            hidden_size=64,
+            num_layers=2,
+            bidirectional=True,
+            granularity=granularity,
+        )
+        m.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        x = _rand(3, 20, 8, 32)
+        with torch.no_grad():
+            expected = tm(torch.from_numpy(x))
+        got = _forward(m, x, None, None)
+        np.testing.assert_allclose(got[0], expected[0].numpy(), atol=TOL, rtol=1e-4)
+
+
+class TestArguments:
+    """Module arguments are checked where the module is built, naming the argument."""
+
+    @pytest.mark.parametrize(
+        ("kwargs", "error", "match"),
+        [
+            ({"bias": "False"}, TypeError, r"bias must be True or False, got str"),
+            ({"batch_first": 1}, TypeError, r"batch_first must be True or False, got int"),
+            ({"bidirectional": None}, TypeError, r"bidirectional must be True or False"),
+            ({"dropout": "0.5"}, TypeError, r"dropout must be a number"),
+            ({"dropout": 1.5}, ValueError, r"dropout must be in \[0, 1\]"),
+            ({"dropout": float("nan")}, ValueError, r"dropout must be in \[0, 1\]"),
+            ({"granularity": "chunk"}, ValueError, r"granularity must be one of 'auto'"),
+            ({"dtype": "banana"}, TypeError, r"dtype 'banana' is not a numpy dtype"),
+            ({"dtype": np.int32}, TypeError, r"dtype must be a floating dtype"),
+            ({"hidden_size": 0}, ValueError, r"hidden_size must be a positive int, got 0"),
+            ({"num_layers": 1.5}, TypeError, r"num_layers must be a positive int, got float"),
+        ],
+    )
+    def test_bad_argument(self, kwargs: dict[str, Any], error: type, match: str) -> None:
+        args: dict[str, Any] = {"input_size": 4, "hidden_size": 4, **kwargs}
+        with pytest.raises(error, match=match) as info:
+            nn.GRU(**args)
+        assert isinstance(info.value, dataflow.DataflowError)
+        assert "nn.GRU" in str(info.value)
