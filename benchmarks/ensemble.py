@@ -11,24 +11,44 @@ outside the timed part. The inter-op/intra-op split follows REFERENCE.md: the se
 contenders use every core inside each GEMM; the parallel ones one thread per GEMM and one
 inter-op thread per core.
 
-A round's value is the mean time of ``k`` forward passes back to back (``k`` = 1 at the
-large sizes, more at the small ones so a round lasts ~0.25 s). dataflow runs its ``k``
-forwards inside one ``dataflow.run`` (so the runtime's start, ~1 ms and measured in the
+**Each contender's round runs in a fresh process** (``python -m benchmarks.ensemble
+--child ...``): it rebuilds the weights from their seeds, loads the reference output the
+parent saved once per size, builds its contender, runs one warm-up round (torch's profiling
+executor, dataflow's per-signature measurements, the recurrent weights' layout, BLAS's
+threads all settle there), then the timed round, checks the output, prints one JSON line and
+exits. So no contender inherits another's heap, threads or caches, and the order rotates
+every round. A round's value is the mean time of ``k`` forward passes back to back (``k`` =
+1 at the large sizes, more at the small ones so a round lasts ~0.25 s). dataflow runs its
+``k`` forwards inside one ``dataflow.run`` (so the runtime's start, ~1 ms and measured in the
 ``overhead`` benchmark, is not counted); each forward is timed from dispatch until its
 output array is ready.
 
-``roofline`` is the fraction of the GEMM roofline reached: (GEMM flops / best float32 matmul
-rate measured in the same run with all cores) / time. 1.0 would mean every core did nothing
-but peak-rate matmul the whole time.
+Columns: ``median`` and ``min`` (the best round) of the rounds; ``vs numpy sequential``, the
+median of per-round ratios; ``best vs best``, the ratio of the best rounds (noise on a shared
+machine only ever adds time, so this is the steadier figure); ``roofline``, the fraction of
+the GEMM roofline reached by the median: (the forward's projection GEMM flops / the rate
+measured for that GEMM's own shape, plus the recurrent steps' flops / the rate measured for
+the step GEMM's shape) / time, with the rates measured in the same run on one thread and on
+all cores, and each row judged against the thread setting it runs with: a contender with one
+BLAS thread per op and several inter-op threads against n cores x the one-thread rate, a
+sequential one against the all-core rate (or the one-thread rate where that was faster).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import importlib.util
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +61,7 @@ from . import _reference as ref
 from ._harness import Comparison, Config, Contender, interleave
 from ._machine import cores
 
-__all__ = ["MismatchError", "Workload", "matmul_rate", "run"]
+__all__ = ["MismatchError", "Workload", "gemm_rate", "matmul_rate", "run"]
 
 SIZES = ((50, 50, 1024), (50, 50, 256), (50, 1, 128))
 QUICK_SIZES = ((5, 4, 32),)
@@ -67,6 +87,32 @@ def matmul_rate(n: int, reps: int, threads: int) -> float:
     return best
 
 
+def gemm_rate(m: int, k: int, n: int, threads: int, min_seconds: float = 0.2) -> float:
+    """The best float32 rate (flop/s) of ``(m, k) @ (n, k).T``, torch's layout, as the
+    workload runs it: repeated for about ``min_seconds``, best single product."""
+    rng = np.random.default_rng(0)
+    a = rng.random((m, k), dtype=np.float32)
+    w = rng.random((n, k), dtype=np.float32)
+    out = np.empty((m, n), dtype=np.float32)
+    best = float("inf")
+    with threadpool_limits(limits=threads, user_api="blas"):
+        np.matmul(a, w.T, out=out)
+        t_end = time.perf_counter() + min_seconds
+        reps = 0
+        while reps < 3 or time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            np.matmul(a, w.T, out=out)
+            best = min(best, time.perf_counter() - t0)
+            reps += 1
+    return 2.0 * m * k * n / best
+
+
+def jax_missing() -> str | None:
+    if importlib.util.find_spec("jax") is None:
+        return "jax not installed (pip install 'dataflow[bench]' or pip install jax jaxlib)"
+    return None
+
+
 def torch_missing() -> str | None:
     return None if importlib.util.find_spec("torch") else "torch not installed"
 
@@ -78,17 +124,28 @@ def dask_missing() -> str | None:
 class Workload:
     """One size: weights, input, the reference output, and contender factories."""
 
-    def __init__(self, size: tuple[int, int, int], quick: bool) -> None:
+    def __init__(
+        self,
+        size: tuple[int, int, int],
+        quick: bool,
+        *,
+        expected: Any = None,
+        repeats: int | None = None,
+    ) -> None:
         self.size = size
         t, b, c = size
         self.weights = ref.make_weights(c)
         self.x = ref.make_input(t, b, c)
-        with threadpool_limits(limits=cores(), user_api="blas"):
-            self.expected = ref.ensemble_forward(self.x, self.weights)
-            t0 = time.perf_counter()
-            ref.ensemble_forward(self.x, self.weights)
-            once = time.perf_counter() - t0
-        self.repeats = 1 if quick else max(1, min(50, round(ROUND_SECONDS / once)))
+        if expected is None or repeats is None:
+            with threadpool_limits(limits=cores(), user_api="blas"):
+                self.expected = ref.ensemble_forward(self.x, self.weights)
+                t0 = time.perf_counter()
+                ref.ensemble_forward(self.x, self.weights)
+                once = time.perf_counter() - t0
+            repeats = 1 if quick else max(1, min(50, round(ROUND_SECONDS / once)))
+        else:
+            self.expected = expected
+        self.repeats = repeats
         self.flops = ref.gemm_flops(t, b, c, len(self.weights.models))
 
     def check(self, name: str, out: Any) -> None:
@@ -235,23 +292,95 @@ class Workload:
 
         return self.contender("dask threaded", f"{n} workers, BLAS 1", run, blas=1, skip=skip)
 
-    def all_contenders(self) -> list[Contender]:
+    def traced(self) -> Contender:
+        """``dataflow.trace(ensemble, x).optimize()``: the captured graph, run each forward."""
         n = cores()
-        return [
-            self.numpy_sequential(),
-            self.numpy_sequential_1(),
-            self.numpy_threads(),
-            self.dataflow("dataflow, 1 inter-op thread", 1, n, forked=False),
-            self.dataflow("dataflow, automatic", n, 1, forked=False),
-            self.dataflow("dataflow, manual fork", n, 1, forked=True),
-            self.torch("torch eager", n, script=False),
-            self.torch("torch.jit.script", n, script=True),
-            self.torch("script + fork directions", 1, script=True, fork_directions=True),
-            self.torch(
-                "script + fork members", 1, script=True, fork_directions=True, fork_members=True
+        skip = _models.unavailable()
+        graph: Any = None
+        if skip is None:
+            ens = _models.build_ensemble(self.weights)
+            graph = dataflow.trace(functools.partial(_models.forward_auto, ens), self.x)
+            graph = graph.optimize()
+
+        def run(k: int) -> tuple[float, Any]:
+            return run_dataflow(lambda g, x: g(x), graph, self.x, n, k)
+
+        return self.contender(
+            "dataflow, traced graph", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip
+        )
+
+    def jax(self) -> Contender:
+        n = cores()
+        skip = jax_missing()
+        call: Any = None
+        if skip is None:
+            from ._jax_models import build
+
+            call = build(self.weights)
+            call(self.x)  # compile
+
+        def run(k: int) -> tuple[float, Any]:
+            return _timed(k, lambda: call(self.x))
+
+        return self.contender("JAX jit", f"XLA CPU, BLAS {n}", run, blas=n, skip=skip)
+
+    def factories(self) -> dict[str, tuple[str, bool, Callable[[], Contender]]]:
+        """Every contender by name: (its setting, whether it runs ops side by side on one
+        BLAS thread each, and how to build it). Building is deferred: a child process builds
+        only its own contender (and imports torch or JAX only for theirs)."""
+        n = cores()
+        return {
+            "numpy sequential": (f"BLAS {n}", False, self.numpy_sequential),
+            "numpy sequential, BLAS 1": ("BLAS 1", False, self.numpy_sequential_1),
+            "numpy, directions on ThreadPoolExecutor": (
+                f"{n} threads, BLAS 1",
+                True,
+                self.numpy_threads,
             ),
-            self.dask(),
-        ]
+            "dataflow, 1 inter-op thread": (
+                "inter-op 1, BLAS 1",
+                False,
+                lambda: self.dataflow("dataflow, 1 inter-op thread", 1, 1, forked=False),
+            ),
+            "dataflow, automatic": (
+                f"inter-op {n}, BLAS 1",
+                True,
+                lambda: self.dataflow("dataflow, automatic", n, 1, forked=False),
+            ),
+            "dataflow, traced graph": (f"inter-op {n}, BLAS 1", True, self.traced),
+            "dataflow, manual fork": (
+                f"inter-op {n}, BLAS 1",
+                True,
+                lambda: self.dataflow("dataflow, manual fork", n, 1, forked=True),
+            ),
+            "torch eager": (
+                f"intra-op {n}, no grad",
+                False,
+                lambda: self.torch("torch eager", n, script=False),
+            ),
+            "torch.jit.script": (
+                f"intra-op {n}, no grad",
+                False,
+                lambda: self.torch("torch.jit.script", n, script=True),
+            ),
+            "script + fork members": (
+                "intra-op 1, no grad",
+                True,
+                lambda: self.torch(
+                    "script + fork members",
+                    1,
+                    script=True,
+                    fork_directions=True,
+                    fork_members=True,
+                ),
+            ),
+            "JAX jit": (f"XLA CPU, BLAS {n}", False, self.jax),
+            "dask threaded": (f"{n} workers, BLAS 1", True, self.dask),
+        }
+
+    def all_contenders(self) -> list[Contender]:
+        """Every contender, built in this process (the quick check and the tests use this)."""
+        return [build() for _, _, build in self.factories().values()]
 
 
 def _timed(k: int, fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -279,62 +408,187 @@ def run_dataflow(
     return dataflow.run(main, interop_threads=interop)
 
 
-def add_roofline(rows: Any, flops: float, rate: float) -> None:
-    """Fill the ``roofline`` and ``GFLOP/s`` columns."""
+SKIPS: dict[str, Callable[[], str | None]] = {
+    "torch eager": torch_missing,
+    "torch.jit.script": torch_missing,
+    "script + fork members": torch_missing,
+    "JAX jit": jax_missing,
+    "dask threaded": dask_missing,
+}
+
+
+def roofline_seconds(
+    size: tuple[int, int, int], models: int, rates: dict[str, float], parallel: bool
+) -> float:
+    """The GEMM roofline of one forward: its projection and step GEMMs at the rates measured
+    for their own shapes, on n cores x one thread (``parallel``) or all cores at once."""
+    t, b, c = size
+    n = cores()
+    proj = 2.0 * t * b * c * 4 * c * 2 * models
+    steps = 2.0 * t * b * c * 4 * c * 2 * models
+    if parallel:
+        return (proj / rates["proj1"] + steps / rates["step1"]) / n
+    proj_rate = max(rates["projN"], rates["proj1"])
+    step_rate = max(rates["stepN"], rates["step1"])
+    return proj / proj_rate + steps / step_rate
+
+
+def measure_rates(size: tuple[int, int, int], quick: bool) -> dict[str, float]:
+    """The projection (T*B, C) x (C, 4C) and step (B, C) x (C, 4C) GEMM rates, 1 and n threads."""
+    t, b, c = size
+    n = cores()
+    secs = 0.02 if quick else 0.3
+    return {
+        "proj1": gemm_rate(t * b, c, 4 * c, 1, secs),
+        "projN": gemm_rate(t * b, c, 4 * c, n, secs),
+        "step1": gemm_rate(b, c, 4 * c, 1, secs),
+        "stepN": gemm_rate(b, c, 4 * c, n, secs),
+    }
+
+
+def add_roofline(rows: Any, roofline: dict[str, float], flops: float) -> None:
+    """Fill the ``best vs best``, ``roofline`` and ``GFLOP/s`` columns."""
+    base = next((r for r in rows if r.name == "numpy sequential" and r.values), None)
     for row in rows:
         if row.median:
-            row.extra["roofline"] = flops / rate / row.median
+            row.extra["best vs best"] = row.min / base.min if base is not None else None
+            row.extra["roofline"] = roofline[row.name] / row.median
             row.extra["GFLOP/s"] = flops / row.median / 1e9
 
 
-def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
-    """One table per size."""
-    n = cores()
-    big = 512 if cfg.quick else 4096
-    log(f"ensemble: measuring the float32 matmul rate ({big}^3, BLAS {n} threads)")
-    rate_all = matmul_rate(big, 2 if cfg.quick else 5, n)
-    rate1 = matmul_rate(big // 2, 2 if cfg.quick else 3, 1)
-    # The best rate seen: if one thread beat all of them, a core was away during the run.
-    rate = max(rate_all, rate1)
-    log(
-        f"ensemble: best matmul {rate_all / 1e9:.1f} GFLOP/s ({n} threads), "
-        f"{rate1 / 1e9:.1f} GFLOP/s (1 thread)"
+# -- fresh processes --------------------------------------------------------------------------
+
+
+def _child_contender(
+    name: str, note: str, size: tuple[int, int, int], repeats: int, expected: Path
+) -> Contender:
+    """A contender whose every round is a fresh ``python -m benchmarks.ensemble --child``."""
+    args = json.dumps(
+        {"name": name, "size": list(size), "repeats": repeats, "expected": str(expected)}
     )
-    comparisons = []
-    for size in QUICK_SIZES if cfg.quick else SIZES:
-        log(f"ensemble: {size}: building contenders")
-        w = Workload(size, cfg.quick)
-        contenders = w.all_contenders()
-        log(f"ensemble: {size}: {w.repeats} forward(s) per round, {w.flops / 1e9:.1f} GFLOP")
-        rows = interleave(contenders, cfg.rounds_for(size), baseline="numpy sequential", log=log)
-        add_roofline(rows, w.flops, rate)
-        t, b, c = size
-        comparisons.append(
-            Comparison(
-                "ensemble",
-                f"ensemble (T, B, C) = ({t}, {b}, {c}): seconds per forward",
-                "s",
-                "numpy sequential",
-                rows,
-                params={
-                    "size": list(size),
-                    "gemm_flops": w.flops,
-                    "repeats_per_round": w.repeats,
-                    "rounds": cfg.rounds_for(size),
-                    "matmul_rate_flops": rate,
-                    "matmul_rate_1thread_flops": rate1,
-                    "roofline_s": w.flops / rate,
-                },
-                columns=("roofline", "GFLOP/s"),
-                notes=[
-                    f"{w.flops / 1e9:.1f} GFLOP of matmul per forward; best float32 matmul "
-                    f"{rate_all / 1e9:.0f} GFLOP/s on {n} threads ({rate1 / 1e9:.0f} on 1) -> "
-                    f"roofline {w.flops / rate:.4g} s",
-                    f"{cfg.rounds_for(size)} rounds (+1 warm-up); round value = mean of "
-                    f"{w.repeats} forward(s); ratio = median of per-round "
-                    "ratios to numpy sequential (lower is faster); outputs checked every round",
-                ],
-            )
+
+    def measure() -> float:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.ensemble", "--child", args],
+            capture_output=True,
+            text=True,
+            check=False,
         )
-        del w, contenders
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise MismatchError(
+                f"ensemble {size}: contender {name!r} failed in its child process (exit "
+                f"{proc.returncode}):\n{proc.stderr[-3000:]}"
+            )
+        seconds: float = json.loads(lines[-1])["seconds"]
+        return seconds
+
+    return Contender(name, measure, note=note)
+
+
+def child_main(spec: str) -> None:
+    """One contender, one round, in this fresh process: warm-up, timed round, check, JSON."""
+    d = json.loads(spec)
+    size = (int(d["size"][0]), int(d["size"][1]), int(d["size"][2]))
+    expected = np.load(d["expected"])
+    w = Workload(size, False, expected=expected, repeats=int(d["repeats"]))
+    contender = w.factories()[d["name"]][2]()
+    contender.measure()  # warm-up round (checked too)
+    seconds = contender.measure()
+    print(json.dumps({"name": d["name"], "seconds": seconds}), flush=True)
+    # torch's thread pools have aborted at interpreter exit: the report is out, leave now.
+    os._exit(0)
+
+
+def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
+    """One table per size; every round of every contender in a fresh process (quick mode:
+    every contender in this process, once, on a tiny size, as a check that each still runs
+    and matches the reference)."""
+    n = cores()
+    comparisons = []
+    with tempfile.TemporaryDirectory(prefix="dataflow-bench-") as tmp:
+        for size in QUICK_SIZES if cfg.quick else SIZES:
+            log(f"ensemble: {size}: measuring the GEMM rates at the workload's shapes")
+            rates = measure_rates(size, cfg.quick)
+            w = Workload(size, cfg.quick)
+            expected = Path(tmp) / f"expected-{'x'.join(map(str, size))}.npy"
+            np.save(expected, w.expected)
+            factories = w.factories()
+            contenders: list[Contender] = []
+            roofline: dict[str, float] = {}
+            for name, (note, parallel, build) in factories.items():
+                roofline[name] = roofline_seconds(size, len(w.weights.models), rates, parallel)
+                missing = SKIPS.get(name, lambda: None)()
+                if missing is not None:
+                    contenders.append(Contender(name, lambda: 0.0, note=note, skip=missing))
+                elif cfg.quick:
+                    contenders.append(build())
+                else:
+                    contenders.append(_child_contender(name, note, size, w.repeats, expected))
+            rounds = 1 if cfg.quick else cfg.rounds_for(size)
+            log(f"ensemble: {size}: {w.repeats} forward(s) per round, {w.flops / 1e9:.1f} GFLOP")
+            load0 = os.getloadavg()[0]
+            rows = interleave(
+                contenders,
+                rounds,
+                baseline="numpy sequential",
+                warmup=0,
+                log=log,
+            )
+            load1 = os.getloadavg()[0]
+            add_roofline(rows, roofline, w.flops)
+            t, b, c = size
+            comparisons.append(
+                Comparison(
+                    "ensemble",
+                    f"ensemble (T, B, C) = ({t}, {b}, {c}): seconds per forward",
+                    "s",
+                    "numpy sequential",
+                    rows,
+                    params={
+                        "size": list(size),
+                        "gemm_flops": w.flops,
+                        "repeats_per_round": w.repeats,
+                        "rounds": rounds,
+                        "gemm_rates_flops": rates,
+                        "roofline_s": roofline,
+                        "load_average": [load0, load1],
+                        "fresh_processes": not cfg.quick,
+                    },
+                    columns=("best vs best", "roofline", "GFLOP/s"),
+                    notes=[
+                        f"{w.flops / 1e9:.1f} GFLOP of matmul per forward; GEMM rates at the "
+                        f"workload's shapes, GFLOP/s: projection {rates['proj1'] / 1e9:.0f} "
+                        f"(1 thread) / {rates['projN'] / 1e9:.0f} ({n}), step "
+                        f"{rates['step1'] / 1e9:.0f} / {rates['stepN'] / 1e9:.0f}",
+                        (
+                            "quick check: one round of each contender in this process"
+                            if cfg.quick
+                            else f"{rounds} rounds, each contender's round in a fresh process "
+                            "after a warm-up round there"
+                        )
+                        + f"; round value = mean of {w.repeats} forward(s); "
+                        "ratio = median of per-round ratios to numpy sequential, best vs "
+                        "best = ratio of best rounds (lower is faster); outputs checked",
+                        f"load average (1 min) {load0:.2f} -> {load1:.2f} on {n} cores",
+                    ],
+                )
+            )
+            del w, contenders
     return comparisons
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child_main(args.child)
+        return
+    from ._cli import main as cli_main
+
+    sys.exit(cli_main(["--only", "ensemble", *(argv or sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -218,3 +219,44 @@ class TestCommand:
         proc = _run("--only", "nope", out=tmp_path)
         assert proc.returncode == 2
         assert "unknown benchmark 'nope'" in proc.stderr and "overhead" in proc.stderr
+
+
+class TestFreshProcessContenders:
+    """benchmarks/ensemble.py runs each contender's round in a fresh child process."""
+
+    def _child(self, name: str, expected: np.ndarray, tmp_path: Path) -> Any:
+        from benchmarks.ensemble import _child_contender
+
+        path = tmp_path / "expected.npy"
+        np.save(path, expected)
+        return _child_contender(name, "note", (4, 2, 8), 2, path)
+
+    def test_a_child_round_reports_its_seconds(self, tmp_path: Path) -> None:
+        """The child warms up, times its round, checks the output and reports seconds."""
+        x, w = make_input(4, 2, 8), make_weights(8)
+        contender = self._child("dataflow, automatic", ensemble_forward(x, w), tmp_path)
+        seconds = contender.measure()
+        assert 0 < seconds < 60
+
+    def test_a_wrong_output_stops_the_run_naming_the_contender(self, tmp_path: Path) -> None:
+        """A child whose output differs from the reference fails, and the parent says which."""
+        from benchmarks.ensemble import MismatchError
+
+        x, w = make_input(4, 2, 8), make_weights(8)
+        contender = self._child("numpy sequential", ensemble_forward(x, w) + 1.0, tmp_path)
+        with pytest.raises(MismatchError, match=r"'numpy sequential' failed in its child"):
+            contender.measure()
+
+    def test_roofline_uses_the_thread_setting(self) -> None:
+        """A parallel contender's roofline is n cores x the one-thread rates; a sequential
+        one's the all-core rates (or the one-thread ones where those were faster)."""
+        from benchmarks._machine import cores
+        from benchmarks.ensemble import roofline_seconds
+
+        rates = {"proj1": 10e9, "projN": 15e9, "step1": 5e9, "stepN": 4e9}
+        size = (2, 3, 4)
+        flops = 2.0 * 2 * 3 * 4 * 16 * 2  # one model's projections (and as much in steps)
+        par = roofline_seconds(size, 1, rates, parallel=True)
+        seq = roofline_seconds(size, 1, rates, parallel=False)
+        assert par == pytest.approx((flops / 10e9 + flops / 5e9) / cores())
+        assert seq == pytest.approx(flops / 15e9 + flops / 5e9)
