@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "simulated": "benchmarks.simulated",
     "memory": "benchmarks.memory",
     "scaling": "benchmarks.scaling",
+    "serving": "benchmarks.serving",
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
