@@ -6,14 +6,29 @@ inter-op pool between inference requests. A request only dispatches the model's 
 awaits the result: the event loop stays free to accept more requests meanwhile, and the ops of
 concurrent requests interleave on the pool (oldest first).
 
+The model is compiled (``dataflow.compile``): a request of the configured input size
+launches the cached plan, which costs the event loop a few microseconds whatever the model's
+op count, and concurrent requests are batched (``batch_axis=1``: requests that arrive while a
+batch runs are concatenated along the batch axis and run as one, at most ``max_wait`` later).
+Inputs of another length run eagerly (the model's ops dispatched from the handler), so
+clients cannot make the server compile without limit. The app warms up at startup (compiles,
+measures its ops) and then calls ``gc.freeze()``, so the collector never walks the model's
+long-lived objects again. A request that outlives its deadline is answered 504 and its queued
+ops are dropped (the work runs in a task of its own, cancelled at the deadline).
+
 Endpoints:
 
 * ``GET /ensemble?seed=N``: run the ensemble on a seeded random input of the configured size;
 * ``POST /ensemble`` with JSON ``{"seed": N}`` or ``{"x": [[[...]]]}`` (steps, batch, channels);
-* ``GET /health``.
+* ``/ensemble/compiled`` (compiled, no batching) and ``/ensemble/eager`` (no compiling), the
+  same otherwise, for comparison;
+* ``GET /health``: the config, the runtime, the compiled signatures;
+* ``GET /trace``: the last minute of the runtime's tasks as a Chrome/Perfetto trace (a
+  ``dataflow.Recorder`` stays attached; ``kill -USR1`` writes the same to
+  ``serve-trace-<time>.json``).
 
 Each answers a JSON summary of the output (shape, sum, mean, std, min, max, a few values) and
-the time the request took.
+the time the request took. See docs/serving.md for what a request costs and how to size it.
 
 Usage::
 
@@ -27,8 +42,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import gc
 import json
+import signal
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import asdict, dataclass
@@ -64,12 +82,19 @@ class ServeConfig:
     interop_threads: int = 2
     intraop_threads: int | None = 1
     seed: int = 0
+    max_wait: float = 0.01  # the longest a request waits to join a batch (seconds)
+    deadline: float = 10.0  # a request still running after this many seconds gets a 504
+    trace_seconds: float = 60.0  # how much of the timeline /trace keeps
+    warm_up: bool = True  # compile and measure at startup, then gc.freeze()
 
 
 CONFIG = web.AppKey("config", ServeConfig)
 MODEL = web.AppKey("model", Ensemble)
 RUNTIME = web.AppKey("runtime", dataflow.Runtime)
 CONTEXT = web.AppKey("context", contextvars.Context)
+COMPILED = web.AppKey("compiled", dataflow.Compiled)
+BATCHED = web.AppKey("batched", dataflow.Compiled)
+RECORDER = web.AppKey("recorder", dataflow.Recorder)
 
 
 class BadRequest(ValueError):
@@ -86,11 +111,26 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         interop_threads=config.interop_threads, intraop_threads=config.intraop_threads
     ) as runtime:
         app[RUNTIME] = runtime
+        recorder = dataflow.Recorder(max_seconds=config.trace_seconds)
+        runtime.add_instrument(recorder)
+        app[RECORDER] = recorder
         # The runtime is current in this context. Handlers run in tasks aiohttp creates, whose
         # context is not guaranteed to descend from this one, so they run the model in a copy
         # of this context (see in_runtime).
         app[CONTEXT] = contextvars.copy_context()
-        yield
+        if config.warm_up:
+            # Compile both forwards and let the runtime measure the ops before the first
+            # request, then move everything alive now out of the collector's sight.
+            x = seeded_input(config, 0)
+            for forward in (app[BATCHED], app[COMPILED]):
+                for _ in range(2):
+                    await in_runtime(app, forward(x))
+            gc.freeze()
+        try:
+            yield
+        finally:
+            if config.warm_up:
+                gc.unfreeze()
 
 
 async def in_runtime(app: web.Application, coro: Coroutine[Any, Any, T]) -> T:
@@ -164,33 +204,97 @@ def summarize(y: Array) -> dict[str, Any]:
     }
 
 
-async def _forward(model: Ensemble, x: Array) -> Array:
+async def _forward(model: Any, x: Array) -> Array:
     y: Array = await model(x)  # one await: the output as an array
     return y
 
 
-async def handle_ensemble(request: web.Request) -> web.Response:
-    """GET/POST /ensemble: run the ensemble, answer a summary."""
-    t0 = time.perf_counter()
-    try:
-        x, seed = await read_input(request)
-    except BadRequest as exc:
-        return web.json_response({"error": str(exc)}, status=400)
-    try:
-        y = await in_runtime(request.app, _forward(request.app[MODEL], x))
-    except dataflow.OpInputError as exc:  # a shape the model cannot take
-        return web.json_response({"error": str(exc)}, status=400)
-    result = summarize(y)
-    result["seed"] = seed
-    result["ms"] = round((time.perf_counter() - t0) * 1e3, 3)
-    return web.json_response(result)
+def _model_for(app: web.Application, route: str, x: Array) -> tuple[Any, str]:
+    """What runs a request: the compiled forwards take inputs of the configured size only."""
+    config = app[CONFIG]
+    if route == "eager" or x.shape != (config.steps, config.batch, config.channels):
+        return app[MODEL], "eager"
+    if route == "compiled":
+        return app[COMPILED], "compiled"
+    return app[BATCHED], "batched"
+
+
+def _handler(route: str) -> Any:
+    async def handle(request: web.Request) -> web.Response:
+        """Run the ensemble (``route``: batched, compiled or eager), answer a summary."""
+        t0 = time.perf_counter()
+        try:
+            x, seed = await read_input(request)
+        except BadRequest as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        app = request.app
+        model, ran = _model_for(app, route, x)
+        # The work runs in a task of its own (in_runtime): at the deadline wait_for cancels
+        # it, and the runtime drops that request's ops that have not started.
+        try:
+            y = await asyncio.wait_for(in_runtime(app, _forward(model, x)), app[CONFIG].deadline)
+        except TimeoutError:
+            return web.json_response(
+                {"error": f"deadline of {app[CONFIG].deadline} s passed; the work was dropped"},
+                status=504,
+            )
+        except dataflow.OpInputError as exc:  # a shape the model cannot take
+            return web.json_response({"error": str(exc)}, status=400)
+        result = summarize(y)
+        result["seed"] = seed
+        result["ran"] = ran
+        result["ms"] = round((time.perf_counter() - t0) * 1e3, 3)
+        return web.json_response(result)
+
+    return handle
+
+
+handle_ensemble = _handler("batched")
 
 
 async def handle_health(request: web.Request) -> web.Response:
-    """GET /health: the config and the runtime's state."""
+    """GET /health: the config, the runtime's state and what has been compiled."""
+    app = request.app
     return web.json_response(
-        {"ok": True, "config": asdict(request.app[CONFIG]), "runtime": repr(request.app[RUNTIME])}
+        {
+            "ok": True,
+            "config": asdict(app[CONFIG]),
+            "runtime": repr(app[RUNTIME]),
+            "compiled": {"batched": repr(app[BATCHED]), "compiled": repr(app[COMPILED])},
+        }
     )
+
+
+def dump_trace(app: web.Application, path: str) -> str:
+    """Write the recorder's buffer (the last ``trace_seconds`` of tasks) to ``path``."""
+    app[RECORDER].dump(path)
+    return path
+
+
+async def handle_trace(request: web.Request) -> web.StreamResponse:
+    """GET /trace: the recent timeline as a Chrome/Perfetto trace (JSON)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = dump_trace(request.app, f"{tmp}/trace.json")
+        except dataflow.DataflowError as exc:  # nothing recorded yet
+            return web.json_response({"error": str(exc)}, status=404)
+        with open(path, encoding="utf-8") as f:
+            body = f.read()
+    return web.Response(text=body, content_type="application/json")
+
+
+async def _on_signal(app: web.Application) -> None:
+    """``kill -USR1 <pid>`` writes the recent timeline to serve-trace-<time>.json."""
+
+    def dump() -> None:
+        path = f"serve-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        try:
+            print(f"trace written to {dump_trace(app, path)}", file=sys.stderr)
+        except dataflow.DataflowError as exc:
+            print(f"no trace written: {exc}", file=sys.stderr)
+
+    if hasattr(signal, "SIGUSR1"):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
 
 
 def create_app(config: ServeConfig | None = None) -> web.Application:
@@ -198,11 +302,16 @@ def create_app(config: ServeConfig | None = None) -> web.Application:
     config = config or ServeConfig()
     app = web.Application()
     app[CONFIG] = config
-    app[MODEL] = Ensemble(config.models, config.channels, seed=config.seed)
+    model = Ensemble(config.models, config.channels, seed=config.seed)
+    app[MODEL] = model
+    app[COMPILED] = dataflow.compile(model)
+    app[BATCHED] = dataflow.compile(model, batch_axis=1, max_wait=config.max_wait)
     app.cleanup_ctx.append(_runtime_ctx)
-    app.router.add_get("/ensemble", handle_ensemble)
-    app.router.add_post("/ensemble", handle_ensemble)
+    for route, path in (("batched", ""), ("compiled", "/compiled"), ("eager", "/eager")):
+        app.router.add_get(f"/ensemble{path}", _handler(route))
+        app.router.add_post(f"/ensemble{path}", _handler(route))
     app.router.add_get("/health", handle_health)
+    app.router.add_get("/trace", handle_trace)
     return app
 
 
@@ -330,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = _config(args)
     if args.command == "serve":
-        web.run_app(create_app(config), host=args.host, port=args.port)
+        app = create_app(config)
+        app.on_startup.append(_on_signal)
+        web.run_app(app, host=args.host, port=args.port)
         return 0
     levels = [int(v) for v in args.levels.split(",") if v.strip()]
     asyncio.run(bench(config, levels=levels, requests=args.requests))
