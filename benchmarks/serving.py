@@ -233,8 +233,8 @@ def _round(
 ) -> list[Phase]:
     cmd = [sys.executable, "-m", "benchmarks.serving", "--server", name, "--size",
            *map(str, size), "--max-wait", str(max_wait)]  # fmt: skip
-    if freeze:
-        cmd.append("--gc-freeze")
+    if not freeze:
+        cmd.append("--no-gc-freeze")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -253,7 +253,7 @@ def _round(
 
 
 def run(cfg: Config, log: Callable[[str], None], *, max_wait: float = MAX_WAIT,
-        freeze: bool = False) -> list[Comparison]:  # fmt: skip
+        freeze: bool = True) -> list[Comparison]:  # fmt: skip
     """Tables: throughput per client count, loop lag, and issue #12's targets."""
     size = QUICK_SIZE if cfg.quick else SIZE
     seconds = QUICK_PHASE_SECONDS if cfg.quick else PHASE_SECONDS
@@ -382,7 +382,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--server", choices=CONTENDERS, help="run one contender's server (internal)")
     p.add_argument("--size", nargs=3, type=int, default=list(SIZE), metavar=("T", "B", "C"))
     p.add_argument("--max-wait", type=float, default=MAX_WAIT, help="batched: max_wait (s)")
-    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after warm-up")
+    p.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave the collector alone (by default the servers call gc.freeze() after "
+        "warm-up, as examples/serve.py does)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
