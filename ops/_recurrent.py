@@ -29,13 +29,13 @@ pass), never a Python loop over elements. Float32 stays float32 throughout.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
+from ._rnn_kernels import _lstm_exp_scale
 from ._tensor import Tensor, TensorSpec, define, define_multi, spec_of
 
 __all__ = [
@@ -58,15 +58,6 @@ _GRU_GATES = 3
 
 
 # -- gate math (kernels' shared pieces) -------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=64)
-def _lstm_exp_scale(hidden: int, dtype: np.dtype[Any]) -> Array:
-    """Per-column factors -1 (i, f, o) and -2 (g) for the one ``exp`` over all four gates."""
-    scale = np.full(4 * hidden, -1.0, dtype=dtype)
-    scale[2 * hidden : 3 * hidden] = -2.0
-    scale.setflags(write=False)
-    return scale
 
 
 # Activations go through exp, the cheapest transcendental ufunc in numpy (tanh is about twice

@@ -14,16 +14,13 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
+from ._recurrent import _common_dtype, _describe, _specs
 from ._rnn_kernels import chunk_steps, gru_sequence_kernel, lstm_sequence_kernel
 from ._tensor import Tensor, TensorSpec, define_multi, spec_of
 
 __all__ = ["gru_sequence", "lstm_sequence"]
 
 ArrayLike: TypeAlias = "Tensor | np.ndarray[Any, Any]"
-
-
-def _describe(named: dict[str, TensorSpec | None]) -> str:
-    return ", ".join(f"{k} {v!r}" for k, v in named.items() if v is not None)
 
 
 def _sequence_meta(
@@ -39,13 +36,7 @@ def _sequence_meta(
             raise OpTypeError(
                 f"{op}: {flag} must be True or False, got {type(value).__name__}: {value!r}"
             )
-    dtypes = {s.dtype for s in named.values() if s is not None}
-    dtype = next(iter(dtypes))
-    if len(dtypes) != 1 or dtype.kind != "f":
-        raise OpTypeError(
-            f"{op}: every input must have the same floating-point dtype, got "
-            f"{_describe(named)}; convert them with .astype(np.float32)"
-        )
+    dtype = _common_dtype(op, named)
     x, w_ih, w_hh = named["x"], named["w_ih"], named["w_hh"]
     assert x is not None and w_ih is not None and w_hh is not None
 
@@ -75,10 +66,6 @@ def _sequence_meta(
             raise bad(f"{name} must have shape ({gates * hidden},) = ({gates}*hidden_size,)")
     out = (batch, steps, hidden) if batch_first else (steps, batch, hidden)
     return TensorSpec(out, dtype), TensorSpec(state, dtype)
-
-
-def _specs(**values: Any) -> dict[str, TensorSpec | None]:
-    return {k: None if v is None else spec_of(v) for k, v in values.items()}
 
 
 def _lstm_sequence_meta(
