@@ -129,7 +129,7 @@ class Scheduler(Execution):
                 return task
             if not inputs:
                 task.state = READY
-            here = False
+            run_here = False
             if task.state == READY:
                 # A GIL-bound kernel shorter than a GIL switch interval runs here, through
                 # the pool's GIL lane (``_placement.runs_inline``); anything else is queued.
@@ -140,10 +140,10 @@ class Scheduler(Execution):
                     and self._inline_ok
                     and runs_inline(sig, self.inline_threshold)
                 ):
-                    here = self.start_locked(task, self.pool)
+                    run_here = self.start_locked(task, self.pool)
                 else:
                     self.pool.push_locked(task)
-        if here:
+        if run_here:
             self.execute(task)  # and the small work it makes ready
             return task
         if watched and task.state == READY:

@@ -259,17 +259,14 @@ class Execution(Requests):
         it belongs to that pool (so a private pool's size still bounds its runtime), and a
         GIL-bound one only through that pool's lane.
         """
-        mine: list[Task] | None = None
+        mine: list[Task] = []
         big_taken = False
         for d in ready:
             sched = d.runtime._sched  # type: ignore[union-attr]
             pool = sched.pool
             if pool is None:  # synchronous mode: run it now, here
                 sched.begin_locked(d)
-                if mine is None:
-                    mine = [d]
-                else:
-                    mine.append(d)
+                mine.append(d)
                 continue
             if go_on and type(d.fn) is not TimedKernel:
                 inline = d.sig.inline
@@ -280,16 +277,13 @@ class Execution(Requests):
                     tiny = small = inline
                 small = small and sched._inline_ok
                 if small or (not big_taken and pool is here):
-                    if not (small and tiny):  # big, or GIL-bound: through the GIL lane
+                    if small and tiny:
+                        sched.begin_locked(d)
+                    else:  # big, or GIL-bound: through the GIL lane
                         big_taken = big_taken or not small
                         if not sched.start_locked(d, pool):
                             continue  # it waits for the GIL lane
-                    else:
-                        sched.begin_locked(d)
-                    if mine is None:
-                        mine = [d]
-                    else:
-                        mine.append(d)
+                    mine.append(d)
                     continue
             pool.push_locked(d)
-        return mine
+        return mine or None
