@@ -125,6 +125,8 @@ async def _serve(name: str, size: tuple[int, int, int], max_wait: float, freeze:
         async def forward(x: np.ndarray[Any, Any]) -> Any:
             return await call(x)
 
+    if name == "dataflow batched":  # trace every batch size a burst will run at
+        await call.warm_up(_seeded(0, size))
     for seed in range(3):  # warm up: compile, measure the ops, lay out the weights
         await forward(_seeded(seed, size))
     if freeze:

@@ -250,6 +250,49 @@ class Compiled(Generic[R]):
         gather = launch(rt, prog, arrays, rt._sched.owner_priority())
         return await Pending(gather)
 
+    async def warm_up(self, *args: Any) -> int:
+        """Compile, before traffic, every signature that calls like ``args`` will use.
+
+        Without batching that is the signature of ``args``. With ``batch_axis``, a batch of
+        n such calls runs at a padded size (a power of two times their rows), and each new
+        size is traced the first time it occurs, on the event loop, in the middle of serving
+        (tens of ms for a real model): so every padded size up to ``max_batch`` calls is
+        traced here. Call it at startup, inside the runtime (``examples/serve.py`` does).
+
+        Returns:
+            How many signatures were traced now (those already compiled are not counted).
+        """
+        arrays, statics, key = self._split(args)
+        before = len(self.programs)
+        if self.batch_axis is None or not arrays:
+            await self._program(tuple(key), arrays, statics)
+            return len(self.programs) - before
+        axis = self.batch_axis
+        rows = {int(np.shape(a)[axis]) for a in arrays}
+        if len(rows) != 1:
+            raise DataflowValueError(
+                f"{self!r}: every array input needs the same size along batch_axis {axis}, "
+                f"got {sorted(rows)}"
+            )
+        one = rows.pop()
+        size = 1
+        while True:
+            total = 1 << (size * one - 1).bit_length()
+            inputs = [
+                np.repeat(np.asarray(a.result()) if isinstance(a, Pending) else a, total // one,
+                          axis=axis)
+                for a in arrays
+            ]  # fmt: skip
+            if total % one:  # rows that do not divide a power of two: pad like a batch does
+                inputs = [np.concatenate([x, np.take(x, [0] * (total % one), axis=axis)],
+                                         axis=axis) for x in inputs]  # fmt: skip
+            _, _, k = self._split(tuple(_with(statics, inputs)))
+            await self._program(tuple(k), inputs, statics)
+            if size >= self.max_batch:
+                break
+            size = min(self.max_batch, 2 * size)
+        return len(self.programs) - before
+
     # -- batching --------------------------------------------------------------------------
 
     async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
@@ -408,4 +451,3 @@ class _Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
-

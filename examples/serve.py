@@ -123,6 +123,8 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
             # request, then move everything alive now out of the collector's sight.
             x = seeded_input(config, 0)
             for forward in (app[BATCHED], app[COMPILED]):
+                # Every batch size a burst will run at is traced now, not mid-traffic.
+                await in_runtime(app, forward.warm_up(x))
                 for _ in range(2):
                     await in_runtime(app, forward(x))
             gc.freeze()

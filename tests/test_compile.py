@@ -16,6 +16,10 @@ from examples.lstm_ensemble import Ensemble
 Array = np.ndarray[Any, Any]
 
 
+async def _add(a: Any, b: Any) -> Any:
+    return ops.add(a, b)
+
+
 def _x(*shape: int, seed: int = 0) -> Array:
     out: Array = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     return out
@@ -248,6 +252,39 @@ class TestBatching:
         eager, batched = dataflow.run(main)
         for e, b in zip(eager, batched, strict=True):
             np.testing.assert_allclose(b, e, rtol=1e-4, atol=1e-5)
+
+    def test_warm_up_traces_every_padded_batch_size(self) -> None:
+        """warm_up compiles the sizes batches will run at (1, 2, 4, 8 calls of one row with
+        max_batch 8), so concurrent traffic afterwards traces nothing on the loop."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0, max_batch=8)
+        xs = [_x(1, 6, seed=k) for k in range(20)]
+
+        async def main() -> tuple[int, int, int, list[Array]]:
+            traced = await forward.warm_up(xs[0])
+            again = await forward.warm_up(xs[1])
+            before = len(forward.programs)
+            outs = list(await asyncio.gather(*(forward(x) for x in xs)))
+            return traced, again, len(forward.programs) - before, outs
+
+        traced, again, new, outs = dataflow.run(main)
+        assert (traced, again, new) == (4, 0, 0)
+        for x, y in zip(xs, outs, strict=True):
+            np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+
+    def test_warm_up_without_batching_and_bad_rows(self) -> None:
+        """Without batching warm_up traces the one signature; inputs that disagree on the
+        batch axis are refused, naming it."""
+        plain = dataflow.compile(Mlp())
+        batched = dataflow.compile(lambda a, b: _add(a, b), batch_axis=0)
+
+        async def main() -> int:
+            n: int = await plain.warm_up(_x(3, 6))
+            with pytest.raises(ValueError, match="same size along batch_axis 0"):
+                await batched.warm_up(_x(1, 6), _x(2, 6))
+            return n
+
+        assert dataflow.run(main) == 1
 
     def test_bad_batch_axis(self) -> None:
         """A batch axis out of range for an input is refused, naming the shape."""

@@ -333,7 +333,8 @@ class TestServe:
         frozen_before = gc.get_freeze_count()
         async with TestClient(TestServer(app)):
             assert gc.get_freeze_count() > frozen_before
-            assert "signatures=1" in repr(app[serve.BATCHED])
+            # every padded batch size traced for the batched forward, one signature unbatched
+            assert len(app[serve.BATCHED].programs) > 1
             assert "signatures=1" in repr(app[serve.COMPILED])
         assert gc.get_freeze_count() == 0
 
