@@ -5,6 +5,14 @@ Every contender runs ``n`` no-op tasks (identity on a small int) in two patterns
 * **batched**: submit all ``n``, then wait for all (throughput; hand-offs can be amortised);
 * **one at a time**: submit one, wait for it, repeat (the latency of a round trip).
 
+A third table runs a real op on a tiny array, ``x`` of shape (4,) float64: a plain
+``np.add`` loop (``y = np.add(y, 1.0)`` ``n`` times), the same chain as ``ops.add`` inside a
+runtime (each op reads the previous one's pending output; awaited at the end), and ``n``
+independent ``ops.add(x, 1.0)`` awaited one by one. The last table judges dataflow against the
+targets of issue 11 on the median and on the best round: a batched no-op op inline <= 2 us,
+offloaded <= 5 us, and a chained tiny ``ops.add`` <= 2x the ``np.add`` loop (that row's
+values are the per-round ratios; its best is the best round over the loop's best round).
+
 The value of a round is the elapsed time divided by ``n``, in microseconds. Only submitting
 and waiting is timed; event loops, runtimes and executors are started outside the timed part
 (the runtime's own start and stop are measured separately, in the third table). Every pool
@@ -22,9 +30,11 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 import dataflow
 
-from ._harness import Comparison, Config, Contender, interleave
+from ._harness import Comparison, Config, Contender, Row, interleave
 from ._machine import cores
 
 __all__ = ["run"]
@@ -305,6 +315,95 @@ def _contenders(mode: str, counts: dict[str, int], ex: ThreadPoolExecutor) -> li
     return out
 
 
+# -- a tiny real op: np.add against ops.add ---------------------------------------------------
+
+
+def _np_add_loop(n: int) -> float:
+    y = np.ones(4)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        y = np.add(y, 1.0)
+    elapsed = time.perf_counter() - t0
+    assert y[0] == n + 1
+    return elapsed
+
+
+async def _ops_chained(n: int) -> None:
+    import ops
+
+    y: Any = np.ones(4)
+    for _ in range(n):
+        y = ops.add(y, 1.0)
+    out = await y
+    assert out[0] == n + 1
+
+
+async def _ops_independent(n: int) -> None:
+    import ops
+
+    x = np.ones(4)
+    handles = [ops.add(x, 1.0) for _ in range(n)]
+    for h in handles:
+        await h
+
+
+def _tiny_op_contenders(n: int) -> list[Contender]:
+    threads = f"uvloop, {cores()} threads"
+    specs: list[tuple[str, Callable[[int], float], str]] = [
+        ("np.add loop", _np_add_loop, "plain numpy"),
+        ("ops.add, chained", lambda k: _dataflow_timed(_ops_chained, k), threads),
+        ("ops.add, independent", lambda k: _dataflow_timed(_ops_independent, k), threads),
+    ]
+    out = []
+    for name, fn, note in specs:
+        cpu: list[float] = []
+        out.append(
+            Contender(name, _per_task(fn, n, cpu), note=note, extra={"tasks": n, "cpu": cpu})
+        )
+    return out
+
+
+def _target_row(name: str, target: str, values: list[float], best: float, limit: float) -> Row:
+    row = Row(name, target, values)
+    median = row.median
+    row.extra.update(
+        {
+            "best": best,
+            "median meets": None if median is None else median <= limit,
+            "best meets": best <= limit,
+        }
+    )
+    return row
+
+
+def targets(batched: Comparison, tiny: Comparison) -> Comparison:
+    """Issue 11's overhead targets, judged on the median and on the best round."""
+    rows = []
+    for name, limit in (("dataflow op, inline", 2.0), ("dataflow op, offloaded", 5.0)):
+        r = batched.row(name)
+        if r.values:
+            rows.append(
+                _target_row(f"{name} (batched)", f"<= {limit:g} us", r.values, min(r.values), limit)
+            )
+    base, chained = tiny.row("np.add loop"), tiny.row("ops.add, chained")
+    if base.values and chained.values:
+        ratios = [c / b for c, b in zip(chained.values, base.values, strict=True)]
+        best = min(chained.values) / min(base.values)
+        rows.append(_target_row("ops.add chained / np.add loop", "<= 2x", ratios, best, 2.0))
+    return Comparison(
+        "overhead",
+        "overhead targets (issue 11): median and best round against each target",
+        "us or x",
+        "",
+        rows,
+        columns=("best", "median meets", "best meets"),
+        notes=[
+            "us rows: microseconds per task from the batched table; the ratio row: per-round "
+            "ratios of chained ops.add to the np.add loop, its best = best round / best round"
+        ],
+    )
+
+
 def _lifetime_contenders() -> list[Contender]:
     async def empty() -> None:
         return None
@@ -379,6 +478,29 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
                 "not inflate"
             )
             comparisons.append(cmp)
+    log("overhead: a tiny real op (np.add vs ops.add)")
+    n_tiny = 2000 if cfg.quick else 100_000
+    rows = interleave(_tiny_op_contenders(n_tiny), cfg.rounds, baseline="np.add loop", log=log)
+    for row in rows:
+        cpu = row.extra.pop("cpu", [])
+        if cpu:
+            row.extra["cpu_us"] = statistics.median(cpu)
+    tiny = Comparison(
+        "overhead",
+        "tiny op: microseconds per add on a (4,) float64 array",
+        "us",
+        "np.add loop",
+        rows,
+        params={"tasks": n_tiny},
+        columns=("cpu_us", "tasks"),
+        notes=[
+            "chained: each ops.add reads the previous one's output, the last one awaited; "
+            "independent: n ops.add(x, 1.0) issued, then awaited one by one; the runtime's "
+            "start is not timed"
+        ],
+    )
+    comparisons.append(tiny)
+    comparisons.append(targets(comparisons[0], tiny))
     log("overhead: runtime lifetime")
     rows = interleave(_lifetime_contenders(), cfg.rounds, baseline="asyncio.run", log=log)
     comparisons.append(
