@@ -5,7 +5,7 @@ against what a user would write without dataflow: the same numpy model in
 ``loop.run_in_executor`` on a 2-thread ``ThreadPoolExecutor``. Contenders:
 
 * ``numpy run_in_executor`` (the baseline): ``benchmarks._reference.ensemble_forward`` on the
-  executor; the loop only parses and answers;
+  executor, one BLAS thread per request; the loop only parses and answers;
 * ``dataflow eager``: ``await model(x)`` in the app's one ``Runtime``: every request
   dispatches the model's ops from the loop;
 * ``dataflow compiled``: ``dataflow.compile(model)``: a request launches the cached plan, the
@@ -105,6 +105,12 @@ async def _serve(name: str, size: tuple[int, int, int], max_wait: float, freeze:
     forward: Callable[[np.ndarray[Any, Any]], Any]
     runtime: Any = None
     if name == "numpy run_in_executor":
+        # One BLAS thread per request, as the dataflow servers run one per op: two requests
+        # on two threads with all cores in every GEMM oversubscribe the machine, and
+        # OpenBLAS's spinning threads then lose badly as soon as anything else runs.
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
         executor = ThreadPoolExecutor(max_workers=2)
 
         async def forward(x: np.ndarray[Any, Any]) -> Any:
