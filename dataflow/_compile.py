@@ -441,13 +441,18 @@ class _Timer:
         self.cancelled = False
         host = rt.host
         assert host is not None
+        self.host = host
 
         async def wait() -> None:
             await anyio.sleep(seconds)
             if not self.cancelled:
+                self.cancelled = True  # fired: cancel() must not cancel the batch it started
                 fn()
 
-        host.spawn(wait(), "batch timer")
+        self.handle = host.spawn(wait(), "batch timer")
 
     def cancel(self) -> None:
-        self.cancelled = True
+        """Stop the timer's task (so closing the runtime does not wait out its sleep)."""
+        if not self.cancelled:
+            self.cancelled = True
+            self.host.cancel(self.handle)

@@ -239,6 +239,27 @@ class TestBatching:
 
         assert dataflow.run(main).shape == (1, 3)
 
+    def test_a_full_batch_stops_its_timer(self) -> None:
+        """A batch launched because it filled up cancels its max_wait timer's task, so closing
+        the runtime does not wait out the timer's sleep."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0, max_batch=2, max_wait=600.0)
+        xs = [_x(1, 6, seed=k) for k in range(3)]
+
+        async def main() -> tuple[list[Array], list[str]]:
+            first = asyncio.ensure_future(forward(xs[0]))  # nothing runs: launches at once
+            await asyncio.sleep(0)
+            rest = [asyncio.ensure_future(forward(x)) for x in xs[1:]]  # fill a batch of 2
+            outs = [await first, *await asyncio.gather(*rest)]
+            await asyncio.sleep(0)
+            timers = [t.get_name() for t in asyncio.all_tasks() if "timer" in t.get_name()]
+            return outs, timers
+
+        outs, timers = dataflow.run(main)
+        assert timers == []
+        for x, y in zip(xs, outs, strict=True):
+            np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+
     def test_the_ensemble_batches_on_axis_1(self) -> None:
         """The ensemble's (T, B, C) input batches on axis 1."""
         ens = Ensemble(2, 8, seed=4)
