@@ -47,7 +47,7 @@ import numpy as np
 from ._args import resolve
 from ._errors import DataflowTypeError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
-from ._task import DONE, Cost, Pending, Signature, Task, checked_cost
+from ._task import DONE, Cost, Pending, Signature, Task, checked_cost, spec_keys
 from ._timeout import check_timeout
 from ._walk import is_container, items, leaves
 
@@ -196,16 +196,19 @@ class Op(Generic[P, R]):
         cost = self.cost(*args, **kwargs) if self.cost is not None else None
         if type(cost) is not Cost and self.cost is not None:
             cost = checked_cost(cost, self.name)
-        sig = Signature(self.name, spec, cost, self.inline, self)
-        if None in sig.keys:
-            return sig
-        outcome = (sig.keys, cost)
+        keys = spec_keys(spec)
+        if None in keys:
+            return Signature(self.name, spec, cost, self.inline, self)
+        # A known outcome is found before a Signature is built: calls that differ only in a
+        # scalar's value (``op(x, i)`` in a loop) miss the key cache but pay no new record.
+        outcome = (keys, cost)
         try:
             found = self._outcomes.get(outcome)
         except TypeError:  # a cost rule that returned something unhashable
-            return sig
+            return Signature(self.name, spec, cost, self.inline, self)
         if found is not None:
             return found
+        sig = Signature(self.name, spec, cost, self.inline, self)
         if len(self._outcomes) >= _MAX_SIGNATURES:
             self._outcomes.clear()
         self._outcomes[outcome] = sig
@@ -213,13 +216,107 @@ class Op(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # One pass over the arguments: the call's signature key, its pending inputs, whether
-        # all of them are done, and the argument values for a kernel run right away.
+        # all of them are done, and the argument values for a kernel run right away. This is
+        # the hot path of every op: positional arrays, scalars and handles are handled here;
+        # keywords and containers take ``_scan``.
+        key: list[Any] | None
+        inputs: list[Task]
+        values: list[Any] | None
+        if kwargs:
+            key, inputs, values, ready = self._scan(args, kwargs)
+        else:
+            keyed: list[Any] = []
+            inputs = []
+            got: list[Any] = []
+            ready = True
+            general = False
+            for a in args:
+                ta = type(a)
+                if ta is _ndarray:
+                    keyed.append(a.shape)  # type: ignore[attr-defined]
+                    keyed.append(a.dtype)  # type: ignore[attr-defined]
+                    got.append(a)
+                elif ta in _ATOMS:
+                    keyed.append(ta)
+                    keyed.append(a)
+                    got.append(a)
+                elif isinstance(a, Pending):
+                    t = a._task
+                    i = a._index
+                    inputs.append(t)
+                    if t.state != DONE:
+                        ready = False
+                    elif i is None:
+                        got.append(t.value)
+                    else:
+                        got.append(t.value[i])
+                    k = t.sig.keys[i or 0]
+                    if k is None:
+                        general = True
+                        break
+                    keyed.append(k)
+                else:
+                    general = True
+                    break
+            if general:  # a container, another type, an unkeyed input: the general scan
+                key, inputs, values, ready = self._scan(args, kwargs)
+            else:
+                key, values = keyed, got
+        if key is None:
+            sig = self.signature(args, kwargs)
+        else:
+            full = tuple(key)
+            try:
+                found = self._sigs.get(full)
+            except TypeError:  # an unhashable value in the key (an argument's own type)
+                sig = self.signature(args, kwargs)
+            else:
+                if found is None:  # (no KeyError: raising one costs more than the lookup)
+                    sig = self.signature(args, kwargs)
+                    if len(self._sigs) >= _MAX_SIGNATURES:
+                        self._sigs.clear()
+                    self._sigs[full] = sig
+                else:
+                    sig = found
+        rt = _current.get() or loop_runtime()
+        if rt is None:
+            task = _run_eagerly(self, sig, args, kwargs)
+        else:
+            timeout = self.timeout
+            task = rt.dispatch(
+                sig,
+                self.kernel,
+                args,
+                kwargs or None,
+                tuple(inputs),
+                ready,
+                None,
+                timeout if timeout is not None else rt.op_timeout,
+                values if ready else None,
+            )
+        spec = sig.spec
+        if type(spec) is tuple:
+            make = self.handle
+            handles = tuple(make(task, i, s) for i, s in enumerate(spec))
+            if task.state < DONE:
+                task.handles = [weakref.ref(h) for h in handles]
+            return handles  # type: ignore[return-value]
+        handle = self.handle(task, None, spec)
+        if task.state < DONE:  # deferred: whether someone still holds it decides its fate
+            task.handles = [weakref.ref(handle)]
+        return handle  # type: ignore[no-any-return]
+
+    def _scan(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any] | None, list[Task], list[Any] | None, bool]:
+        """``__call__``'s pass over any arguments (keywords, containers, other types):
+        the signature key (None: not cacheable), the pending inputs, the values (None when
+        the scheduler must resolve them) and whether every input is done."""
         key: list[Any] | None = []
         inputs: list[Task] = []
         values: list[Any] | None = []
         ready = True
-        positional: tuple[Any, ...] = args
-        for a in positional:
+        for a in args:
             if isinstance(a, Pending):
                 t = a._task
                 inputs.append(t)
@@ -275,46 +372,7 @@ class Op(Generic[P, R]):
                 for t in inputs[n:]:
                     if t.state != DONE:
                         ready = False
-        if key is None:
-            sig = self.signature(args, kwargs)
-        else:
-            full = tuple(key)
-            try:
-                sig = self._sigs[full]
-            except KeyError:
-                sig = self.signature(args, kwargs)
-                if len(self._sigs) >= _MAX_SIGNATURES:
-                    self._sigs.clear()
-                self._sigs[full] = sig
-            except TypeError:  # an unhashable value in the key (an argument's own type)
-                sig = self.signature(args, kwargs)
-        rt = _current.get() or loop_runtime()
-        if rt is None:
-            task = _run_eagerly(self, sig, args, kwargs)
-        else:
-            timeout = self.timeout if self.timeout is not None else rt.op_timeout
-            task = rt.dispatch(
-                sig,
-                self.kernel,
-                args,
-                kwargs or None,
-                tuple(inputs),
-                ready,
-                None,
-                timeout,
-                values if ready else None,
-            )
-        spec = sig.spec
-        if type(spec) is tuple:
-            make = self.handle
-            handles = tuple(make(task, i, s) for i, s in enumerate(spec))
-            if task.state < DONE:
-                task.handles = [weakref.ref(h) for h in handles]
-            return handles  # type: ignore[return-value]
-        handle = self.handle(task, None, spec)
-        if task.state < DONE:  # deferred: whether someone still holds it decides its fate
-            task.handles = [weakref.ref(handle)]
-        return handle  # type: ignore[no-any-return]
+        return key, inputs, values, ready
 
 
 # -- the registry: every declared op, by qualified name and by kernel -------------------------

@@ -285,9 +285,6 @@ class Tensor(Pending[np.ndarray]):
         return impl(*args, **kwargs)
 
 
-def _make(task: Task, index: int | None, spec: TensorSpec) -> Tensor:
-    return Tensor(task, index, spec)
-
 
 def spec_of(x: Any) -> TensorSpec:
     """The spec of a Tensor or an array-like (scalars and lists are converted).
@@ -336,7 +333,7 @@ def define(
 
     Its kernel's values are checked against the meta rule's specs (:func:`check_value`).
     """
-    return dataflow.Op(name, kernel, meta, _make, cost, inline, check=check_value)
+    return dataflow.Op(name, kernel, meta, Tensor, cost, inline, check=check_value)
 
 
 def declare(
@@ -377,7 +374,7 @@ def define_multi(
 ) -> dataflow.Op[P, Any]:
     """Declare an op with several Tensor outputs: its meta rule returns a tuple of specs,
     and a call returns a tuple of Tensors (typed by the op's own wrapper function)."""
-    return dataflow.Op(name, kernel, meta, _make, cost, inline, check=check_value)
+    return dataflow.Op(name, kernel, meta, Tensor, cost, inline, check=check_value)
 
 
 _OPERAND_TYPES = (Tensor, np.ndarray, np.generic, int, float, complex, list, tuple)
