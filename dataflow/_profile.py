@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._errors import DataflowError
 from ._instrument import add_instrument, remove_instrument
-from ._record import END, FAILED, ID, READY, SIG, START, THREAD, Recorder
+from ._record import END, FAILED, ID, READY, SIG, START, THREAD, Recorder, signature_of
 from ._trace import (
     TaskSpan,
     Trace,
@@ -137,7 +137,8 @@ class Profiler(Recorder):
         out: list[Event] = []
         for rec in list(self.tasks):
             task_id, thread = rec[ID], rec[THREAD]
-            op = rec[SIG] if type(rec[SIG]) is str else rec[SIG].name
+            sig = signature_of(rec[SIG])
+            op = sig if type(sig) is str else sig.name
             out.append(Event("task_ready", rec[READY], task_id, None, None))
             out.append(Event("task_started", rec[START], task_id, thread, op))
             done = "task_failed" if rec[FAILED] else "task_finished"

@@ -18,6 +18,7 @@ server can keep a recorder on for hours and dump what it holds when asked
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 import time
@@ -32,9 +33,44 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorder"]
 
-# Task record fields, by position. SIG is the op's Signature (shared by every call with the
-# same argument signature: name, spec and cost are read from it when the trace is built).
+# Task record fields, by position. SIG names the op's Signature (shared by every call with the
+# same argument signature: name, spec and cost are read from it when the trace is built): its
+# int ``rid`` (see ``NAMED``), the Signature itself, or a str (a record made by hand). INPUTS
+# is the input task's id (one input) or a tuple of ids.
 ID, SIG, INPUTS, THREAD, READY, START, END, FAILED = range(8)
+
+# The signatures that records name by int. A record that holds only ints is not tracked by the
+# garbage collector (it is untracked at the first collection it meets), so a long trace costs
+# the collector nothing; a record holding the Signature object would be walked again at every
+# collection of its generation: about as much as the rest of recording a tiny op. Signatures
+# are few (the ops' signature caches are bounded), but this table keeps them alive: past
+# ``_MAX_NAMED`` of them, records hold the Signature itself.
+NAMED: dict[int, Any] = {}
+_MAX_NAMED = 1 << 14
+_next_rid = itertools.count(1).__next__
+
+
+def name_signature(sig: Any) -> Any:
+    """What stands for ``sig`` in a record: its int ``rid`` (given now if it has none), or the
+    Signature itself once ``NAMED`` is full."""
+    rid: int = sig.rid
+    if rid:
+        return rid
+    if len(NAMED) >= _MAX_NAMED:
+        return sig
+    rid = sig.rid = _next_rid()
+    NAMED[rid] = sig
+    return rid
+
+
+def signature_of(field: Any) -> Any:
+    """The Signature (or hand-made str) a record's SIG field stands for."""
+    return NAMED[field] if type(field) is int else field
+
+
+def input_ids(field: Any) -> tuple[int, ...]:
+    """A record's INPUTS field as a tuple of task ids."""
+    return (field,) if type(field) is int else field
 
 # Outcome flags of a task record.
 OK, FAILED_RUN = 0, 1
@@ -120,11 +156,12 @@ class Recorder:
         native = self._native.get(get_ident())
         if native is None:
             native = self.thread()
+        sig = task.sig
         self.tasks.append(
             (
                 task.id,
-                task.sig,
-                ((inputs[0].id,) if len(inputs) == 1 else tuple([t.id for t in inputs]))
+                sig.rid or name_signature(sig),
+                (inputs[0].id if len(inputs) == 1 else tuple([t.id for t in inputs]))
                 if inputs
                 else (),
                 native,
@@ -209,6 +246,8 @@ def build(
     inputs: dict[int, tuple[int, ...]] = {}
     for rec in tasks:
         sig = rec[SIG]
+        if type(sig) is int:
+            sig = NAMED[sig]
         op = sig if type(sig) is str else sig.name  # a str: a record made by hand
         args = describe_spec(getattr(sig, "spec", None))
         cost = getattr(sig, "cost", None)
@@ -229,7 +268,7 @@ def build(
             bool(rec[FAILED]),
         )
         if rec[INPUTS]:
-            inputs[task_id] = rec[INPUTS]
+            inputs[task_id] = input_ids(rec[INPUTS])
     for task_id, ids in inputs.items():  # inputs that ran before recording have no op
         by_id[task_id].inputs = tuple(
             by_id[i].name if i in by_id else f"?#{i}" for i in ids

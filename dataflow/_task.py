@@ -177,6 +177,7 @@ class Signature:
         "name",
         "op",
         "overlaps",
+        "rid",
         "runs",
         "seconds",
         "serial",
@@ -212,6 +213,8 @@ class Signature:
         # Each output spec as a small int (equal specs, equal ints): what a handle on this
         # task's output puts in the signature key of the ops it is passed to.
         self.keys = spec_keys(spec)
+        # The int that names it in span records (0 until first recorded: ``_record``).
+        self.rid = 0
 
     def check_value(self, value: Any) -> None:
         """Raise OpOutputError when a kernel's value does not match the declared spec(s)."""

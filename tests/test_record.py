@@ -101,6 +101,65 @@ class TestRecorder:
             assert [t for t in trace.tasks if t.failed]
         assert len(seen) >= 5
 
+    def test_records_hold_nothing_the_collector_walks(self) -> None:
+        """Inline and pool records hold ints only (the signature by its ``rid``), so the
+        garbage collector untracks them; the trace still has each op's name, spec, cost
+        and inputs."""
+        import gc
+
+        rec = dataflow.Recorder()
+
+        async def main() -> Any:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(rec)  # a plain recorder alone: submit's own record path
+            y: Any = ops.asarray(np.arange(4.0))
+            for _ in range(3):
+                y = ops.add(y, 1.0)
+            z = _slow(y)  # a pool task
+            w = ops.multiply(z, z)
+            return await w
+
+        value = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(value, (np.arange(4.0) + 3) ** 2)
+        gc.collect()  # (a record is untracked once its inputs' tuple is: at most two passes)
+        gc.collect()
+        records = list(rec.tasks)
+        assert len(records) >= 5
+        assert not any(gc.is_tracked(r) for r in records)
+        trace = rec.trace()
+        adds = [t for t in trace.tasks if t.op == "add"]
+        assert len(adds) == 3
+        assert adds[0].args["shape"] == [4] and adds[0].args["flops"] == 4.0
+        assert [t.inputs for t in adds[1:]] == [(a.name,) for a in adds[:-1]]
+        (slow,) = [t for t in trace.tasks if t.op == "slow_id"]
+        assert slow.inputs == (adds[-1].name,)
+        (mul,) = [t for t in trace.tasks if t.op == "multiply"]
+        assert mul.inputs == (slow.name, slow.name)
+
+    def test_records_hold_the_signature_once_the_table_is_full(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Past the bound on named signatures a record holds the Signature itself (the
+        table never grows without limit), and the trace reads both kinds alike."""
+        from dataflow import _record
+
+        monkeypatch.setattr(_record, "NAMED", {})
+        monkeypatch.setattr(_record, "_MAX_NAMED", 0)
+        rec = dataflow.Recorder()
+
+        async def main() -> Any:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(rec)
+            return await ops.subtract(ops.negative(ops.asarray(np.ones(3))), 2.0)
+
+        np.testing.assert_array_equal(dataflow.run(main), -3.0 * np.ones(3))
+        assert not _record.NAMED
+        ops_seen = [t.op for t in rec.trace().tasks]
+        assert "negative" in ops_seen and "subtract" in ops_seen
+        assert any(type(r[1]) is dataflow.Signature for r in rec.tasks)
+
     def test_scoped_to_one_runtime(self) -> None:
         """A recorder attached to one runtime records none of another's tasks."""
         rec = dataflow.Recorder()

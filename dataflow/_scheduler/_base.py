@@ -87,6 +87,7 @@ class SchedulerBase:
         self._appends: tuple[Callable[[Any], None], ...] = ()
         self._windowed: tuple[Any, ...] = ()
         self._overriding: tuple[tuple[Scope, Any], ...] = ()
+        self._more_sinks = False  # a recorder is windowed or overrides Recorder.task
         self._sinks_gen = -1
         self._recorded = 0
         self._natives: dict[int, int] = {}  # threading.get_ident() -> native thread id
@@ -127,6 +128,7 @@ class SchedulerBase:
                 (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
             )
             self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
+            self._more_sinks = bool(self._overriding or self._windowed)
             self._sinks_gen = gen
         return self._sinks
 

@@ -21,6 +21,7 @@ from .._errors import (
 from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
+from .._record import name_signature
 from .._task import (
     DONE,
     READY,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 from ._execution import Execution
 
 __all__ = ["Scheduler"]
+
+_now = time.perf_counter_ns
 
 # Set on a thread while it helps run tasks for backpressure (helping never nests).
 _helping = threading.local()
@@ -74,7 +77,7 @@ class Scheduler(Execution):
                 if ACTIVE or self.watching:
                     if HOOKED or self.hooked:  # instruments: a full task, its events
                         return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
-                    start = time.perf_counter_ns()  # recorders only: timed, one span record
+                    start = _now()  # recorders only: timed, one span record
                 # The hot path of small ops: no task record until the value exists.
                 if values is None:
                     values = resolve(args) if inputs else args  # type: ignore[assignment]
@@ -100,7 +103,30 @@ class Scheduler(Execution):
                 self.inline_run += 1
                 task = Task.done(sig, value, self.rt)
                 if start:
-                    self._record_inline(task, inputs, start)
+                    # The span record, as Recorder.task would write it, built once and
+                    # appended to every plain recorder (no Python call per recorder): the
+                    # price of leaving a profile on, so every step counts here.
+                    end = _now()
+                    if GENERATION[0] != self._sinks_gen or self._more_sinks:
+                        self._record_inline(task, inputs, start, end)
+                        return task
+                    native = self._natives.get(get_ident())
+                    if native is None:
+                        native = self._native()
+                    record = (
+                        task.id,
+                        sig.rid or name_signature(sig),
+                        (inputs[0].id if len(inputs) == 1 else tuple([t.id for t in inputs]))
+                        if inputs
+                        else (),
+                        native,
+                        start,
+                        start,
+                        end,
+                        False,
+                    )
+                    for append in self._appends:
+                        append(record)
                 return task
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
@@ -153,22 +179,27 @@ class Scheduler(Execution):
             self._throttle()
         return task
 
-    def _record_inline(self, task: Task, inputs: tuple[Task, ...], start: int) -> None:
-        """An inline kernel that began at ``start`` ended now: its span record, for the
-        recorders observing this runtime (only recorders: instruments take ``_run_inline``)."""
-        end = time.perf_counter_ns()
+    def _native(self) -> int:
+        """The calling thread's native id (cached: ``get_native_id()`` is a system call)."""
+        native = self._natives[get_ident()] = get_native_id()
+        return native
+
+    def _record_inline(self, task: Task, inputs: tuple[Task, ...], start: int, end: int) -> None:
+        """An inline kernel ran from ``start`` to ``end``: its span record, for the recorders
+        observing this runtime (only recorders: instruments take ``_run_inline``). The general
+        case of ``submit``'s own: the recorders changed, or one is windowed or overrides
+        ``Recorder.task``."""
         if GENERATION[0] != self._sinks_gen:
             self.sinks()
-        # The record Recorder.task would write, built once and appended to every recorder
-        # (a deque append each: no Python call per recorder on the hottest path).
         if inputs:
-            ins = (inputs[0].id,) if len(inputs) == 1 else tuple([t.id for t in inputs])
+            ins = inputs[0].id if len(inputs) == 1 else tuple([t.id for t in inputs])
         else:
             ins = ()
-        native = self._natives.get(get_ident())  # (get_native_id() is a system call)
+        native = self._natives.get(get_ident())
         if native is None:
-            native = self._natives[get_ident()] = get_native_id()
-        record = (task.id, task.sig, ins, native, start, start, end, False)
+            native = self._native()
+        sig = task.sig
+        record = (task.id, sig.rid or name_signature(sig), ins, native, start, start, end, False)
         for append in self._appends:
             append(record)
         for scope, rec in self._overriding:
