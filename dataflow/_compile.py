@@ -45,6 +45,7 @@ from ._errors import DataflowError, DataflowTypeError, DataflowValueError
 from ._runtime import Runtime, get_runtime
 from ._task import Pending
 from ._walk import replace
+from .graph._launch import launch
 
 __all__ = ["Compiled", "compile"]
 
@@ -153,7 +154,12 @@ class Compiled(Generic[R]):
         statics: list[Any] = []
         key: list[Any] = []
         for a in args:
-            if type(a) is _ndarray or isinstance(a, Pending):
+            if type(a) is _ndarray:  # the common case, its shape a tuple already
+                arrays.append(a)
+                statics.append(_ARRAY)
+                key.append((a.shape, a.dtype))
+                continue
+            if isinstance(a, Pending):
                 shape = getattr(a, "shape", None)
                 dtype = getattr(a, "dtype", None)
                 if shape is None or dtype is None:
@@ -239,16 +245,23 @@ class Compiled(Generic[R]):
         arrays, statics, key = self._split(args)
         if self.batch_axis is not None and arrays:
             return await self._batched(arrays, statics, key)  # type: ignore[no-any-return]
-        prog = await self._program(tuple(key), arrays, statics)
+        k = tuple(key)
+        prog = self.programs.get(k)
+        if prog is None:
+            prog = await self._program(k, arrays, statics)
         return await self._launch(prog, arrays)  # type: ignore[no-any-return]
 
     async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any:
-        from .graph._launch import launch
-
         rt = get_runtime("a compiled forward")
         self.launches += 1
-        gather = launch(rt, prog, arrays, rt._sched.owner_priority())
-        return await Pending(gather)
+        # The waiter is attached as the plan is queued (under the lock launch holds anyway),
+        # so awaiting the outputs costs no second trip through the scheduler.
+        host = rt.host
+        assert host is not None
+        waiter = host.waiter()
+        gather = launch(rt, prog, arrays, None, waiter)
+        await waiter
+        return Pending(gather).result()
 
     async def warm_up(self, *args: Any) -> int:
         """Compile, before traffic, every signature that calls like ``args`` will use.

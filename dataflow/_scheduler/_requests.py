@@ -71,20 +71,10 @@ class Requests(SchedulerBase):
             self.host.on_task_done(current, self._owner_done)
         return owner
 
-    def owner_priority(self) -> float | None:
-        """The priority of work the running request dispatches (its age), or None."""
-        if threading.get_ident() != self.host.thread_id:
-            return None
-        owner = self._owner()
-        return None if owner is None else owner.base
-
-    def adopt(self, tasks: list[Task]) -> _Owner | None:
-        """Tasks made elsewhere for the running request (a plan's nodes) belong to it too."""
-        owner = self._owner() if threading.get_ident() == self.host.thread_id else None
-        if owner is not None:
-            for t in tasks:
-                owner.add(t)
-        return owner
+    def request(self) -> _Owner | None:
+        """The record of the request running on the loop, when called on the loop's thread
+        (None elsewhere, or between tasks)."""
+        return self._owner() if threading.get_ident() == self.host.thread_id else None
 
     def _owner_done(self, current: Any, cancelled: bool) -> None:
         owner = self._owners.pop(current, None)

@@ -219,14 +219,27 @@ class PlanRun:
         return out
 
 
-def launch(rt: Runtime, prog: Program, inputs: Sequence[Any], priority: float | None) -> Task:
+def launch(
+    rt: Runtime,
+    prog: Program,
+    inputs: Sequence[Any],
+    priority: float | None = None,
+    waiter: Any = None,
+) -> Task:
     """Launch ``prog`` on ``rt``'s scheduler; the gather task, whose value is the outputs.
 
-    The calling thread creates two tasks and queues one (see the module docstring).
-    ``priority``: where the run's tasks go among ready ones (default: now, in issue order).
+    The calling thread creates two tasks and queues one (see the module docstring). The run
+    belongs to the request running on the loop, if any (``dataflow._scheduler``: its tasks
+    are dropped when it is cancelled). ``priority``: where the run's tasks go among ready
+    ones (default: the request's age, or now, in issue order). ``waiter`` (the host loop's
+    ``waiter()``), when given, is woken when the gather task ends, as if it awaited it.
     """
+    sched = rt._sched
+    owner = sched.request()
+    if priority is None:
+        priority = owner.base if owner is not None else float(_next_id())
     run = PlanRun(prog, rt, inputs)
-    run.base = float(_next_id()) if priority is None else priority
+    run.base = priority
     gather = Task(prog.gather_sig, run.finish, tuple(inputs), None, rt)
     protect(gather)  # small inputs copied, big ones read-only until the outputs are built
     run.inputs = gather.args  # type: ignore[assignment]
@@ -235,8 +248,12 @@ def launch(rt: Runtime, prog: Program, inputs: Sequence[Any], priority: float | 
     gather.priority = run.base + prog.size
     starter = Task(prog.launch_sig, _start, (run,), None, rt)
     starter.priority = run.base - 1
-    sched = rt._sched
-    run.owner = sched.adopt([starter, gather])
+    if owner is not None:
+        owner.add(starter)
+        owner.add(gather)
+    run.owner = owner
+    if waiter is not None:
+        gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
     with GRAPH_LOCK:
         sched.inflight += 2
         if gather.waiting == 0:
