@@ -163,8 +163,19 @@ async def _serve(name: str, size: tuple[int, int, int], max_wait: float, freeze:
         await runtime.__aexit__(None, None, None)
 
 
-def child_main(name: str, size: tuple[int, int, int], max_wait: float, freeze: bool) -> None:
-    """Run one contender's server until stdin closes (the parent's client drives it)."""
+def child_main(
+    name: str,
+    size: tuple[int, int, int],
+    max_wait: float,
+    freeze: bool,
+    switch: float | None = None,
+) -> None:
+    """Run one contender's server until stdin closes (the parent's client drives it).
+
+    ``switch``: the interpreter's GIL switch interval for the server (``sys.
+    setswitchinterval``; None leaves Python's 5 ms)."""
+    if switch is not None:
+        sys.setswitchinterval(switch)
     try:
         import uvloop
 
@@ -238,11 +249,14 @@ def _round(
     max_wait: float,
     freeze: bool,
     expected: Callable[[int], float],
+    switch: float | None = None,
 ) -> list[Phase]:
     cmd = [sys.executable, "-m", "benchmarks.serving", "--server", name, "--size",
            *map(str, size), "--max-wait", str(max_wait)]  # fmt: skip
     if not freeze:
         cmd.append("--no-gc-freeze")
+    if switch is not None:
+        cmd += ["--switch-interval", str(switch)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -261,8 +275,10 @@ def _round(
 
 
 def run(cfg: Config, log: Callable[[str], None], *, max_wait: float = MAX_WAIT,
-        freeze: bool = True) -> list[Comparison]:  # fmt: skip
-    """Tables: throughput per client count, loop lag, and issue #12's targets."""
+        freeze: bool = True, switch: float | None = None) -> list[Comparison]:  # fmt: skip
+    """Tables: throughput per client count, loop lag, and issue #12's targets.
+
+    ``switch``: every server's GIL switch interval (seconds; None: Python's 5 ms)."""
     size = QUICK_SIZE if cfg.quick else SIZE
     seconds = QUICK_PHASE_SECONDS if cfg.quick else PHASE_SECONDS
     rounds = 1 if cfg.quick else cfg.rounds
@@ -272,7 +288,7 @@ def run(cfg: Config, log: Callable[[str], None], *, max_wait: float = MAX_WAIT,
 
     def contender(name: str) -> Contender:
         def measure() -> float:
-            result = _round(name, size, seconds, max_wait, freeze, sums.__getitem__)
+            result = _round(name, size, seconds, max_wait, freeze, sums.__getitem__, switch)
             phases[name].append(result)
             return result[-1].throughput
 
@@ -286,7 +302,8 @@ def run(cfg: Config, log: Callable[[str], None], *, max_wait: float = MAX_WAIT,
     notes = [
         f"input (T, B, C) = ({t}, {b}, {c}), 4 BiLSTM members; {seconds:g} s per client count; "
         f"{rounds} round(s), a fresh server process per contender per round; batched: "
-        f"max_wait {max_wait * 1e3:g} ms; gc.freeze after warm-up: {freeze}",
+        f"max_wait {max_wait * 1e3:g} ms; gc.freeze after warm-up: {freeze}; GIL switch "
+        f"interval: {'5 ms (Python default)' if switch is None else f'{switch * 1e3:g} ms'}",
         f"load average (1 min) {load0:.2f} -> {load1:.2f}",
     ]
     return [
@@ -397,17 +414,29 @@ def main(argv: list[str] | None = None) -> None:
         help="leave the collector alone (by default the servers call gc.freeze() after "
         "warm-up, as examples/serve.py does)",
     )
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the servers' GIL switch interval (sys.setswitchinterval; default: Python's 5 ms)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    if args.switch_interval is not None and not args.switch_interval > 0:
+        p.error(
+            f"--switch-interval must be a positive number of seconds, got {args.switch_interval}"
+        )
     if args.server:
-        child_main(args.server, tuple(args.size), args.max_wait, args.gc_freeze)
+        child_main(args.server, tuple(args.size), args.max_wait, args.gc_freeze,
+                   args.switch_interval)  # fmt: skip
         return
     from ._harness import format_table
 
     cfg = Config(quick=args.quick, rounds=args.rounds)
     for cmp in run(cfg, lambda m: print(m, file=sys.stderr), max_wait=args.max_wait,
-                   freeze=args.gc_freeze):  # fmt: skip
+                   freeze=args.gc_freeze, switch=args.switch_interval):  # fmt: skip
         print(format_table(cmp) + "\n")
 
 
