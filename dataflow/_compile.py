@@ -39,6 +39,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+import anyio
 import numpy as np
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
@@ -360,6 +361,8 @@ class Compiled(Generic[R]):
     async def _run_batch(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
         axis = self.batch_axis
         assert axis is not None
+        running = True
+        delivered = 0
         try:
             total = sum(batch.rows)
             padded = 1 << (total - 1).bit_length()
@@ -374,17 +377,26 @@ class Compiled(Generic[R]):
             _, _, key = self._split(tuple(_with(statics, inputs)))
             prog = await self._program(tuple(key), inputs, statics)
             out = await self._launch(prog, inputs)
+            self._running[gk] -= 1  # the model is free: the next batch need not wait for us
+            running = False
             bounds = np.cumsum([0, *batch.rows])
             for k, done in enumerate(batch.done):
+                if k:
+                    # One caller resumed per loop iteration: woken all at once, a batch's
+                    # callers would run back to back (each answering its client) and hold
+                    # the loop for all of them; this way other work runs in between.
+                    await anyio.sleep(0)
                 lo, hi = int(bounds[k]), int(bounds[k + 1])
                 done(_slice(out, axis, lo, hi), None)
+                delivered = k + 1
         except BaseException as exc:
-            for done in batch.done:
+            for done in batch.done[delivered:]:
                 done(None, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._running[gk] -= 1
+            if running:
+                self._running[gk] -= 1
 
 
 _ARRAY = object()  # marks an array argument's place among the static ones
@@ -449,8 +461,6 @@ class _Timer:
     """Calls ``fn`` after ``seconds`` on the runtime's loop, unless cancelled first."""
 
     def __init__(self, rt: Runtime, seconds: float, fn: Callable[[], None]) -> None:
-        import anyio
-
         self.cancelled = False
         host = rt.host
         assert host is not None

@@ -218,6 +218,48 @@ class TestBatching:
             assert y.shape == (1, 3)
             np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
 
+    def test_a_batch_resumes_its_callers_one_loop_iteration_at_a_time(self) -> None:
+        """A finished batch wakes its callers one per loop iteration, so other work on the
+        loop (here a task that yields continuously) runs between them instead of waiting for
+        every caller to have answered."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0)
+        xs = [_x(1, 6, seed=k) for k in range(8)]
+
+        async def main() -> tuple[list[str], list[Array]]:
+            events: list[str] = []
+            gate = asyncio.Event()
+            stop = False
+
+            async def ticker() -> None:
+                while not stop:
+                    events.append("tick")
+                    await asyncio.sleep(0)
+
+            async def call(k: int) -> Array:
+                await gate.wait()
+                out: Array = await forward(xs[k])
+                events.append(f"call {k}")
+                return out
+
+            await forward(xs[0])  # compiled before the batch forms
+            tick = asyncio.ensure_future(ticker())
+            calls = [asyncio.ensure_future(call(k)) for k in range(len(xs))]
+            await asyncio.sleep(0)
+            gate.set()
+            outs = list(await asyncio.gather(*calls))
+            stop = True
+            await tick
+            return events, outs
+
+        events, outs = dataflow.run(main)
+        for x, y in zip(xs, outs, strict=True):
+            np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+        done = [i for i, e in enumerate(events) if e.startswith("call")]
+        assert len(done) == len(xs)
+        # Callers of one batch never answer back to back: a tick runs between any two.
+        assert all(events[j - 1] == "tick" for j in done[1:])
+
     def test_different_batch_sizes_share_a_batch(self) -> None:
         """Calls of 1, 2 and 3 rows batch together; each gets its own rows."""
         m = Mlp()
