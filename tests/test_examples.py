@@ -279,7 +279,9 @@ class TestServe:
         from aiohttp.test_utils import TestClient, TestServer
 
         _, serve = examples
-        config = serve.ServeConfig(**{**self.CONFIG, "steps": 400}, deadline=0.02)
+        # Long enough that its sequence kernels (milliseconds each) are still queued at the
+        # deadline, however fast the machine.
+        config = serve.ServeConfig(**{**self.CONFIG, "steps": 600}, deadline=0.002)
         app = serve.create_app(config)
         dropped: list[Any] = []
 
@@ -289,7 +291,7 @@ class TestServe:
 
         async with TestClient(TestServer(app)) as client:
             app[serve.RUNTIME].add_instrument(Drops())
-            x = np.random.default_rng(0).random((400, 3, 16), dtype=np.float32)
+            x = np.random.default_rng(0).random((600, 3, 16), dtype=np.float32)
             resp = await client.post("/ensemble/eager", json={"x": x.tolist()})
             assert resp.status == 504
             assert "deadline" in (await resp.json())["error"]
