@@ -163,6 +163,8 @@ class Signature:
         gil: the estimated fraction of the kernel that holds the GIL (0 for GIL-free BLAS,
             1 for a pure Python loop), from the last overlapped pool runs (``overlaps``).
         serial: the kernel is GIL-bound: the pool runs such kernels one at a time.
+        lane: whether its pool runs are measured for the GIL lane (False for a task that
+            runs many kernels, such as a plan's runner: its overlap says nothing).
         op: the declared op (``dataflow.Op``), or None for forked functions.
     """
 
@@ -174,6 +176,7 @@ class Signature:
         "gil",
         "inline",
         "keys",
+        "lane",
         "name",
         "op",
         "overlaps",
@@ -208,6 +211,7 @@ class Signature:
         self.overlaps: list[tuple[float, float]] = []
         self.gil = 0.0
         self.serial = False
+        self.lane = True
         # check(spec, value) -> error message | None (the op's; see dataflow.op).
         self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)
         # Each output spec as a small int (equal specs, equal ints): what a handle on this

@@ -69,7 +69,7 @@ class Execution(Requests):
             return self.simulate(task)
         sig = task.sig
         n = sig.calls = sig.calls + 1
-        if pool_run and self.pool is not None:  # every pool run: they are >= 50 us each
+        if pool_run and sig.lane and self.pool is not None:  # every pool run (>= 50 us each)
             value = self._measured(sig, fn, args, kwargs)
         elif n > FIRST_RUNS and n % SAMPLE:
             value = fn(*args, **kwargs) if kwargs else fn(*args)
@@ -247,6 +247,25 @@ class Execution(Requests):
                 d.ready = end
                 self.emit("task_ready", d)
         return mine
+
+    def finish_outside_locked(self, task: Task, value: Any) -> list[Task] | None:
+        """``task``, counted in flight and not started, got its value elsewhere (a plan's
+        runner built it): DONE, its waiters woken, its dependents placed. Holds the lock.
+
+        Returns the dependents to run on this thread (the synchronous mode only).
+        """
+        waiters = task.waiters
+        task.waiters = None
+        ready = gs.finish(task, value)
+        self.inflight -= 1
+        if waiters is not None:
+            self.host.wake(waiters)
+        if self.inflight == 0 and self._drained is not None:
+            self.host.wake([self._drained])
+            self._drained = None
+        if ready is None:
+            return None
+        return self._place_ready_locked(ready, False, None)
 
     @staticmethod
     def _place_ready_locked(

@@ -26,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._instrument import ACTIVE
 from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._task import PENDING, READY, Signature, Task, _next_id
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
+from ._lean import LeanRun
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -86,6 +88,18 @@ class Program:
         for j in self.output_nodes:
             self.is_output[j] = True
         self.roots = tuple(i for i in range(n) if not self.inputs[i])
+        # For the lean executor (_lean): the nodes by rank (ranks are 0..n-1, the heap's
+        # keys), per node how many nodes it reads and how many read it; the roots' ranks,
+        # sorted (a heap).
+        self.by_rank = [0] * n
+        for i in range(n):
+            self.by_rank[self.rank[i]] = i
+        self.waits = [len(r) for r in self.inputs]
+        self.nreaders = [len(r) for r in self.readers]
+        self.root_keys = sorted(self.rank[i] for i in self.roots)
+        self.locations = [node.location for node in nodes]
+        self.runner_sig = Signature(f"run {graph.name}", inline=False)
+        self.runner_sig.lane = False  # a runner runs many kernels: no GIL measurement
         # One (i,) per node, made once: a node task's arguments (see PlanRun.call).
         self.calls = tuple((i,) for i in range(n))
         self.launch_sig = Signature(f"launch {graph.name}", inline=False)
@@ -94,6 +108,12 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<Program {self.graph.name} nodes={self.size} outputs={len(self.output_nodes)}>"
+
+    def node_name(self, i: int) -> str:
+        """How errors name node ``i``: its op, its index, the graph, where it was traced."""
+        where = self.locations[i]
+        at = f", traced at {where}" if where else ""
+        return f"{self.sigs[i].name} (node %{i} of {self.graph.name}{at})"
 
 
 def _flat_slots(args: tuple[Any, ...]) -> tuple[tuple[int, int, int, int | None], ...] | None:
@@ -229,15 +249,20 @@ def launch(
     """Launch ``prog`` on ``rt``'s scheduler; the gather task, whose value is the outputs.
 
     The calling thread creates two tasks and queues one (see the module docstring). The run
-    belongs to the request running on the loop, if any (``dataflow._scheduler``: its tasks
-    are dropped when it is cancelled). ``priority``: where the run's tasks go among ready
-    ones (default: the request's age, or now, in issue order). ``waiter`` (the host loop's
+    belongs to the request running on the loop, if any (``dataflow._scheduler``: its work is
+    dropped when it is cancelled). ``priority``: where the run's work goes among ready
+    tasks (default: the request's age, or now, in issue order). ``waiter`` (the host loop's
     ``waiter()``), when given, is woken when the gather task ends, as if it awaited it.
+
+    Unobserved, the nodes run on the lean executor (``_lean``); while anything observes the
+    runtime, as one task each (:class:`PlanRun`), so the trace sees every one.
     """
     sched = rt._sched
     owner = sched.request()
     if priority is None:
         priority = owner.base if owner is not None else float(_next_id())
+    if not (ACTIVE or sched.watching):
+        return _launch_lean(rt, prog, inputs, priority, waiter, owner)
     run = PlanRun(prog, rt, inputs)
     run.base = priority
     gather = Task(prog.gather_sig, run.finish, tuple(inputs), None, rt)
@@ -269,6 +294,39 @@ def launch(
             sched.execute_now(gather)
     assert gather.state >= PENDING
     return gather
+
+
+def _launch_lean(
+    rt: Runtime, prog: Program, inputs: Sequence[Any], priority: float, waiter: Any, owner: Any
+) -> Task:
+    """``launch`` on the lean executor: a gather task that its runners finish, and a runner."""
+    sched = rt._sched
+    gather = Task(prog.gather_sig, None, tuple(inputs), None, rt)
+    protect(gather)  # small inputs copied, big ones read-only until the outputs are built
+    # Finished by a runner, never made ready by its inputs: a runner task that fails (the
+    # runtime closing, an internal error) fails it through its dependents.
+    gather.waiting = _NEVER
+    gather.priority = priority + prog.size
+    if waiter is not None:
+        gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
+    if owner is not None:
+        owner.add(gather)
+    run = LeanRun(prog, rt, gather, priority)
+    pool = sched.pool
+    with GRAPH_LOCK:
+        sched.inflight += 1
+        runner = run.runner_locked()
+        if pool is not None:
+            pool.push_locked(runner)
+        else:
+            sched.begin_locked(runner)
+    if pool is None:  # the synchronous mode: the whole run, here and now
+        sched.execute(runner, go_on=False)
+    return gather
+
+
+# A count of inputs no task reaches (a lean run's gather task is finished by its runners).
+_NEVER = 1 << 62
 
 
 def _start(run: PlanRun) -> None:

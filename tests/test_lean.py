@@ -1,0 +1,312 @@
+"""The lean plan executor (``dataflow.graph._lean``): a compiled forward's nodes run by a few
+runners, not one task each. Behaviour only: results, where nodes ran, drops, failures, order."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from dataflow.graph._lean import LeanRun
+
+Array = np.ndarray[Any, Any]
+
+
+def _x(*shape: int, seed: int = 0) -> Array:
+    out: Array = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return out
+
+
+class _Log:
+    """What marking kernels saw: (name, thread, start, end), in the order they started."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: list[tuple[str, int, float, float]] = []
+
+    def op(self, name: str, seconds: float) -> Any:
+        log = self
+
+        def kernel(x: Any, tag: int) -> Any:
+            t0 = time.perf_counter()
+            if seconds:
+                time.sleep(seconds)  # releases the GIL, as BLAS does
+            with log.lock:
+                log.entries.append((f"{name}{tag}", threading.get_ident(), t0,
+                                    time.perf_counter()))  # fmt: skip
+            return x + 1.0
+
+        return dataflow.op(name, meta=lambda x, tag: ops.spec_of(x), handle=ops.Tensor)(kernel)
+
+    def names(self) -> list[str]:
+        return [e[0] for e in sorted(self.entries, key=lambda e: e[2])]
+
+
+def _unobserved() -> None:
+    """Nothing observes the runtime, so launches take the lean executor."""
+    rt = dataflow.current_runtime()
+    assert rt is not None and not rt._sched.watching
+    assert LeanRun.__slots__
+
+
+class TestResults:
+    def test_a_chain_a_fan_and_multi_output_nodes_match_numpy(self) -> None:
+        x = _x(5, 7)
+
+        async def prog(a: Any) -> Any:
+            b = ops.tanh(ops.add(a, 1.5))
+            parts = [ops.multiply(b, float(k)) for k in range(6)]  # a fan out, then in
+            s = ops.sum(ops.stack(parts), axis=0)
+            q, r = ops.split(s, [2], axis=1)  # a node with two outputs
+            return ops.add(q, 1.0), ops.exp(r)
+
+        forward = dataflow.compile(prog)
+
+        async def main() -> Any:
+            _unobserved()
+            return [await forward(x) for _ in range(3)]
+
+        b = np.tanh(x + 1.5)
+        s = b * sum(range(6))
+        for q, r in dataflow.run(main):
+            np.testing.assert_allclose(q, s[:, :2] + 1.0, rtol=1e-5)
+            np.testing.assert_allclose(r, np.exp(s[:, 2:]), rtol=1e-5)
+
+    def test_a_program_with_no_ops(self) -> None:
+        async def ident(a: Any) -> Any:
+            return a
+
+        forward = dataflow.compile(ident)
+        x = _x(3)
+
+        async def main() -> Any:
+            return await forward(x)
+
+        np.testing.assert_array_equal(dataflow.run(main), x)
+
+    @pytest.mark.parametrize("threads", [0, 1, 2, 3])
+    def test_the_ensemble_at_any_thread_count(self, threads: int) -> None:
+        from examples.lstm_ensemble import Ensemble
+
+        ens = Ensemble(2, 8, seed=3)
+        forward = dataflow.compile(ens)
+        x = _x(4, 2, 8, seed=1)
+
+        async def main() -> Any:
+            return await ens(x), await forward(x), await forward(x)
+
+        eager, first, second = dataflow.run(main, interop_threads=threads)
+        np.testing.assert_allclose(first, eager, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(second, eager, rtol=1e-5, atol=1e-6)
+
+
+class TestPlacement:
+    def test_small_nodes_run_back_to_back_on_one_thread(self) -> None:
+        log = _Log()
+        mark = log.op("small", 0.0)
+
+        async def prog(a: Any) -> Any:
+            outs = [mark(a, k) for k in range(20)]  # independent, but each far below 50 us
+            return ops.stack(outs)
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> None:
+            for _ in range(10):  # past the first (timed) runs
+                await forward(_x(2))
+
+        dataflow.run(main, interop_threads=2)
+        last = log.entries[-20:]
+        assert len({e[1] for e in last}) == 1
+
+    def test_big_gil_free_nodes_run_side_by_side(self) -> None:
+        """Independent nodes that release the GIL get a second runner: their kernels overlap."""
+        log = _Log()
+        slow = log.op("slow", 0.02)
+
+        async def prog(a: Any) -> Any:
+            return ops.add(slow(a, 0), slow(a, 1))
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> Any:
+            return await forward(_x(3))
+
+        dataflow.run(main, interop_threads=2)
+        (_, t0, s0, e0), (_, t1, s1, e1) = log.entries
+        assert t0 != t1 and s1 < e0 and s0 < e1
+
+    def test_one_thread_never_gets_a_second_runner(self) -> None:
+        log = _Log()
+        slow = log.op("slow1t", 0.005)
+
+        async def prog(a: Any) -> Any:
+            return ops.stack([slow(a, k) for k in range(4)])
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> Any:
+            return await forward(_x(3))
+
+        dataflow.run(main, interop_threads=1)
+        spans = sorted((e[2], e[3]) for e in log.entries)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+class TestFailures:
+    def test_a_failing_node_names_itself_and_keeps_its_type(self) -> None:
+        calls = [0]
+
+        def kernel(x: Any) -> Any:
+            calls[0] += 1
+            if calls[0] > 2:
+                raise ZeroDivisionError("third time")
+            return x
+
+        bad = dataflow.op("bad_lean", meta=ops.spec_of, handle=ops.Tensor)(kernel)
+
+        async def prog(a: Any) -> Any:
+            return ops.tanh(bad(ops.add(a, 1.0)))
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> Any:
+            await forward(_x(2))  # the trace ran no kernel: this is call 1
+            await forward(_x(2))
+            with pytest.raises(ZeroDivisionError, match="third time") as info:
+                await forward(_x(2))
+            assert isinstance(info.value, dataflow.TaskError)
+            message = str(info.value)
+            assert "bad_lean (node %1 of" in message and "test_lean.py" in message
+            # The runtime goes on: another call of another program runs.
+            return await dataflow.compile(_double)(np.ones(2))
+
+        np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [2.0, 2.0])
+
+    def test_a_wrong_output_is_caught_on_the_first_runs(self) -> None:
+        liar = dataflow.op("liar_lean", meta=ops.spec_of, handle=ops.Tensor)(
+            lambda x: x.astype(np.float64)
+        )
+
+        async def prog(a: Any) -> Any:
+            return liar(a)
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> None:
+            with pytest.raises(dataflow.OpOutputError, match="liar_lean"):
+                await forward(_x(2))
+
+        dataflow.run(main)
+
+
+async def _double(a: Any) -> Any:
+    return ops.multiply(a, 2.0)
+
+
+class TestRequests:
+    def test_a_cancelled_request_drops_the_nodes_not_started(self) -> None:
+        """Cancelling the caller stops its run at the next node: the rest never run."""
+        log = _Log()
+        step = log.op("step", 0.002)
+
+        async def prog(a: Any) -> Any:
+            for k in range(100):
+                a = step(a, k)
+            return a
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> tuple[int, int]:
+            req = asyncio.ensure_future(forward(_x(2)))
+            await asyncio.sleep(0.03)
+            req.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await req
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            await rt._join()
+            return rt._sched.dropped, len(log.entries)
+
+        dropped, ran = dataflow.run(main, interop_threads=2)
+        assert ran < 60 and dropped >= 100 - ran
+
+    def test_the_oldest_request_goes_first_even_mid_run(self) -> None:
+        """A younger request's plan running on the only worker gives it up, between nodes,
+        to work an older request dispatched meanwhile."""
+        log = _Log()
+        step = log.op("young", 0.002)
+        mark = log.op("old", 0.0)
+        mark = dataflow.op("old_mark", meta=lambda x, tag: ops.spec_of(x), handle=ops.Tensor,
+                           inline=False)(mark.kernel)  # fmt: skip
+
+        async def prog(a: Any) -> Any:
+            for k in range(40):
+                a = step(a, k)
+            return a
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> None:
+            go = asyncio.Event()
+
+            async def old() -> None:
+                await mark(np.zeros(1), 0)  # it is a request now, the older one
+                await go.wait()
+                await mark(np.zeros(1), 1)  # dispatched while the young plan runs
+
+            async def young() -> None:
+                await forward(_x(2))
+
+            o = asyncio.ensure_future(old())
+            await asyncio.sleep(0.01)
+            y = asyncio.ensure_future(young())
+            await asyncio.sleep(0.02)  # the young plan is running on the only worker
+            go.set()
+            await asyncio.gather(o, y)
+
+        dataflow.run(main, interop_threads=1)
+        names = log.names()
+        assert names.index("old1") < names.index("young39")
+
+    def test_closing_the_runtime_fails_a_queued_run(self) -> None:
+        """A run still queued when its runtime's body fails is not run, and nothing hangs."""
+        gate = threading.Event()
+        hold = dataflow.op("hold_lean", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
+            lambda x: (gate.wait(10), x)[1]
+        )
+        forward = dataflow.compile(_double)
+        runs: list[Any] = []
+
+        async def main() -> None:
+            hold(np.zeros(1))  # the only worker is busy
+            runs.append(asyncio.ensure_future(forward(np.ones(2))))
+            await asyncio.sleep(0.01)
+            gate.set()
+            raise KeyError("body failed")
+
+        with pytest.raises(KeyError):
+            dataflow.run(main, interop_threads=1)
+        assert runs[0].done()
+
+
+class TestObserved:
+    def test_a_profiled_launch_runs_a_task_per_node(self) -> None:
+        forward = dataflow.compile(_double)
+
+        async def main() -> Any:
+            await forward(np.ones(2))  # compiled (and run) outside the profile
+            with dataflow.profile() as prof:
+                out = await forward(np.ones(2))
+            return out, prof.trace()
+
+        out, trace = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(out, [2.0, 2.0])
+        assert [t.op for t in trace.tasks if t.op == "multiply"] == ["multiply"]
