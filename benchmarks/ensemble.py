@@ -309,6 +309,24 @@ class Workload:
             "dataflow, traced graph", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip
         )
 
+    def compiled(self) -> Contender:
+        """``dataflow.compile(ensemble)``: the optimised graph launched whole each forward, its
+        nodes run by the lean plan executor."""
+        n = cores()
+        skip = _models.unavailable()
+        forward: Any = None
+        if skip is None:
+            ens = _models.build_ensemble(self.weights)
+            forward = dataflow.compile(ens)
+
+        async def call(f: Any, x: Any) -> Any:
+            return await f(x)
+
+        def run(k: int) -> tuple[float, Any]:
+            return run_dataflow(call, forward, self.x, n, k)
+
+        return self.contender("dataflow, compiled", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip)
+
     def jax(self) -> Contender:
         n = cores()
         skip = jax_missing()
@@ -348,6 +366,7 @@ class Workload:
                 lambda: self.dataflow("dataflow, automatic", n, 1, forked=False),
             ),
             "dataflow, traced graph": (f"inter-op {n}, BLAS 1", True, self.traced),
+            "dataflow, compiled": (f"inter-op {n}, BLAS 1", True, self.compiled),
             "dataflow, manual fork": (
                 f"inter-op {n}, BLAS 1",
                 True,

@@ -9,8 +9,10 @@ The first call with a new *signature* (each array argument's shape and dtype, an
 of every other argument) traces the program (``dataflow.trace``: its ops are recorded, not
 run), optimises the graph and prepares it for launching (``dataflow.graph._launch``). Later
 calls with that signature launch the prepared plan: the calling coroutine does O(1) work (two
-tasks created, one queued), a pool thread instantiates the plan's nodes, and the scheduler
-runs them. So a request costs the event loop a few microseconds, however many ops it has.
+tasks created, one queued) and the lean plan executor runs the nodes on the pool
+(``dataflow.graph._lean``: chains of small ops back to back on one thread, big GIL-free ones
+side by side). So a request costs the event loop tens of microseconds, however many ops it
+has.
 
 **What tracing cannot see.** Like ``torch.jit.trace``, a trace records the ops one run issues,
 not the Python around them: loops are unrolled for the traced shapes, and a branch on a

@@ -9,13 +9,22 @@ event loop. A :class:`Program` is a graph prepared once for repeated launches:
   reads and the nodes that read it (deduplicated), and its static critical-path rank;
 * the structure of the outputs.
 
-A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks, *launch* and
-*gather*, and queues the first. The launch task runs on a pool thread: it creates every node's
-task, links them with the static structure (no argument scans, no meta or cost rules, no
-handles), and queues those with no inputs; from there the scheduler runs them like any task
-(placement, continuation, the GIL lane, value checks, failures). The gather task waits for the
-output nodes and builds the outputs; awaiting it gives the arrays. A node's value is dropped as
-soon as its last reader has run (unless it is an output).
+A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks and queues
+one; the *gather* task's value is the outputs, and awaiting it gives the arrays. How the
+nodes run depends on whether anything observes the runtime:
+
+* **Unobserved** (the usual case, a server's): the queued task is a *runner* of the lean plan
+  executor (``_lean``): a few runners run the nodes from per-run lists, well under a
+  microsecond of scheduling a node, and the last one finishes the gather task.
+* **Observed** (a profile, recorder or instrument): the queued task is a *launch* task
+  (:class:`PlanRun`) that creates every node's task on a pool thread, links them with the
+  static structure (no argument scans, no meta or cost rules, no handles), and queues those
+  with no inputs; from there the scheduler runs them like any task (placement, continuation,
+  the GIL lane, value checks, failures), so the trace sees every node. The gather task waits
+  for the output nodes and builds the outputs.
+
+Either way a node's value is dropped as soon as its last reader has run (unless it is an
+output).
 
 The graph's inputs are protected once, at launch (``dataflow._protect``): small writeable
 arrays are copied, large ones stay read-only until the gather has run.
