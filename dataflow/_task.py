@@ -163,8 +163,9 @@ class Signature:
         gil: the estimated fraction of the kernel that holds the GIL (0 for GIL-free BLAS,
             1 for a pure Python loop), from the last overlapped pool runs (``overlaps``).
         serial: the kernel is GIL-bound: the pool runs such kernels one at a time.
-        lane: whether its pool runs are measured for the GIL lane (False for a task that
-            runs many kernels, such as a plan's runner: its overlap says nothing).
+        runner: the task runs other nodes' kernels (a plan's runner, ``graph._lean``): not
+            measured for the GIL lane (its overlap says nothing) and not recorded as a span
+            (its nodes are).
         op: the declared op (``dataflow.Op``), or None for forked functions.
     """
 
@@ -176,11 +177,11 @@ class Signature:
         "gil",
         "inline",
         "keys",
-        "lane",
         "name",
         "op",
         "overlaps",
         "rid",
+        "runner",
         "runs",
         "seconds",
         "serial",
@@ -211,7 +212,7 @@ class Signature:
         self.overlaps: list[tuple[float, float]] = []
         self.gil = 0.0
         self.serial = False
-        self.lane = True
+        self.runner = False
         # check(spec, value) -> error message | None (the op's; see dataflow.op).
         self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)
         # Each output spec as a small int (equal specs, equal ints): what a handle on this

@@ -294,19 +294,102 @@ class TestRequests:
 
         with pytest.raises(KeyError):
             dataflow.run(main, interop_threads=1)
-        assert runs[0].done()
+        assert isinstance(runs[0].exception(), dataflow.CancelledTaskError)
 
 
 class TestObserved:
-    def test_a_profiled_launch_runs_a_task_per_node(self) -> None:
-        forward = dataflow.compile(_double)
+    def test_a_profile_gets_a_span_per_node_with_its_inputs(self) -> None:
+        """Recorders only: the lean executor writes each node's span record (not the runner's),
+        with the ids of the nodes it read, on a labelled pool thread."""
+        forward = dataflow.compile(_two_chains, optimize=False)  # (no fusion: five nodes)
 
         async def main() -> Any:
-            await forward(np.ones(2))  # compiled (and run) outside the profile
+            await forward(_x(4))  # compiled outside the profile
             with dataflow.profile() as prof:
-                out = await forward(np.ones(2))
+                out = await forward(_x(4))
             return out, prof.trace()
 
         out, trace = dataflow.run(main, interop_threads=2)
-        np.testing.assert_array_equal(out, [2.0, 2.0])
-        assert [t.op for t in trace.tasks if t.op == "multiply"] == ["multiply"]
+        x = _x(4)
+        np.testing.assert_allclose(out, np.tanh(x * 2.0) + np.exp(x + 1.0), rtol=1e-5)
+        ops_seen = sorted(t.op for t in trace.tasks)
+        assert ops_seen == ["add", "add", "exp", "multiply", "tanh"]
+        assert not any(t.op.startswith("run ") for t in trace.tasks)
+        by_op = {t.op: t for t in trace.tasks if t.op != "add"}
+        last = [t for t in trace.tasks if t.op == "add" and len(t.inputs) == 2]
+        assert len(last) == 1
+        assert set(last[0].inputs) == {by_op["tanh"].name, by_op["exp"].name}
+        assert all(trace.threads[t.thread].startswith("interop") for t in trace.tasks)
+
+    def test_a_profile_counts_the_nodes_a_cancelled_request_dropped(self) -> None:
+        log = _Log()
+        step = log.op("rstep", 0.002)
+
+        async def prog(a: Any) -> Any:
+            for k in range(50):
+                a = step(a, k)
+            return a
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> Any:
+            with dataflow.profile() as prof:
+                req = asyncio.ensure_future(forward(_x(2)))
+                await asyncio.sleep(0.02)
+                req.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await req
+                rt = dataflow.current_runtime()
+                assert rt is not None
+                await rt._join()
+            return prof.trace()
+
+        trace = dataflow.run(main, interop_threads=2)
+        ran = len([t for t in trace.tasks if t.op == "rstep"])
+        assert ran == len(log.entries) and 0 < ran < 50
+        assert trace.unrun_cancelled == 50 - ran + 1  # (+1: the outputs, never gathered)
+
+    def test_a_windowed_recorder_forgets_old_nodes(self) -> None:
+        async def chain(a: Any) -> Any:
+            for _ in range(600):
+                a = ops.add(a, 1.0)
+            return a
+
+        forward = dataflow.compile(chain, optimize=False, check=False)
+        rec = dataflow.Recorder(max_seconds=0.005)
+
+        async def main() -> Any:
+            await forward(_x(2))
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(rec)
+            await forward(_x(2))
+            await asyncio.sleep(0.02)
+            return await forward(_x(2))
+
+        np.testing.assert_allclose(dataflow.run(main), _x(2) + 600.0, rtol=1e-5)
+        assert 0 < len(rec.tasks) < 1200  # the first recorded launch's spans were dropped
+
+    def test_an_instrument_with_hooks_sees_a_task_per_node(self) -> None:
+        forward = dataflow.compile(_two_chains, optimize=False)
+        started: list[str] = []
+
+        class Starts(dataflow.Instrument):
+            def task_started(self, ts: int, task: Any) -> None:
+                started.append(task.op)
+
+        async def main() -> Any:
+            await forward(_x(4))
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(Starts())
+            return await forward(_x(4))
+
+        dataflow.run(main, interop_threads=2)
+        assert sorted(op for op in started if not op.startswith(("launch", "_two"))) == [
+            "add", "add", "exp", "multiply", "tanh"
+        ]
+
+
+async def _two_chains(a: Any) -> Any:
+    return ops.add(ops.tanh(ops.multiply(a, 2.0)), ops.exp(ops.add(a, 1.0)))

@@ -69,7 +69,7 @@ class Execution(Requests):
             return self.simulate(task)
         sig = task.sig
         n = sig.calls = sig.calls + 1
-        if pool_run and sig.lane and self.pool is not None:  # every pool run (>= 50 us each)
+        if pool_run and not sig.runner and self.pool is not None:  # every pool run (>= 50 us)
             value = self._measured(sig, fn, args, kwargs)
         elif n > FIRST_RUNS and n % SAMPLE:
             value = fn(*args, **kwargs) if kwargs else fn(*args)
@@ -189,7 +189,7 @@ class Execution(Requests):
                 self._fail_locked(task, cancelled)
                 nxt = self._lane_after_locked(task, here)
             return None if nxt is None else [nxt]
-        watched = ACTIVE or self.watching
+        watched = (ACTIVE or self.watching) and not task.sig.runner
         if watched:
             self.emit("task_started", task)
             start = time.perf_counter_ns()

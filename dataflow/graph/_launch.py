@@ -13,10 +13,12 @@ A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks an
 one; the *gather* task's value is the outputs, and awaiting it gives the arrays. How the
 nodes run depends on whether anything observes the runtime:
 
-* **Unobserved** (the usual case, a server's): the queued task is a *runner* of the lean plan
+* **Unobserved or recorded** (the usual case): the queued task is a *runner* of the lean plan
   executor (``_lean``): a few runners run the nodes from per-run lists, well under a
   microsecond of scheduling a node, and the last one finishes the gather task.
-* **Observed** (a profile, recorder or instrument): the queued task is a *launch* task
+  Recorders (a profile, a server's rolling timeline) get one span record per node from it.
+* **Observed by an instrument with hooks** (events per task, or a recorder that overrides
+  ``Recorder.task``): the queued task is a *launch* task
   (:class:`PlanRun`) that creates every node's task on a pool thread, links them with the
   static structure (no argument scans, no meta or cost rules, no handles), and queues those
   with no inputs; from there the scheduler runs them like any task (placement, continuation,
@@ -35,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._instrument import ACTIVE
+from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._task import PENDING, READY, Signature, Task, _next_id
@@ -108,7 +110,7 @@ class Program:
         self.root_keys = sorted(self.rank[i] for i in self.roots)
         self.locations = [node.location for node in nodes]
         self.runner_sig = Signature(f"run {graph.name}", inline=False)
-        self.runner_sig.lane = False  # a runner runs many kernels: no GIL measurement
+        self.runner_sig.runner = True  # it runs many kernels: no GIL measurement, no span
         # One (i,) per node, made once: a node task's arguments (see PlanRun.call).
         self.calls = tuple((i,) for i in range(n))
         self.launch_sig = Signature(f"launch {graph.name}", inline=False)
@@ -263,15 +265,21 @@ def launch(
     tasks (default: the request's age, or now, in issue order). ``waiter`` (the host loop's
     ``waiter()``), when given, is woken when the gather task ends, as if it awaited it.
 
-    Unobserved, the nodes run on the lean executor (``_lean``); while anything observes the
-    runtime, as one task each (:class:`PlanRun`), so the trace sees every one.
+    Unobserved, or observed by recorders only (a profile), the nodes run on the lean executor
+    (``_lean``, writing a span record per node for the recorders); while an instrument with
+    hooks observes the runtime, as one task each (:class:`PlanRun`), so it sees every event.
     """
     sched = rt._sched
     owner = sched.request()
     if priority is None:
         priority = owner.base if owner is not None else float(_next_id())
     if not (ACTIVE or sched.watching):
-        return _launch_lean(rt, prog, inputs, priority, waiter, owner)
+        return _launch_lean(rt, prog, inputs, priority, waiter, owner, False)
+    if not (HOOKED or sched.hooked):  # only recorders: the lean executor writes span records
+        if GENERATION[0] != sched._sinks_gen:
+            sched.sinks()
+        if not sched._overriding:
+            return _launch_lean(rt, prog, inputs, priority, waiter, owner, True)
     run = PlanRun(prog, rt, inputs)
     run.base = priority
     gather = Task(prog.gather_sig, run.finish, tuple(inputs), None, rt)
@@ -306,9 +314,16 @@ def launch(
 
 
 def _launch_lean(
-    rt: Runtime, prog: Program, inputs: Sequence[Any], priority: float, waiter: Any, owner: Any
+    rt: Runtime,
+    prog: Program,
+    inputs: Sequence[Any],
+    priority: float,
+    waiter: Any,
+    owner: Any,
+    record: bool,
 ) -> Task:
-    """``launch`` on the lean executor: a gather task that its runners finish, and a runner."""
+    """``launch`` on the lean executor: a gather task that its runners finish, and a runner
+    (``record``: each node's span record goes to the runtime's recorders)."""
     sched = rt._sched
     gather = Task(prog.gather_sig, None, tuple(inputs), None, rt)
     protect(gather)  # small inputs copied, big ones read-only until the outputs are built
@@ -320,7 +335,7 @@ def _launch_lean(
         gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
     if owner is not None:
         owner.add(gather)
-    run = LeanRun(prog, rt, gather, priority)
+    run = LeanRun(prog, rt, gather, priority, record)
     pool = sched.pool
     with GRAPH_LOCK:
         sched.inflight += 1

@@ -35,23 +35,29 @@ one in ``SAMPLE``; on a pool thread a sampled run also measures the GIL), and a 
 is checked against its meta rule on those same runs: a plan's shapes are fixed, so its first
 runs show a kernel that breaks its meta rule.
 
-Only what is unobserved runs here: while a profile, recorder or instrument observes the
-runtime, a launch creates one task per node instead (``PlanRun``), so every span, dependency
-and drop reaches the trace.
+**Timelines.** While recorders observe the runtime (``dataflow.profile()``, a server's rolling
+``Recorder``), each node gives them the span record an eager op would (its id, op, inputs,
+thread, start and end), and dropped or failed-unrun nodes are counted, so a profile of a
+compiled forward shows every node at two clock reads and a tuple a node. An instrument with
+hooks (events per task) sees tasks, so while one observes, a launch creates one task per node
+instead (``_launch.PlanRun``). Whether a launch records is decided when it is launched.
 """
 
 from __future__ import annotations
 
 import heapq
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CancelledTaskError, task_failed
+from .._instrument import GENERATION
 from .._pool import GRAPH_LOCK
 from .._protect import thaw
+from .._record import name_signature
 from .._scheduler._placement import FIRST_RUNS, SAMPLE
-from .._task import PENDING, READY, Task
+from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, InputRef, map_refs
 
 if TYPE_CHECKING:
@@ -65,6 +71,8 @@ _INPUT, _NODE, _NODE_OUT = range(3)
 
 _heappush = heapq.heappush
 _heappop = heapq.heappop
+_now = time.perf_counter_ns
+get_native_id = threading.get_native_id
 
 
 class LeanRun:
@@ -73,11 +81,14 @@ class LeanRun:
     __slots__ = (
         "base",
         "gather",
+        "ids",
         "inputs",
+        "ins",
         "left",
         "lock",
         "prog",
         "ready",
+        "record",
         "rt",
         "runners",
         "stopped",
@@ -86,7 +97,9 @@ class LeanRun:
         "waiting",
     )
 
-    def __init__(self, prog: Program, rt: Runtime, gather: Task, base: float) -> None:
+    def __init__(
+        self, prog: Program, rt: Runtime, gather: Task, base: float, record: bool = False
+    ) -> None:
         self.prog = prog
         self.rt = rt
         self.gather = gather
@@ -101,6 +114,10 @@ class LeanRun:
         self.runners = 0
         self.todo = prog.size
         self.stopped = False
+        self.record = record
+        # Recording only: per node, the id its span record carries, and its inputs' ids.
+        self.ids: list[int] = []
+        self.ins: list[Any] = []
 
     def __repr__(self) -> str:
         return (
@@ -150,6 +167,13 @@ class LeanRun:
             self.waiting = list(prog.waits)
             self.left = list(prog.nreaders)
             self.ready = list(prog.root_keys)  # sorted: a valid heap
+            if self.record:
+                ids = self.ids = [_next_id() for _ in range(prog.size)]
+                # Per node, its span record's inputs field (as an eager op's record has it).
+                self.ins = [
+                    (ids[r[0]] if len(r) == 1 else tuple([ids[j] for j in r])) if r else ()
+                    for r in prog.inputs
+                ]
         sched = self.rt._sched
         pool = sched.pool
         heap = pool._heap if pool is not None else None
@@ -173,6 +197,15 @@ class LeanRun:
         gather = self.gather
         base = self.base
         lock = self.lock
+        record = self.record
+        if record:
+            native = self._thread()
+            ids = self.ids
+            ins = self.ins
+            appends = sched._appends
+            windowed = sched._windowed
+            gen = sched._sinks_gen
+            spans = 0
         lock.acquire()
         while True:
             if not ready or self.stopped:
@@ -207,6 +240,8 @@ class LeanRun:
             sig = sigs[i]
             fn = kernels[i]
             n = sig.calls = sig.calls + 1
+            if record:
+                start = _now()
             try:
                 if n > FIRST_RUNS and n % SAMPLE:
                     value = fn(*args, **kwargs) if kwargs else fn(*args)
@@ -218,8 +253,25 @@ class LeanRun:
                     if sig.check is not None:
                         sig.check_value(value)
             except BaseException as exc:
+                if record:
+                    self._record(i, native, start, _now(), True)
                 self._stop(task_failed(prog.node_name(i), sig.name, exc))
                 return
+            if record:
+                end = _now()
+                if GENERATION[0] != gen:  # the recorders changed
+                    sched.sinks()
+                    appends = sched._appends
+                    windowed = sched._windowed
+                    gen = sched._sinks_gen
+                span = (ids[i], sig.rid or name_signature(sig), ins[i], native, start, start, end,
+                        False)  # fmt: skip
+                for append in appends:
+                    append(span)
+                spans += 1
+                if windowed and not spans & 255:  # windowed recorders forget the old records
+                    for rec in windowed:
+                        rec.trim(end)
             args = None
             lock.acquire()
             values[i] = value
@@ -244,6 +296,26 @@ class LeanRun:
                 lock.release()
                 self._yield()
                 return
+
+    # -- span records (only while recorders observe) ------------------------------------------
+
+    def _thread(self) -> int:
+        """The calling thread's native id, its label registered with every recorder."""
+        for _, rec in self.rt._sched.sinks():
+            rec.thread()
+        return get_native_id()
+
+    def _record(self, i: int, native: int, start: int, end: int, failed: bool) -> None:
+        """Node ``i``'s span record, for the recorders (as ``submit`` writes an inline op's;
+        the runner's loop writes a successful node's itself)."""
+        sched = self.rt._sched
+        if GENERATION[0] != sched._sinks_gen:
+            sched.sinks()
+        sig = self.prog.sigs[i]
+        span = (self.ids[i], sig.rid or name_signature(sig), self.ins[i], native, start, start,
+                end, failed)  # fmt: skip
+        for append in sched._appends:
+            append(span)
 
     def _value(self, ref: Any) -> Any:
         t = type(ref)
@@ -290,11 +362,16 @@ class LeanRun:
             self.values = []
             ran = self.prog.size - self.todo
             sched.tasks_run += ran
+            unrun = self.prog.size - ran - (err is not None)  # (a failed node ran)
             if err is None:
                 if sched.cancelling and gather.state == PENDING:
                     err = CancelledTaskError(f"{gather.name} was not run: its runtime was closing")
                 else:  # dropped with its request: count the nodes that never ran
-                    sched.dropped += self.prog.size - ran
+                    sched.dropped += unrun
+            if self.record:
+                cancelled = err is None or isinstance(err, CancelledTaskError)
+                for _ in range(unrun):
+                    sched.record_unrun(cancelled)
             if err is not None and gather.state == PENDING:
                 if not isinstance(err, CancelledTaskError):
                     sched.failures.append(err)
