@@ -172,8 +172,9 @@ class InteropPool:
     def take_locked(self, timed: type | None = None) -> Task | None:
         """Pop the next ready task for a helping thread, marked RUNNING; None if there is none.
 
-        A task whose kernel is of type ``timed`` (a timed kernel) is left for the workers: the
-        helper may be the event loop's thread, which must not get stuck in a kernel.
+        A task whose kernel is of type ``timed`` (a timed kernel), or a plan's runner (it runs
+        a whole plan), is left for the workers: the helper may be the event loop's thread,
+        which must not get stuck in a kernel.
         """
         heap = self._heap
         while heap:
@@ -181,7 +182,7 @@ class InteropPool:
             if task.state != READY:
                 heapq.heappop(heap)
                 continue
-            if timed is not None and type(task.fn) is timed:
+            if (timed is not None and type(task.fn) is timed) or task.sig.runner:
                 return None
             heapq.heappop(heap)
             if task.runtime._sched.start_locked(task, self):  # type: ignore[union-attr]

@@ -297,6 +297,44 @@ class TestRequests:
         assert isinstance(runs[0].exception(), dataflow.CancelledTaskError)
 
 
+class TestBackpressure:
+    def test_the_loop_helping_under_backpressure_never_takes_a_plan(self) -> None:
+        """Past max_pending the dispatching thread helps run queued tasks; a queued plan
+        runner is left to the workers (it would run the whole plan on the event loop)."""
+        log = _Log()
+        node = log.op("bp_node", 0.0)
+        gate = threading.Event()
+        hold = dataflow.op("bp_hold", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
+            lambda x: (gate.wait(10), x)[1]
+        )
+        slow = dataflow.op("bp_slow", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
+            np.negative
+        )
+
+        async def prog(a: Any) -> Any:
+            return node(node(a, 0), 1)
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> int:
+            await forward(_x(2))
+            hold(np.zeros(1))  # the only worker waits for the gate
+            run = asyncio.ensure_future(forward(_x(2)))  # the older request: its runner first
+            await asyncio.sleep(0.01)
+
+            async def younger() -> None:
+                handles = [slow(np.ones(2)) for _ in range(12)]  # past max_pending: it helps
+                for h in handles:
+                    await h
+
+            threading.Timer(0.05, gate.set).start()
+            await asyncio.gather(run, younger())
+            return threading.get_ident()
+
+        loop_thread = dataflow.run(main, interop_threads=1, max_pending=4)
+        assert len(log.entries) == 4 and all(e[1] != loop_thread for e in log.entries)
+
+
 class TestObserved:
     def test_a_profile_gets_a_span_per_node_with_its_inputs(self) -> None:
         """Recorders only: the lean executor writes each node's span record (not the runner's),
