@@ -183,7 +183,13 @@ def parallel_info() -> str:
         )
     if not _blas_info():
         lines.append("BLAS: none found by threadpoolctl")
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", _ENV_INTEROP):
+    for var in (
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_CORETYPE",
+        _ENV_INTEROP,
+    ):
         if var in os.environ:
             lines.append(f"{var}={os.environ[var]}")
     lines.append(f"event loop: {_loop_name()}")

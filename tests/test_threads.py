@@ -85,6 +85,11 @@ class TestParallelInfo:
         assert "BLAS: openblas" in info
         assert "event loop:" in info
 
+    def test_names_the_blas_kernel_choice(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """$OPENBLAS_CORETYPE (which kernels OpenBLAS runs) is shown when set."""
+        monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+        assert "OPENBLAS_CORETYPE=Haswell" in dataflow.parallel_info()
+
     def test_oversubscription_warning(self) -> None:
         """inter-op x intra-op above the cores is warned about."""
         dataflow.set_num_interop_threads(64)
