@@ -31,7 +31,9 @@ Parallelism and fairness, decided between nodes:
   was traced), chained to the original exception.
 
 Kernel times are sampled as the scheduler samples them (the first runs of a signature, then
-one in ``SAMPLE``; on a pool thread a sampled run also measures the GIL), and a kernel's value
+one in ``SAMPLE``; on a pool thread a sampled run also measures the GIL, and so does every run
+of a kernel longer than ``MIN_MEASURED``, 50 us: a GIL-bound node is then known as such, and
+gets no second runner), and a kernel's value
 is checked against its meta rule on those same runs: a plan's shapes are fixed, so its first
 runs show a kernel that breaks its meta rule.
 
@@ -56,7 +58,7 @@ from .._instrument import GENERATION
 from .._pool import GRAPH_LOCK
 from .._protect import thaw
 from .._record import name_signature
-from .._scheduler._placement import FIRST_RUNS, SAMPLE
+from .._scheduler._placement import FIRST_RUNS, MIN_MEASURED, SAMPLE
 from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, InputRef, map_refs
 
@@ -244,7 +246,11 @@ class LeanRun:
                 start = _now()
             try:
                 if n > FIRST_RUNS and n % SAMPLE:
-                    value = fn(*args, **kwargs) if kwargs else fn(*args)
+                    if pool is not None and sig.seconds >= MIN_MEASURED:
+                        # A long kernel: every run measures the GIL (a few clock reads).
+                        value = sched._measured(sig, fn, args, kwargs)
+                    else:
+                        value = fn(*args, **kwargs) if kwargs else fn(*args)
                 else:
                     if pool is not None:
                         value = sched._measured(sig, fn, args, kwargs)
