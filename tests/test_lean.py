@@ -143,6 +143,28 @@ class TestPlacement:
         (_, t0, s0, e0), (_, t1, s1, e1) = log.entries
         assert t0 != t1 and s1 < e0 and s0 < e1
 
+    def test_gil_bound_nodes_get_no_second_runner(self) -> None:
+        """Nodes whose signature is known to hold the GIL (``serial``) stay on one runner."""
+        log = _Log()
+        slow = log.op("held", 0.005)
+
+        async def prog(a: Any) -> Any:
+            return ops.stack([slow(a, k) for k in range(4)])
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> None:
+            await forward(_x(3))
+            prog_ = next(iter(forward.programs.values()))
+            for sig in prog_.sigs:
+                if sig.name == "held":
+                    sig.serial = True  # as the GIL measurement would mark it
+            log.entries.clear()
+            await forward(_x(3))
+
+        dataflow.run(main, interop_threads=2)
+        assert len(log.entries) == 4 and len({e[1] for e in log.entries}) == 1
+
     def test_one_thread_never_gets_a_second_runner(self) -> None:
         log = _Log()
         slow = log.op("slow1t", 0.005)
