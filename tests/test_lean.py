@@ -146,12 +146,7 @@ class TestPlacement:
     def test_gil_bound_nodes_get_no_second_runner(self) -> None:
         """Nodes whose signature is known to hold the GIL (``serial``) stay on one runner."""
         log = _Log()
-        slow = log.op("held", 0.005)
-
-        async def prog(a: Any) -> Any:
-            return ops.stack([slow(a, k) for k in range(4)])
-
-        forward = dataflow.compile(prog, check=False)
+        forward = _four_stacked(log.op("held", 0.005))
 
         async def main() -> None:
             await forward(_x(3))
@@ -167,12 +162,7 @@ class TestPlacement:
 
     def test_one_thread_never_gets_a_second_runner(self) -> None:
         log = _Log()
-        slow = log.op("slow1t", 0.005)
-
-        async def prog(a: Any) -> Any:
-            return ops.stack([slow(a, k) for k in range(4)])
-
-        forward = dataflow.compile(prog, check=False)
+        forward = _four_stacked(log.op("slow1t", 0.005))
 
         async def main() -> Any:
             return await forward(_x(3))
@@ -180,6 +170,39 @@ class TestPlacement:
         dataflow.run(main, interop_threads=1)
         spans = sorted((e[2], e[3]) for e in log.entries)
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+async def _cancel_midway(forward: Any, seconds: float) -> Any:
+    """Call ``forward``, cancel the call after ``seconds``, wait for the runtime to drain."""
+    req = asyncio.ensure_future(forward(_x(2)))
+    await asyncio.sleep(seconds)
+    req.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await req
+    rt = dataflow.current_runtime()
+    assert rt is not None
+    await rt._join()
+    return rt
+
+
+def _chain_of(op: Any, n: int) -> Any:
+    """A compiled program of ``n`` calls of a marking op, each reading the one before."""
+
+    async def prog(a: Any) -> Any:
+        for k in range(n):
+            a = op(a, k)
+        return a
+
+    return dataflow.compile(prog, check=False)
+
+
+def _four_stacked(op: Any) -> Any:
+    """A compiled program of four independent calls of a marking op, stacked."""
+
+    async def prog(a: Any) -> Any:
+        return ops.stack([op(a, k) for k in range(4)])
+
+    return dataflow.compile(prog, check=False)
 
 
 class TestFailures:
@@ -237,24 +260,10 @@ class TestRequests:
     def test_a_cancelled_request_drops_the_nodes_not_started(self) -> None:
         """Cancelling the caller stops its run at the next node: the rest never run."""
         log = _Log()
-        step = log.op("step", 0.002)
-
-        async def prog(a: Any) -> Any:
-            for k in range(100):
-                a = step(a, k)
-            return a
-
-        forward = dataflow.compile(prog, check=False)
+        forward = _chain_of(log.op("step", 0.002), 100)
 
         async def main() -> tuple[int, int]:
-            req = asyncio.ensure_future(forward(_x(2)))
-            await asyncio.sleep(0.03)
-            req.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await req
-            rt = dataflow.current_runtime()
-            assert rt is not None
-            await rt._join()
+            rt = await _cancel_midway(forward, 0.03)
             return rt._sched.dropped, len(log.entries)
 
         dropped, ran = dataflow.run(main, interop_threads=2)
@@ -264,17 +273,10 @@ class TestRequests:
         """A younger request's plan running on the only worker gives it up, between nodes,
         to work an older request dispatched meanwhile."""
         log = _Log()
-        step = log.op("young", 0.002)
         mark = log.op("old", 0.0)
         mark = dataflow.op("old_mark", meta=lambda x, tag: ops.spec_of(x), handle=ops.Tensor,
                            inline=False)(mark.kernel)  # fmt: skip
-
-        async def prog(a: Any) -> Any:
-            for k in range(40):
-                a = step(a, k)
-            return a
-
-        forward = dataflow.compile(prog, check=False)
+        forward = _chain_of(log.op("young", 0.002), 40)
 
         async def main() -> None:
             go = asyncio.Event()
@@ -383,25 +385,11 @@ class TestObserved:
 
     def test_a_profile_counts_the_nodes_a_cancelled_request_dropped(self) -> None:
         log = _Log()
-        step = log.op("rstep", 0.002)
-
-        async def prog(a: Any) -> Any:
-            for k in range(50):
-                a = step(a, k)
-            return a
-
-        forward = dataflow.compile(prog, check=False)
+        forward = _chain_of(log.op("rstep", 0.002), 50)
 
         async def main() -> Any:
             with dataflow.profile() as prof:
-                req = asyncio.ensure_future(forward(_x(2)))
-                await asyncio.sleep(0.02)
-                req.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await req
-                rt = dataflow.current_runtime()
-                assert rt is not None
-                await rt._join()
+                await _cancel_midway(forward, 0.02)
             return prof.trace()
 
         trace = dataflow.run(main, interop_threads=2)

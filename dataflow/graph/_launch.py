@@ -42,7 +42,7 @@ from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._task import PENDING, READY, Signature, Task, _next_id
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
-from ._lean import LeanRun
+from ._lean import LeanRun, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -158,13 +158,10 @@ class PlanRun:
         self.owner: Any = None  # the request it was launched for (see _scheduler)
 
     def _value(self, ref: Any) -> Any:
-        t = type(ref)
-        if t is InputRef:
-            return self.inputs[ref.index]
-        if t is ConstRef:
-            return self.prog.constants[ref.name]
-        value = self.tasks[ref.node].value
-        return value if ref.index is None else value[ref.index]
+        return ref_value(ref, self.inputs, self.prog.constants, self._node_value)
+
+    def _node_value(self, i: int) -> Any:
+        return self.tasks[i].value
 
     def call(self, i: int) -> Any:
         """Run node ``i``'s kernel on its inputs' values (a node task's kernel)."""

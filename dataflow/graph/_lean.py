@@ -50,7 +50,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CancelledTaskError, task_failed
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
     from ._launch import Program
 
-__all__ = ["LeanRun"]
+__all__ = ["LeanRun", "ref_value"]
 
 # Slot kinds of a node's argument template (as in _launch).
 _INPUT, _NODE, _NODE_OUT = range(3)
@@ -324,13 +324,7 @@ class LeanRun:
             append(span)
 
     def _value(self, ref: Any) -> Any:
-        t = type(ref)
-        if t is InputRef:
-            return self.inputs[ref.index]
-        if t is ConstRef:
-            return self.prog.constants[ref.name]
-        value = self.values[ref.node]
-        return value if ref.index is None else value[ref.index]
+        return ref_value(ref, self.inputs, self.prog.constants, self.values.__getitem__)
 
     # -- the end of a run ----------------------------------------------------------------------
 
@@ -382,6 +376,20 @@ class LeanRun:
                 if not isinstance(err, CancelledTaskError):
                     sched.failures.append(err)
                 sched._fail_locked(gather, err)
+
+
+def ref_value(
+    ref: Any, inputs: Sequence[Any], constants: Any, node: Callable[[int], Any]
+) -> Any:
+    """The value a reference in a node's arguments or the outputs stands for: an input of
+    the launch, a constant, or (``node(i)``: node i's value) a node's output."""
+    t = type(ref)
+    if t is InputRef:
+        return inputs[ref.index]
+    if t is ConstRef:
+        return constants[ref.name]
+    value = node(ref.node)
+    return value if ref.index is None else value[ref.index]
 
 
 def _big(ready: list[int], by_rank: list[int], sigs: Sequence[Any], threshold: float) -> bool:
