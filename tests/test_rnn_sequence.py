@@ -86,6 +86,49 @@ class TestSequenceOps:
         np.testing.assert_allclose(out, out_ref, atol=TOL)
         np.testing.assert_allclose(h_n, h_ref[0], atol=TOL)
 
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
+    )
+    def test_transposed_form_against_reference(
+        self, reverse: bool, batch_first: bool, with_state: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The LSTM kernel in its transposed form (W @ h.T: where that GEMM is faster) equals
+        the reference loop, every flag, with the projection in chunks of 3 steps."""
+        used: list[bool] = []
+        transposed = _rnn_kernels._lstm_sequence_transposed
+
+        def spy(*args: Any) -> Any:
+            used.append(True)
+            return transposed(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
+        self.test_against_reference("LSTM", reverse, batch_first, with_state)
+        assert used
+
+    def test_transposed_form_at_a_large_state_matches_torch_layout_weights(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Transposed form, exp form of tanh (a large state), Fortran-ordered weights."""
+        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        hid = 96
+        batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
+        m = nn.LSTM(4, hid, seed=1)
+        x = _rand(2, 3, batch, 4)
+        out, (h_n, c_n) = _forward(m, x, None, None)
+        ref = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
+        np.testing.assert_allclose(out, ref[0], atol=TOL)
+        np.testing.assert_allclose(h_n, ref[1], atol=TOL)
+        np.testing.assert_allclose(c_n, ref[2], atol=TOL)
+
+    def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
+        assert _rnn_kernels._transposed_is_faster(3, 16, 4, np.dtype(np.float32)) is False
+        big = _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32))
+        assert isinstance(big, bool)
+        assert _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32)) is big
+
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_time_chunks_give_the_same_result(
         self, mode: str, monkeypatch: pytest.MonkeyPatch
