@@ -74,6 +74,12 @@ from . import nn as nn  # last: the modules build on the ops above
 
 del annotations  # the `from __future__` feature, not part of the API (dir(ops))
 
+# A reduction along a stack's new axis is a fold of this binary op (a graph pass rewrites it:
+# dataflow.graph.fold_stack_reductions; stack declares itself with `stacks`).
+sum.stack_fold = add  # type: ignore[attr-defined]
+max.stack_fold = maximum  # type: ignore[attr-defined]
+min.stack_fold = minimum  # type: ignore[attr-defined]
+
 __all__ = (
     # the pending array
     "Tensor",

@@ -304,6 +304,7 @@ concatenate: Op[..., Tensor] = declare(
 )
 concatenate.__doc__ = "``concatenate(arrays, axis=0)``: join along an existing axis (a copy)."
 stack: Op[..., Tensor] = declare("stack", _stack_kernel, _stack_meta, _copy_cost)
+stack.stacks = True  # type: ignore[attr-defined]  # (graph passes: fold_stack_reductions)
 stack.__doc__ = "``stack(arrays, axis=0)``: join same-shape arrays along a new axis (a copy)."
 
 

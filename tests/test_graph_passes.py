@@ -18,6 +18,7 @@ from dataflow.graph import (
     eliminate_common_subexpressions,
     eliminate_dead_code,
     fold_constants,
+    fold_stack_reductions,
     fuse_elementwise,
     optimize,
 )
@@ -233,6 +234,75 @@ class TestDeadCode:
         graph = dataflow.trace(Ensemble(1, 4, seed=0), _rand(3, 2, 4))
         assert graph.op_counts()["ops.stack_states"] == 4
         assert "ops.stack_states" not in eliminate_dead_code(graph).op_counts()
+
+
+class TestStackReductions:
+    @pytest.mark.parametrize(("reduce", "axis"), [("sum", 0), ("max", 1), ("min", -1)])
+    def test_a_reduction_along_the_new_axis_is_a_fold_bit_for_bit(
+        self, reduce: str, axis: int
+    ) -> None:
+        """sum/max/min of a stack along its new axis: a chain of add/maximum/minimum, exact."""
+
+        async def f(a: Any, b: Any, c: Any, d: Any) -> Any:
+            stacked = ops.stack([ops.tanh(a), b, c, ops.exp(d)], axis=axis)
+            return getattr(ops, reduce)(stacked, axis=axis)
+
+        xs = [_rand(5, 7, seed=k) * 10.0 ** (k - 2) for k in range(4)]
+        graph = dataflow.trace(f, *xs)
+        folded = eliminate_dead_code(fold_stack_reductions(graph))
+        fold = {"sum": "add", "max": "maximum", "min": "minimum"}[reduce]
+        assert _names(folded).count(fold) == 3 and "stack" not in _names(folded)
+        _equal_results(graph, folded, *xs)
+        _equal_results(graph, folded, *[_rand(5, 7, seed=9 + k) for k in range(4)])
+
+    def test_positional_arguments_and_optimize(self) -> None:
+        """ops.sum(stack, 0) (positional axis) folds inside optimize(); results are exact."""
+
+        async def f(a: Any, b: Any) -> Any:
+            return ops.sum(ops.stack([a, b]), 0)
+
+        xs = [_rand(4, seed=1), _rand(4, seed=2)]
+        graph = dataflow.trace(f, *xs)
+        best = optimize(graph)
+        assert "stack" not in _names(best) and "sum" not in _names(best)
+        _equal_results(graph, best, *xs)
+
+    @pytest.mark.parametrize(
+        "case", ["other reader", "output", "keepdims", "other axis", "no axis", "int dtype"]
+    )
+    def test_leaves_what_is_not_a_plain_fold(self, case: str) -> None:
+        async def f(a: Any, b: Any) -> Any:
+            stacked = ops.stack([a, b])
+            if case == "other reader":
+                return ops.sum(stacked, axis=0), ops.tanh(stacked)
+            if case == "output":
+                return ops.sum(stacked, axis=0), stacked
+            if case == "keepdims":
+                return ops.sum(stacked, axis=0, keepdims=True)
+            if case == "other axis":
+                return ops.sum(stacked, axis=1)
+            if case == "no axis":
+                return ops.sum(stacked)
+            return ops.sum(ops.stack([ops.astype(a, np.int32), ops.astype(b, np.int32)]), 0)
+
+        xs = [_rand(3, 4, seed=1), _rand(3, 4, seed=2)]
+        graph = dataflow.trace(f, *xs)
+        assert fold_stack_reductions(graph) is graph
+
+    def test_the_ensemble_loses_its_stack_and_a_saved_graph_keeps_the_fold(
+        self, tmp_path: Any
+    ) -> None:
+        """The tutorial's stack-and-sum becomes three adds; the file round trip keeps them."""
+        ens = Ensemble(4, 8, seed=0)
+        x = _rand(5, 2, 8)
+        graph = dataflow.trace(ens, x)
+        best = optimize(graph)
+        assert "ops.stack" in graph.op_counts() and "ops.stack" not in best.op_counts()
+        _equal_results(graph, best, x)
+        path = tmp_path / "ens.dfg"
+        best.save(path)
+        loaded = dataflow.load(path, trust=["ops"])
+        _equal_results(best, loaded, x)
 
 
 class TestFusion:

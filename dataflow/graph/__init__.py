@@ -28,6 +28,7 @@ from ._ir import ValueType as ValueType
 from ._passes import eliminate_common_subexpressions as eliminate_common_subexpressions
 from ._passes import eliminate_dead_code as eliminate_dead_code
 from ._passes import fold_constants as fold_constants
+from ._passes import fold_stack_reductions as fold_stack_reductions
 from ._passes import optimize as optimize
 
 __all__ = (
@@ -51,6 +52,7 @@ __all__ = (
     "fold_constants",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
+    "fold_stack_reductions",
     "fuse_elementwise",
     "optimize",
     # errors
