@@ -14,13 +14,15 @@ code written the obvious way:
   buffer (``np.matmul(..., out=)``), the gate math runs in place on it, the cell state is
   updated in place, and each step's h is written straight into its row of the output: the
   next step's GEMM reads it from there. Nothing is copied between steps.
-* **Fewest passes for the size.** The four LSTM gates go through one ``exp`` pass (sigmoid,
-  and ``tanh(g) = 2 sigmoid(2g) - 1`` for the cell gate); ``tanh(c)`` uses numpy's ``tanh``
-  where the state is small (one ufunc call; call overhead dominates there) and the same ``exp``
-  form where it is large (numpy's float32 ``exp`` is vectorised, its ``tanh`` is ~3x slower at
-  (50, 1024): 294 vs 106 us; at (1, 128) one ``tanh`` call is 0.9 us against 4.8 us for the
-  six ``exp``-form calls). The crossover, :data:`TANH_DIRECT_MAX` elements, was measured on
-  the 2-vCPU development machine (at (50, 256), 12,800 elements: 34 vs 30 us).
+* **Fewest passes for the size, in the faster transcendental.** The four LSTM gates go
+  through one transcendental pass: either ``exp`` (sigmoid as ``1 / (1 + exp(-x))``, and
+  ``tanh(g) = 2 sigmoid(2g) - 1`` for the cell gate) or ``tanh`` (``tanh(g)`` directly, and
+  ``sigmoid(x) = (tanh(x / 2) + 1) / 2``), whichever :func:`_tanh_form_is_faster` measures
+  faster for the gates' shape: numpy's float32 ``tanh`` was ~3x slower than its ``exp`` on
+  the first development machines (294 vs 106 us at (50, 1024)) and is 2-4x faster on an
+  AVX-512 CPU (8 vs 34 us for the state's tanh at (1024, 50); the gates' nonlinearity 54 vs
+  132 us at (4096, 50)). Below :data:`TANH_DIRECT_MAX` elements the ``exp`` form is kept
+  for the gates and ``np.tanh`` used for the state (one call; call overhead dominates there).
 * **The step GEMM in the form BLAS likes.** With OpenBLAS's AVX-512 kernels the recurrent
   product is about 25% faster as ``W @ h.T`` (gates x batch) than as ``h @ W.T`` (batch x
   gates): 2.4 against 3.1-3.4 ms at (50, 1024) x (1024, 4096) on one thread of an AMD EPYC
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -172,6 +175,87 @@ def _lstm_exp_scale(hidden: int, dtype: np.dtype[Any]) -> Array:
     return scale
 
 
+@functools.lru_cache(maxsize=64)
+def _lstm_tanh_scale(hidden: int, dtype: np.dtype[Any]) -> Array:
+    """Per-column factors 0.5 (i, f, o: sigmoid(x) = (tanh(x / 2) + 1) / 2) and 1 (g)."""
+    scale = np.full(4 * hidden, 0.5, dtype=dtype)
+    scale[2 * hidden : 3 * hidden] = 1.0
+    scale.setflags(write=False)
+    return scale
+
+
+@functools.lru_cache(maxsize=64)
+def _tanh_form_is_faster(shape: tuple[int, ...], dtype: np.dtype[Any]) -> bool:
+    """Whether the gates' nonlinearity is faster through ``np.tanh`` than through ``np.exp``,
+    measured once per gate-array shape and dtype (numpy's SIMD ``tanh`` is 2-4x faster than its
+    ``exp`` on some CPUs, 3x slower on others). Small arrays keep the ``exp`` form. The same
+    answer picks how a large cell state's ``tanh`` is computed (:func:`_tanh_into`)."""
+    if int(np.prod(shape)) <= TANH_DIRECT_MAX:
+        return False
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shape).astype(dtype)
+    one = dtype.type(1.0)
+    half = dtype.type(0.5)
+    exp_form = tanh_form = float("inf")
+    with np.errstate(over="ignore"):
+        for _ in range(_LAYOUT_REPEATS):
+            t0 = time.perf_counter()
+            np.negative(a, out=a)
+            np.exp(a, out=a)
+            np.add(a, one, out=a)
+            np.reciprocal(a, out=a)
+            exp_form = min(exp_form, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            np.multiply(a, half, out=a)
+            np.tanh(a, out=a)
+            np.multiply(a, half, out=a)
+            np.add(a, half, out=a)
+            tanh_form = min(tanh_form, time.perf_counter() - t0)
+    return tanh_form < 0.9 * exp_form
+
+
+def _lstm_gates(gates: Array, hidden: int, transposed: bool) -> Callable[[Array], None]:
+    """The in-place nonlinearity of an LSTM step's gate pre-activations (i, f, g, o along the
+    gate axis: columns, or rows when ``transposed``): sigmoid on i, f, o and tanh on g, in the
+    form measured faster for this shape (:func:`_tanh_form_is_faster`)."""
+    dtype = gates.dtype
+    one, two, half = dtype.type(1.0), dtype.type(2.0), dtype.type(0.5)
+
+    def part(lo: int, hi: int) -> Array:
+        cols = slice(lo * hidden, hi * hidden)
+        view: Array = gates[cols] if transposed else gates[:, cols]
+        return view
+
+    if_, g, o = part(0, 2), part(2, 3), part(3, 4)
+    if _tanh_form_is_faster(gates.shape, dtype):
+        scale = _lstm_tanh_scale(hidden, dtype)
+        scale = scale[:, None] if transposed else scale
+
+        def tanh_form(gates: Array) -> None:
+            # tanh of every gate (of x / 2 for i, f, o), then sigmoid = (t + 1) / 2 for those.
+            np.multiply(gates, scale, out=gates)
+            np.tanh(gates, out=gates)
+            for s in (if_, o):
+                np.multiply(s, half, out=s)
+                np.add(s, half, out=s)
+
+        return tanh_form
+    scale = _lstm_exp_scale(hidden, dtype)
+    scale = scale[:, None] if transposed else scale
+
+    def exp_form(gates: Array) -> None:
+        # sigmoid of every gate (of 2g for the cell gate) in one exp pass, ...
+        np.multiply(gates, scale, out=gates)
+        np.exp(gates, out=gates)
+        np.add(gates, one, out=gates)
+        np.reciprocal(gates, out=gates)
+        # ... then tanh(g) = 2 sigmoid(2g) - 1 on g's columns only.
+        np.multiply(g, two, out=g)
+        np.subtract(g, one, out=g)
+
+    return exp_form
+
+
 def _gemm_into(a: Array, b: Array, out: Array) -> None:
     """``out = a @ b``: ``np.dot`` (less call overhead than ``np.matmul``) where it can write
     ``out`` directly, which needs both operands' dtype to match ``out``'s."""
@@ -180,7 +264,7 @@ def _gemm_into(a: Array, b: Array, out: Array) -> None:
 
 def _tanh_into(src: Array, out: Array) -> None:
     """``out = tanh(src)``; src is left unchanged."""
-    if src.size <= TANH_DIRECT_MAX:
+    if src.size <= TANH_DIRECT_MAX or _tanh_form_is_faster(src.shape, out.dtype):
         np.tanh(src, out=out)
         return
     one, two = out.dtype.type(1.0), out.dtype.type(2.0)
@@ -251,12 +335,11 @@ def lstm_sequence_kernel(
     buf = np.empty((size * batch, width), dtype=dtype)
     gates = np.empty((batch, width), dtype=dtype)
     c = np.zeros((batch, hidden), dtype=dtype) if c0 is None else np.array(c0, dtype=dtype)
-    scale = _lstm_exp_scale(hidden, dtype)
-    one, two = dtype.type(1.0), dtype.type(2.0)
     i = gates[:, :hidden]
     f = gates[:, hidden : 2 * hidden]
     g = gates[:, 2 * hidden : 3 * hidden]
     o = gates[:, 3 * hidden :]
+    nonlinear = _lstm_gates(gates, hidden, False)
     w_hh_t = w_hh.T
     h: Array | None = h0
     with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
@@ -268,14 +351,7 @@ def lstm_sequence_kernel(
                 else:
                     _gemm_into(h, w_hh_t, gates)
                     np.add(gates, xp[t - t0], out=gates)
-                # sigmoid of every gate (of 2g for the cell gate) in one exp pass, ...
-                np.multiply(gates, scale, out=gates)
-                np.exp(gates, out=gates)
-                np.add(gates, one, out=gates)
-                np.reciprocal(gates, out=gates)
-                # ... then tanh(g) = 2 sigmoid(2g) - 1 on g's columns only.
-                np.multiply(g, two, out=g)
-                np.subtract(g, one, out=g)
+                nonlinear(gates)
                 np.multiply(i, g, out=i)
                 np.multiply(c, f, out=c)
                 np.add(c, i, out=c)
@@ -314,13 +390,12 @@ def _lstm_sequence_transposed(
     started = h0 is not None
     if started:
         h[...] = np.asarray(h0).T
-    scale = _lstm_exp_scale(hidden, dtype)[:, None]
     bias_col = None if bias is None else np.asarray(bias, dtype=dtype)[:, None]
-    one, two = dtype.type(1.0), dtype.type(2.0)
     i = gates[:hidden]
     f = gates[hidden : 2 * hidden]
     g = gates[2 * hidden : 3 * hidden]
     o = gates[3 * hidden :]
+    nonlinear = _lstm_gates(gates, hidden, True)
     with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
         for t0, t1 in _chunks(steps, size, reverse):
             part = x[:, t0:t1].swapaxes(0, 1) if batch_first else x[t0:t1]
@@ -338,12 +413,7 @@ def _lstm_sequence_transposed(
                 else:
                     np.copyto(gates, col)
                     started = True
-                np.multiply(gates, scale, out=gates)
-                np.exp(gates, out=gates)
-                np.add(gates, one, out=gates)
-                np.reciprocal(gates, out=gates)
-                np.multiply(g, two, out=g)
-                np.subtract(g, one, out=g)
+                nonlinear(gates)
                 np.multiply(i, g, out=i)
                 np.multiply(c, f, out=c)
                 np.add(c, i, out=c)

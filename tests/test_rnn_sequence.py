@@ -107,6 +107,20 @@ class TestSequenceOps:
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
         assert used
 
+    @pytest.mark.parametrize(
+        ("tanh_form", "transposed"), list(itertools.product((False, True), repeat=2))
+    )
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_either_form_of_the_nonlinearities_against_reference(
+        self, mode: str, tanh_form: bool, transposed: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Gates through np.tanh (sigmoid = (tanh(x/2) + 1) / 2) or through np.exp, whichever
+        measures faster, in either GEMM form: the same results within float32 rounding."""
+        monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
+        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: transposed)
+        for reverse, with_state in ((False, False), (True, True)):
+            self.test_against_reference(mode, reverse, False, with_state)
+
     def test_transposed_form_at_a_large_state_matches_torch_layout_weights(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -125,6 +139,9 @@ class TestSequenceOps:
 
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         assert _rnn_kernels._transposed_is_faster(3, 16, 4, np.dtype(np.float32)) is False
+        assert _rnn_kernels._tanh_form_is_faster((3, 64), np.dtype(np.float32)) is False
+        big_gates = _rnn_kernels._tanh_form_is_faster((50, 1024), np.dtype(np.float32))
+        assert _rnn_kernels._tanh_form_is_faster((50, 1024), np.dtype(np.float32)) is big_gates
         big = _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32))
         assert isinstance(big, bool)
         assert _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32)) is big
