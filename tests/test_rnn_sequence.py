@@ -121,22 +121,6 @@ class TestSequenceOps:
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
 
-    def test_transposed_form_at_a_large_state_matches_torch_layout_weights(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """Transposed form, exp form of tanh (a large state), Fortran-ordered weights."""
-        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: True)
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
-        hid = 96
-        batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
-        m = nn.LSTM(4, hid, seed=1)
-        x = _rand(2, 3, batch, 4)
-        out, (h_n, c_n) = _forward(m, x, None, None)
-        ref = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
-        np.testing.assert_allclose(out, ref[0], atol=TOL)
-        np.testing.assert_allclose(h_n, ref[1], atol=TOL)
-        np.testing.assert_allclose(c_n, ref[2], atol=TOL)
-
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         assert _rnn_kernels._transposed_is_faster(3, 16, 4, np.dtype(np.float32)) is False
         assert _rnn_kernels._tanh_form_is_faster((3, 64), np.dtype(np.float32)) is False
@@ -160,15 +144,25 @@ class TestSequenceOps:
         for a, b in zip(np.atleast_1d(whole[0]), np.atleast_1d(chunked[0]), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-6)
 
-    def test_large_state_uses_the_exp_form_of_tanh(self) -> None:
-        """Above TANH_DIRECT_MAX elements tanh(c) goes through exp; still exact."""
+    @pytest.mark.parametrize(
+        ("tanh_form", "transposed"), list(itertools.product((False, True), repeat=2))
+    )
+    def test_a_large_state_in_every_form(
+        self, tanh_form: bool, transposed: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Above TANH_DIRECT_MAX elements (the state's tanh through np.tanh or through exp),
+        in either GEMM form (the plain one with Fortran-ordered weights): still exact."""
+        monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
+        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: transposed)
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: not transposed)
         hid = 96
         batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
         m = nn.LSTM(4, hid, seed=1)
         x = _rand(2, 3, batch, 4)
-        out, (_, c_n) = _forward(m, x, None, None)
+        out, (h_n, c_n) = _forward(m, x, None, None)
         ref = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
         np.testing.assert_allclose(out, ref[0], atol=TOL)
+        np.testing.assert_allclose(h_n, ref[1], atol=TOL)
         np.testing.assert_allclose(c_n, ref[2], atol=TOL)
 
     def test_bad_shapes_and_dtypes_are_named_at_the_call(self) -> None:
