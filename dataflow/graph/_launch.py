@@ -42,7 +42,7 @@ from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._task import PENDING, READY, Signature, Task, _next_id
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
-from ._lean import LeanRun, ref_value
+from ._lean import _INPUT, _NODE, _NODE_OUT, LeanRun, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PlanRun", "Program", "launch"]
 
-# Slot kinds of a node's argument template.
-_INPUT, _NODE, _NODE_OUT = range(3)
 
 
 class Program:

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LeanRun", "ref_value"]
 
-# Slot kinds of a node's argument template (as in _launch).
+# Slot kinds of a node's argument template (``_launch.Program.slots``).
 _INPUT, _NODE, _NODE_OUT = range(3)
 
 _heappush = heapq.heappush
