@@ -309,10 +309,10 @@ class Workload:
             "dataflow, traced graph", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip
         )
 
-    def compiled(self) -> Contender:
+    def compiled(self, name: str = "dataflow, compiled", interop: int | None = None) -> Contender:
         """``dataflow.compile(ensemble)``: the optimised graph launched whole each forward, its
-        nodes run by the lean plan executor."""
-        n = cores()
+        nodes run by the lean plan executor (``interop`` threads; default: the cores)."""
+        n = cores() if interop is None else interop
         skip = _models.unavailable()
         forward: Any = None
         if skip is None:
@@ -325,7 +325,7 @@ class Workload:
         def run(k: int) -> tuple[float, Any]:
             return run_dataflow(call, forward, self.x, n, k)
 
-        return self.contender("dataflow, compiled", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip)
+        return self.contender(name, f"inter-op {n}, BLAS 1", run, blas=1, skip=skip)
 
     def jax(self) -> Contender:
         n = cores()
