@@ -163,6 +163,9 @@ class Signature:
         gil: the estimated fraction of the kernel that holds the GIL (0 for GIL-free BLAS,
             1 for a pure Python loop), from the last overlapped pool runs (``overlaps``).
         serial: the kernel is GIL-bound: the pool runs such kernels one at a time.
+        cpu_share: the share of its wall time a kernel's thread was on a CPU in its recent
+            overlapped pool runs (running average; 1 until measured): near 1 for a kernel
+            that releases the GIL, about 1 / (1 + o) for one that holds it beside o others.
         runner: the task runs other nodes' kernels (a plan's runner, ``graph._lean``): not
             measured for the GIL lane (its overlap says nothing) and not recorded as a span
             (its nodes are).
@@ -174,6 +177,7 @@ class Signature:
         "calls",
         "check",
         "cost",
+        "cpu_share",
         "gil",
         "inline",
         "keys",
@@ -212,6 +216,7 @@ class Signature:
         self.overlaps: list[tuple[float, float]] = []
         self.gil = 0.0
         self.serial = False
+        self.cpu_share = 1.0
         self.runner = False
         # check(spec, value) -> error message | None (the op's; see dataflow.op).
         self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)

@@ -160,6 +160,55 @@ class TestPlacement:
         dataflow.run(main, interop_threads=2)
         assert len(log.entries) == 4 and len({e[1] for e in log.entries}) == 1
 
+    def test_nodes_that_wait_for_the_gil_get_no_second_runner(self) -> None:
+        """Nodes whose kernels measured a low CPU share beside others (they waited for the
+        GIL) stay on one runner, even when not marked serial."""
+        log = _Log()
+        forward = _four_stacked(log.op("waits", 0.005))
+
+        async def main() -> None:
+            await forward(_x(3))
+            prog_ = next(iter(forward.programs.values()))
+            for sig in prog_.sigs:
+                if sig.name == "waits":
+                    sig.cpu_share = 0.3  # as the measurement of contended runs would leave it
+            log.entries.clear()
+            await forward(_x(3))
+
+        dataflow.run(main, interop_threads=2)
+        assert len(log.entries) == 4 and len({e[1] for e in log.entries}) == 1
+
+    def test_gil_bound_python_kernels_end_up_on_one_runner(self) -> None:
+        """Pure-Python kernels (they hold the GIL) first run side by side, measure a low CPU
+        share there, and from then on keep to one runner."""
+        seen: list[int] = []
+
+        def spin(x: Any, tag: int) -> Any:
+            # A fixed amount of Python work that lets go of the GIL between pieces, as a time
+            # loop of small numpy calls does (it waits for the GIL inside its own run).
+            seen.append(threading.get_ident())
+            for _ in range(100):
+                sum(range(300))
+                time.sleep(0)
+            return x + 1.0
+
+        forward = _four_stacked(
+            dataflow.op("spin", meta=lambda x, tag: ops.spec_of(x), handle=ops.Tensor)(spin)
+        )
+        threads: list[int] = []
+
+        async def main() -> None:
+            for _ in range(40):
+                seen.clear()
+                await forward(_x(3))
+                threads.append(len(set(seen)))
+
+        dataflow.run(main, interop_threads=2)
+        shares = [s.cpu_share for s in next(iter(forward.programs.values())).sigs
+                  if s.name == "spin"]  # fmt: skip
+        assert all(share < 0.7 for share in shares), shares
+        assert threads[-5:] == [1] * 5
+
     def test_one_thread_never_gets_a_second_runner(self) -> None:
         log = _Log()
         forward = _four_stacked(log.op("slow1t", 0.005))

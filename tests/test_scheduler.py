@@ -269,6 +269,21 @@ class TestGilLane:
             note_overlap(sig, 0.011, 1.0)
         assert not sig.serial
 
+    def test_the_cpu_share_of_overlapped_runs_is_folded_in(self) -> None:
+        """A run beside others folds its CPU share into ``cpu_share`` (1 until measured); a
+        run alone, or too short to say anything, does not."""
+        sig = Signature("k")
+        assert sig.cpu_share == 1.0
+        note_overlap(sig, 0.01, 0.0, 0.002)  # alone: its share says nothing about the GIL
+        note_overlap(sig, 20e-6, 3.0, 1e-6)  # too short to measure
+        assert sig.cpu_share == 1.0
+        for _ in range(20):
+            note_overlap(sig, 0.01, 1.0, 0.005)  # half of it spent waiting for the GIL
+        assert sig.cpu_share == pytest.approx(0.5, abs=0.01)
+        for _ in range(20):
+            note_overlap(sig, 0.01, 1.0, 0.02)  # (CPU time over wall, from a second thread)
+        assert sig.cpu_share == pytest.approx(1.0, abs=0.01)
+
     def test_a_few_or_unshared_runs_decide_nothing(self) -> None:
         """Under 12 overlapped runs, or runs that were alone, leave a signature free."""
         sig = Signature("k")

@@ -36,6 +36,8 @@ from ._requests import Requests
 
 __all__ = ["Execution", "running_task"]
 
+_thread_time = time.thread_time
+
 # The task whose kernel the thread is running (off the dispatching thread's inline path).
 _running = threading.local()
 
@@ -99,15 +101,17 @@ class Execution(Requests):
         pool = self.pool
         assert pool is not None
         i0 = pool.busy_integral_now()
+        c0 = _thread_time()
         t0 = time.perf_counter()
         value = fn(*args, **kwargs) if kwargs else fn(*args)
         t1 = time.perf_counter()
+        c1 = _thread_time()
         i1 = pool.busy_integral_now()
         wall = t1 - t0
         sig.seconds = wall if not sig.runs else sig.seconds + (wall - sig.seconds) * EWMA
         sig.runs += 1
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
-            note_overlap(sig, wall, (i1 - i0) / wall - 1.0)
+            note_overlap(sig, wall, (i1 - i0) / wall - 1.0, c1 - c0)
         return value
 
     def execute_now(self, task: Task) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INLINE_THRESHOLD",
+    "SPAWN_CPU_SHARE",
     "EWMA",
     "FIRST_RUNS",
     "PROBE",
@@ -55,6 +56,10 @@ WARM_UP = 8
 PROBE = 256
 # Runs shorter than this say nothing about the GIL (clock resolution, start-up).
 MIN_MEASURED = 50e-6
+# A plan's runner adds a runner for ready work only when that work's kernels keep at least
+# this share of their wall time on a CPU while others run (``Signature.cpu_share``): GIL-free
+# kernels measure 0.9-1.0 side by side, a GIL-bound pair about 0.5.
+SPAWN_CPU_SHARE = 0.7
 
 
 def runs_inline(sig: Signature, threshold: float) -> bool:
@@ -96,7 +101,7 @@ def get_inline_threshold() -> float:
     return _inline_threshold
 
 
-def note_overlap(sig: Signature, wall: float, others: float) -> None:
+def note_overlap(sig: Signature, wall: float, others: float, cpu: float | None = None) -> None:
     """Fold one pool run of ``wall`` seconds, overlapped by ``others`` kernels on average,
     into ``sig``'s GIL estimate, and mark it serial or not (``dataflow._scheduler``, "the
     GIL lane").
@@ -104,9 +109,19 @@ def note_overlap(sig: Signature, wall: float, others: float) -> None:
     Against the best time ``b`` the run gives ``g = (wall / b - 1) / others``: 0 when the
     others cost this kernel nothing (GIL-free work on free cores), 1 when it only ran while
     they waited (all of it under the GIL).
+
+    ``cpu``, the thread's CPU time during the run, also folds the run's CPU share into
+    ``sig.cpu_share`` when others overlapped it: a thread waiting for the GIL is off the
+    CPU, so a GIL-bound kernel beside others shows a low share whatever its best time
+    (under constant contention the best time is itself a contended one, and ``g`` reads
+    low: 16 GIL-bound kernels side by side on 16 cores measured g = 0.1 while each took 20x
+    its time alone; their CPU share was 0.05).
     """
     if wall < MIN_MEASURED:
         return
+    if cpu is not None and others > 0.3:
+        share = min(1.0, cpu / wall)
+        sig.cpu_share += (share - sig.cpu_share) * EWMA
     if not sig.best or wall < sig.best:
         sig.best = wall
     # While serial, only a probe (a run that skipped the lane) measures sharing.

@@ -15,7 +15,9 @@ Parallelism and fairness, decided between nodes:
 
 * **More runners only for work that can use them.** While ready work waits that is big (its
   signature's measured kernel time is over the runtime's inline threshold) and not GIL-bound
-  (``Signature.serial``), and the run has fewer runners than the pool has threads, a runner
+  (not ``Signature.serial``, and its kernels keep their thread on a CPU while others run:
+  ``Signature.cpu_share`` at least ``SPAWN_CPU_SHARE``, 0.7; a kernel waiting for the GIL is
+  off the CPU), and the run has fewer runners than the pool has threads, a runner
   queues another runner on the pool; a runner whose heap is empty ends. Small or GIL-bound
   work stays on the thread that has it: elsewhere it would only take turns for the GIL.
 * **The oldest request first.** A runner's pool entry carries the run's priority (the
@@ -58,7 +60,7 @@ from .._instrument import GENERATION
 from .._pool import GRAPH_LOCK
 from .._protect import thaw
 from .._record import name_signature
-from .._scheduler._placement import FIRST_RUNS, MIN_MEASURED, SAMPLE
+from .._scheduler._placement import FIRST_RUNS, MIN_MEASURED, SAMPLE, SPAWN_CPU_SHARE
 from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, InputRef, map_refs
 
@@ -393,9 +395,11 @@ def ref_value(
 
 
 def _big(ready: list[int], by_rank: list[int], sigs: Sequence[Any], threshold: float) -> bool:
-    """Whether the best ready nodes (the heap's top three) hold big, GIL-free work."""
+    """Whether the best ready nodes (the heap's top three) hold big, GIL-free work: a kernel
+    over the inline threshold, not serial, and keeping its thread on a CPU beside others
+    (``Signature.cpu_share``: a GIL-bound kernel waits off the CPU)."""
     for k in range(min(len(ready), 3)):
         sig = sigs[by_rank[ready[k]]]
-        if sig.seconds >= threshold and not sig.serial:
+        if sig.seconds >= threshold and not sig.serial and sig.cpu_share >= SPAWN_CPU_SHARE:
             return True
     return False
