@@ -206,7 +206,7 @@ class TestPlacement:
         dataflow.run(main, interop_threads=2)
         shares = [s.cpu_share for s in next(iter(forward.programs.values())).sigs
                   if s.name == "spin"]  # fmt: skip
-        assert all(share < 0.7 for share in shares), shares
+        assert all(share < 0.8 for share in shares), shares
         assert threads[-5:] == [1] * 5
 
     def test_one_thread_never_gets_a_second_runner(self) -> None:
