@@ -28,7 +28,16 @@ from .._task import (
     Task,
 )
 from .._timeout import TimedKernel
-from ._placement import EWMA, FIRST_RUNS, PROBE, SAMPLE, WARM_UP, note_overlap, runs_inline
+from ._placement import (
+    EWMA,
+    FIRST_RUNS,
+    MIN_MEASURED,
+    PROBE,
+    SAMPLE,
+    WARM_UP,
+    note_overlap,
+    runs_inline,
+)
 
 if TYPE_CHECKING:
     pass
@@ -100,18 +109,21 @@ class Execution(Requests):
         the run (the pool's busy integral): see :func:`note_overlap`."""
         pool = self.pool
         assert pool is not None
+        # The thread's CPU time too (a system call, ~0.4 us), for kernels long enough that it
+        # says something (``note_overlap``).
+        cpu = sig.seconds >= MIN_MEASURED
         i0 = pool.busy_integral_now()
-        c0 = _thread_time()
+        c0 = _thread_time() if cpu else 0.0
         t0 = time.perf_counter()
         value = fn(*args, **kwargs) if kwargs else fn(*args)
         t1 = time.perf_counter()
-        c1 = _thread_time()
+        c1 = _thread_time() if cpu else 0.0
         i1 = pool.busy_integral_now()
         wall = t1 - t0
         sig.seconds = wall if not sig.runs else sig.seconds + (wall - sig.seconds) * EWMA
         sig.runs += 1
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
-            note_overlap(sig, wall, (i1 - i0) / wall - 1.0, c1 - c0)
+            note_overlap(sig, wall, (i1 - i0) / wall - 1.0, c1 - c0 if cpu else None)
         return value
 
     def execute_now(self, task: Task) -> None:
