@@ -17,11 +17,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INLINE_THRESHOLD",
-    "SPAWN_CPU_SHARE",
     "EWMA",
     "FIRST_RUNS",
     "PROBE",
     "SAMPLE",
+    "SPAWN_CPU_SHARE",
     "WARM_UP",
     "get_inline_threshold",
     "note_overlap",

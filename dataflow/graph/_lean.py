@@ -244,22 +244,19 @@ class LeanRun:
             sig = sigs[i]
             fn = kernels[i]
             n = sig.calls = sig.calls + 1
+            sampled = n <= FIRST_RUNS or not n % SAMPLE
             if record:
                 start = _now()
             try:
-                if n > FIRST_RUNS and n % SAMPLE:
-                    if pool is not None and sig.seconds >= MIN_MEASURED:
-                        # A long kernel: every run measures the GIL (a few clock reads).
-                        value = sched._measured(sig, fn, args, kwargs)
-                    else:
-                        value = fn(*args, **kwargs) if kwargs else fn(*args)
+                # On the pool a sampled run, and every run of a long kernel, measures the GIL.
+                if pool is not None and (sampled or sig.seconds >= MIN_MEASURED):
+                    value = sched._measured(sig, fn, args, kwargs)
+                elif sampled:
+                    value = sched._timed(sig, fn, args, kwargs)
                 else:
-                    if pool is not None:
-                        value = sched._measured(sig, fn, args, kwargs)
-                    else:
-                        value = sched._timed(sig, fn, args, kwargs)
-                    if sig.check is not None:
-                        sig.check_value(value)
+                    value = fn(*args, **kwargs) if kwargs else fn(*args)
+                if sampled and sig.check is not None:
+                    sig.check_value(value)
             except BaseException as exc:
                 if record:
                     self._record(i, native, start, _now(), True)
