@@ -26,12 +26,13 @@ code written the obvious way:
 * **The step GEMM in the form BLAS likes.** With OpenBLAS's AVX-512 kernels the recurrent
   product is about 25% faster as ``W @ h.T`` (gates x batch) than as ``h @ W.T`` (batch x
   gates): 2.4 against 3.1-3.4 ms at (50, 1024) x (1024, 4096) on one thread of an AMD EPYC
-  (AVX2 kernels: equal). :func:`_transposed_is_faster` measures both once per shape and dtype,
-  and where the transposed form wins (with ``W`` row-major: :func:`lay_out` keeps it so there)
-  the LSTM kernel keeps its gates, cell and hidden state
-  transposed (features x batch) for the whole sequence, computes the input projection
-  transposed too (``W_ih @ x.T``, as fast as the other form), and writes each step's h into
-  its output row with one small transposing copy.
+  (AVX2 kernels: equal). Where the transposed form wins (with ``W`` row-major: :func:`lay_out`
+  keeps it so there) the LSTM kernel keeps its gates, cell and hidden state transposed
+  (features x batch) for the whole sequence, computes the input projection transposed too
+  (``W_ih @ x.T``), and writes each step's h into its output row with one small transposing
+  copy. Its gate math then works on contiguous row blocks rather than strided column blocks,
+  which pays even where the GEMMs tie, so :func:`_transposed_is_faster` times the two whole
+  kernels on a short sequence, once per shape and dtype, and takes the faster.
 * **Weights in the layout BLAS likes.** :func:`lay_out` stores a recurrent weight in the
   memory order whose ``h @ w.T`` GEMM measured fastest on this machine for its shape (Fortran
   order makes ``w.T`` a plain row-major operand: 22% faster at (50, 1024) x (1024, 4096) with
@@ -46,6 +47,7 @@ Gate order and equations are torch's (see :mod:`ops._recurrent`); outputs match 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -134,33 +136,49 @@ def lay_out(w: Array) -> Array:
     return w
 
 
+#: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: steps, and
+#: runs of each form (the best counts). About 0.1 s once per shape at (50, 50, 1024).
+_FORM_STEPS = 3
+_FORM_REPEATS = 3
+
+
 @functools.lru_cache(maxsize=64)
 def _transposed_is_faster(batch: int, hidden: int, gates: int, dtype: np.dtype[Any]) -> bool:
-    """Whether the recurrent GEMM is faster as ``W @ h.T`` than as ``h @ W.T``, measured once.
+    """Whether the LSTM kernel is faster in its transposed form (``W @ h.T``, every per-step
+    array features x batch) than in the plain one (``h @ W.T``), measured once per shape.
 
-    ``W`` is (gates*hidden, hidden), ``h`` (batch, hidden). Both forms are timed back to back
-    (best of a few repeats, the plain form with either weight layout); small weights keep the
-    plain form without measuring, and only a clear gain switches.
+    Both whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
+    real batch, width and dtype, interleaved, best of a few runs each; the plain form with its
+    weight in the order its GEMM likes (:func:`_fortran_is_faster`). Timing the GEMM alone
+    was not enough: the forms also differ in the gate math (contiguous row blocks against
+    strided column blocks), and with AVX2 kernels, where the two GEMMs tie, the transposed
+    kernel was still 7% faster at (50, 50, 256); and a GEMM-only decision from five ~3 ms runs
+    flipped between processes at the tutorial's size, costing 10% when it went wrong. Weights
+    too small to matter keep the plain form without measuring; so does any gate count other
+    than the LSTM's four (only the LSTM kernel has a transposed form).
     """
-    if gates * hidden * hidden < 256 * 1024:
+    if gates != _LSTM_GATES or gates * hidden * hidden < 256 * 1024:
         return False
     rng = np.random.default_rng(0)
-    w_c = rng.standard_normal((gates * hidden, hidden)).astype(dtype)
-    w_f = np.asfortranarray(w_c)
-    h = rng.standard_normal((batch, hidden)).astype(dtype)
-    h_t = np.ascontiguousarray(h.T)
-    out = np.empty((batch, gates * hidden), dtype=dtype)
-    out_t = np.empty((gates * hidden, batch), dtype=dtype)
-    plain = transposed = float("inf")
-    for _ in range(_LAYOUT_REPEATS):
-        for w in (w_c, w_f):
+    width = gates * hidden
+
+    def weight() -> Array:
+        w: Array = (rng.random((width, hidden), dtype=np.float32) - 0.5).astype(dtype, copy=False)
+        w *= dtype.type(1.0 / math.sqrt(hidden))
+        return w
+
+    x: Array = rng.random((_FORM_STEPS, batch, hidden), dtype=np.float32).astype(dtype, copy=False)
+    w_ih, w_hh = weight(), weight()
+    bias = np.zeros(width, dtype=dtype)
+    w_hh_plain = np.asfortranarray(w_hh) if _fortran_is_faster(width, hidden, dtype) else w_hh
+    forms = ((False, _lstm_sequence_plain, w_hh_plain), (True, _lstm_sequence_transposed, w_hh))
+    best = {False: float("inf"), True: float("inf")}
+    for _ in range(_FORM_REPEATS):
+        for transposed, kernel, w in forms:
             t0 = time.perf_counter()
-            np.dot(h, w.T, out=out)
-            plain = min(plain, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        np.dot(w_c, h_t, out=out_t)
-        transposed = min(transposed, time.perf_counter() - t0)
-    return transposed < 0.9 * plain
+            kernel(x, w_ih, bias, w, None, None, False, False)
+            best[transposed] = min(best[transposed], time.perf_counter() - t0)
+    return best[True] < best[False]
 
 
 # -- shared pieces ------------------------------------------------------------------------------
@@ -323,12 +341,29 @@ def lstm_sequence_kernel(
     the steps run from T-1 down to 0 and h_n is the state after step 0; the output stays in
     time order either way.
     """
+    batch = x.shape[0] if batch_first else x.shape[1]
+    hidden = w_hh.shape[1]
+    if w_hh.flags.c_contiguous and _transposed_is_faster(batch, hidden, _LSTM_GATES, w_hh.dtype):
+        return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+    return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+
+
+def _lstm_sequence_plain(
+    x: Array,
+    w_ih: Array,
+    bias: Array | None,
+    w_hh: Array,
+    h0: Array | None,
+    c0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array, Array]:
+    """:func:`lstm_sequence_kernel` with the recurrent GEMM as ``h @ W_hh.T`` (batch x
+    features per step; the weight in either memory order)."""
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = _LSTM_GATES * hidden
     dtype = w_hh.dtype
-    if w_hh.flags.c_contiguous and _transposed_is_faster(batch, hidden, _LSTM_GATES, dtype):
-        return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     size = chunk_steps(steps, batch, width, dtype.itemsize)

@@ -7,6 +7,7 @@ torch is installed, against ``torch.nn.LSTM`` / ``GRU`` on random data.
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,50 @@ class TestSequenceOps:
         big = _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32))
         assert isinstance(big, bool)
         assert _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32)) is big
+
+    def test_the_form_is_decided_by_timing_both_whole_kernels(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Both LSTM kernels run on a short sequence of the real shape; the faster one wins
+        (the GEMM alone flipped between processes and missed the gate math's difference)."""
+        ran: list[tuple[str, tuple[int, ...], bool]] = []
+        plain = _rnn_kernels._lstm_sequence_plain
+        transposed = _rnn_kernels._lstm_sequence_transposed
+
+        def spy(name: str, fn: Any, delay: float) -> Any:
+            def run(*args: Any) -> Any:
+                ran.append((name, args[0].shape, bool(args[3].flags.c_contiguous)))
+                time.sleep(delay)
+                return fn(*args)
+
+            return run
+
+        decide = _rnn_kernels._transposed_is_faster.__wrapped__
+        for slow, expected in (("plain", True), ("transposed", False)):
+            ran.clear()
+            monkeypatch.setattr(
+                _rnn_kernels, "_lstm_sequence_plain", spy("plain", plain, 0.02 * (slow == "plain"))
+            )
+            monkeypatch.setattr(
+                _rnn_kernels,
+                "_lstm_sequence_transposed",
+                spy("transposed", transposed, 0.02 * (slow == "transposed")),
+            )
+            assert decide(5, 256, 4, np.dtype(np.float32)) is expected
+            assert {name for name, _, _ in ran} == {"plain", "transposed"}
+            assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 5, 256)}
+            # The transposed kernel wants its weight row-major.
+            assert all(c for name, _, c in ran if name == "transposed")
+
+    def test_only_the_lstm_kernel_has_a_transposed_form(self) -> None:
+        """Three gates (a GRU weight) never measure the LSTM kernels: lay_out then picks the
+        order by the plain GEMM alone."""
+        assert _rnn_kernels._transposed_is_faster(50, 512, 3, np.dtype(np.float32)) is False
+        w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
+        fortran = _rnn_kernels._fortran_is_faster(3 * 512, 512, np.dtype(np.float32))
+        laid = _rnn_kernels.lay_out(w)
+        np.testing.assert_array_equal(laid, w)
+        assert laid.flags.f_contiguous is fortran
 
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_time_chunks_give_the_same_result(
