@@ -340,6 +340,7 @@ class Compiled(Generic[R]):
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
             batch = self._batches[gk] = _Batch(gk)
+            batch.forget = functools.partial(self._forget, gk, batch)
         call = batch.join(arrays, rows[0], rt)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
             self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
@@ -347,31 +348,39 @@ class Compiled(Generic[R]):
             batch.timer = _Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
         return await call
 
+    def _forget(self, gk: Hashable, batch: _Batch) -> None:
+        """Take ``batch`` out of the open batches (it is launched, or every caller left)."""
+        if self._batches.get(gk) is batch:
+            del self._batches[gk]
+
     def _flush(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
         if batch.closed:
             return
         batch.closed = True
-        if self._batches.get(gk) is batch:
-            del self._batches[gk]
+        self._forget(gk, batch)
         if batch.timer is not None:
             batch.timer.cancel()
         rt = batch.rt
         assert rt is not None and rt.host is not None
         self._running[gk] = self._running.get(gk, 0) + 1
-        rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
+        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
 
     async def _run_batch(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
         axis = self.batch_axis
         assert axis is not None
         running = True
         delivered = 0
+        # The calls whose callers still wait (a cancelled caller's rows are left out).
+        calls = [k for k, left in enumerate(batch.left) if not left]
         try:
-            total = sum(batch.rows)
+            if not calls:
+                return
+            total = sum(batch.rows[k] for k in calls)
             padded = 1 << (total - 1).bit_length()
             inputs = []
-            for k in range(len(batch.calls[0])):
-                parts = [np.asarray(c[k].result()) if isinstance(c[k], Pending) else c[k]
-                         for c in batch.calls]  # fmt: skip
+            for j in range(len(batch.calls[0])):
+                parts = [np.asarray(c[j].result()) if isinstance(c[j], Pending) else c[j]
+                         for c in (batch.calls[k] for k in calls)]  # fmt: skip
                 if padded > total:
                     first = np.take(parts[0], [0], axis=axis)
                     parts.append(np.repeat(first, padded - total, axis=axis))
@@ -381,19 +390,19 @@ class Compiled(Generic[R]):
             out = await self._launch(prog, inputs)
             self._running[gk] -= 1  # the model is free: the next batch need not wait for us
             running = False
-            bounds = np.cumsum([0, *batch.rows])
-            for k, done in enumerate(batch.done):
-                if k:
+            bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
+            for i, k in enumerate(calls):
+                if i:
                     # One caller resumed per loop iteration: woken all at once, a batch's
                     # callers would run back to back (each answering its client) and hold
                     # the loop for all of them; this way other work runs in between.
                     await anyio.sleep(0)
-                lo, hi = int(bounds[k]), int(bounds[k + 1])
-                done(_slice(out, axis, lo, hi), None)
-                delivered = k + 1
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                batch.done[k](_slice(out, axis, lo, hi), None)
+                delivered = i + 1
         except BaseException as exc:
-            for done in batch.done[delivered:]:
-                done(None, exc)
+            for k in calls[delivered:]:
+                batch.done[k](None, exc)
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -428,16 +437,24 @@ class _Batch:
         self.calls: list[list[Any]] = []
         self.rows: list[int] = []
         self.done: list[Callable[[Any, BaseException | None], None]] = []
+        # Per call: whether its caller stopped waiting (see leave); how many still wait.
+        self.left: list[bool] = []
+        self.live = 0
         self.size = 0
         self.closed = False
         self.timer: _Timer | None = None
         self.rt: Runtime | None = None
+        # The running batch's task (to cancel when every caller has left), and what takes an
+        # unstarted batch out of its model's open batches.
+        self.task: Any = None
+        self.forget: Callable[[], None] | None = None
 
     def join(self, arrays: list[Any], rows: int, rt: Runtime) -> Awaitable[Any]:
         assert rt.host is not None
         self.rt = rt
         waiter = rt.host.waiter()
         box: list[Any] = []
+        index = len(self.calls)
 
         def done(value: Any, exc: BaseException | None) -> None:
             box.append((value, exc))
@@ -447,16 +464,42 @@ class _Batch:
         self.calls.append(arrays)
         self.rows.append(rows)
         self.done.append(done)
+        self.left.append(False)
         self.size += rows
+        self.live += 1
 
         async def result() -> Any:
-            await waiter
+            try:
+                await waiter
+            except BaseException:
+                if not box:  # the caller stopped waiting (cancelled) before its rows came
+                    self.leave(index)
+                raise
             value, exc = box[0]
             if exc is not None:
                 raise exc
             return value
 
         return result()
+
+    def leave(self, index: int) -> None:
+        """Call ``index`` no longer waits: its rows are left out if the batch has not started;
+        the last caller to leave a batch stops it (unstarted: never launched; running: its
+        task cancelled, which drops the plan's queued work like any cancelled request's)."""
+        if self.left[index]:
+            return
+        self.left[index] = True
+        self.live -= 1
+        if self.live:
+            return
+        if not self.closed:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+            if self.forget is not None:
+                self.forget()
+        elif self.task is not None and self.rt is not None and self.rt.host is not None:
+            self.rt.host.cancel(self.task)
 
 
 class _Timer:

@@ -454,5 +454,114 @@ class TestRequests:
         assert order == [f"new{j}-{k}" for j in range(3) for k in range(3)] + ["old0", "old1"]
 
 
+class Gated(ops.nn.Module):
+    """Holds its first op until ``gate`` opens, then 50 pool ops: a batch that runs a while."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    async def forward(self, x: Any) -> Any:
+        y = gate_op(x, self.gate)
+        for _ in range(50):
+            y = slow_neg(y)
+        return y
+
+
+class TestCancelledCallers:
+    """A batched call whose caller stops waiting (cancelled: a deadline, a client gone) leaves
+    its batch: its rows are not computed if the batch has not started, and a batch nobody
+    waits for any more is not run, or is stopped (its queued ops dropped) if it runs."""
+
+    @staticmethod
+    def _model(max_wait: float = 5.0) -> tuple[threading.Event, Any]:
+        gate = threading.Event()
+        return gate, dataflow.compile(Gated(gate), batch_axis=0, max_wait=max_wait)
+
+    def test_a_batch_every_caller_left_is_never_launched(self) -> None:
+        gate, forward = self._model()
+        xs = [_x(1, 4, seed=k) for k in range(3)]
+
+        async def main() -> tuple[Array, int, list[str]]:
+            gate.set()
+            await forward(xs[0])  # compiled
+            gate.clear()
+            first = asyncio.ensure_future(forward(xs[0]))  # runs, held by the gate
+            await asyncio.sleep(0.02)
+            waiting = [asyncio.ensure_future(forward(x)) for x in xs[1:]]  # one open batch
+            await asyncio.sleep(0.02)
+            launches = forward.launches
+            for w in waiting:
+                w.cancel()
+            for w in waiting:
+                with pytest.raises(asyncio.CancelledError):
+                    await w
+            await asyncio.sleep(0)
+            timers = [t.get_name() for t in asyncio.all_tasks() if "timer" in t.get_name()]
+            gate.set()
+            out: Array = await first
+            await asyncio.sleep(0.02)
+            return out, forward.launches - launches, timers
+
+        out, launched, timers = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(out, xs[0])  # 50 negations
+        assert launched == 0  # the abandoned batch never ran
+        assert timers == []  # and its max_wait timer was stopped with it
+
+    def test_a_cancelled_callers_rows_are_left_out(self) -> None:
+        """Two calls share a batch, one is cancelled before it starts: the batch runs the
+        other's rows alone (no program for two rows is ever traced) and answers it."""
+        gate, forward = self._model(max_wait=0.05)
+        xs = [_x(1, 4, seed=k) for k in range(3)]
+
+        async def main() -> tuple[Array, int]:
+            gate.set()
+            await forward(xs[0])  # compiled for one row
+            gate.clear()
+            first = asyncio.ensure_future(forward(xs[0]))  # runs, held by the gate
+            await asyncio.sleep(0.02)
+            gone = asyncio.ensure_future(forward(xs[1]))
+            kept = asyncio.ensure_future(forward(xs[2]))
+            await asyncio.sleep(0.02)
+            gone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            gate.set()
+            await first
+            out: Array = await asyncio.wait_for(kept, 30)
+            return out, len(forward.programs)
+
+        out, programs = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(out, xs[2])
+        assert programs == 1
+
+    def test_a_running_batch_every_caller_left_is_stopped(self) -> None:
+        """The lone caller of a running batch is cancelled: the batch's task is cancelled
+        with it and the plan's unstarted ops are dropped; the model then serves again."""
+        gate, forward = self._model()
+        x = _x(1, 4)
+
+        async def main() -> tuple[int, Array]:
+            gate.set()
+            await forward(x)
+            gate.clear()
+            call = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.sleep(0.02)
+            gate.set()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            await asyncio.sleep(0.2)
+            dropped = rt._sched.dropped
+            again: Array = await asyncio.wait_for(forward(x), 30)
+            return dropped, again
+
+        dropped, again = dataflow.run(main, interop_threads=2)
+        assert dropped >= 1  # the ops queued behind the gate were never run
+        np.testing.assert_array_equal(again, x)
+
+
 async def _await(h: Any) -> Any:
     return await h
