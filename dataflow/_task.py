@@ -210,10 +210,10 @@ class Signature:
         self.runs = 0
         self.calls = 0
         # The best kernel time of pool runs, the last overlapped runs as (seconds, kernels
-        # overlapping on average), and the GIL fraction they give (see _scheduler, "the GIL
-        # lane").
+        # overlapping on average, GIL fraction by the cores the process used or 0), and the
+        # GIL fraction they give (see _scheduler, "the GIL lane").
         self.best = 0.0
-        self.overlaps: list[tuple[float, float]] = []
+        self.overlaps: list[tuple[float, float, float]] = []
         self.gil = 0.0
         self.serial = False
         self.cpu_share = 1.0

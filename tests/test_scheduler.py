@@ -19,7 +19,13 @@ from dataflow import OpOutputError, TaskError
 from dataflow import _graphstate as gs
 from dataflow._pool import GRAPH_LOCK
 from dataflow._scheduler import note_overlap
-from dataflow._scheduler._placement import PROBE, runs_inline
+from dataflow._scheduler._placement import (
+    PROBE,
+    SERIAL_ABOVE,
+    SERIAL_PARALLEL,
+    parallel_gil,
+    runs_inline,
+)
 from dataflow._task import Signature, Task
 from tests._helpers import Arr, Spec, gated
 
@@ -284,6 +290,55 @@ class TestGilLane:
             note_overlap(sig, 0.01, 1.0, 0.02)  # (CPU time over wall, from a second thread)
         assert sig.cpu_share == pytest.approx(1.0, abs=0.01)
 
+    def test_the_cores_the_process_used_give_a_second_gil_estimate(self) -> None:
+        """On many cores a run's process CPU time over its wall time says how many cores the
+        process used: about one for GIL-bound kernels however many run, all of them for
+        GIL-free ones. On the scale of g: 0 when it used every core it could, past the serial
+        mark 1.5 under SERIAL_PARALLEL of them, and each extra core it could use only if a
+        kernel beside it (or the machine) allowed it."""
+        # 16 cores, 15 others: 1.1 cores used (16 GIL-bound LSTM directions, measured).
+        assert parallel_gil(0.01, 15.0, 0.011, 16) > SERIAL_ABOVE
+        assert parallel_gil(0.01, 15.0, 0.16, 16) == pytest.approx(0.0)  # all 16: GIL-free
+        # At the threshold fraction of the extra cores (2 beside it), the serial mark exactly.
+        edge = 0.01 * (1.0 + SERIAL_PARALLEL * 2)
+        assert parallel_gil(0.01, 2.0, edge, 16) == pytest.approx(SERIAL_ABOVE)
+        # Only the cores there are count: 8 others on 4 cores could use 3 more, not 8.
+        assert parallel_gil(0.01, 8.0, 0.04, 4) == pytest.approx(0.0)
+        assert parallel_gil(0.01, 8.0, 0.005, 4) > SERIAL_ABOVE  # CPU time under wall: none
+        # A process that used 2 of 16 cores (a container's CPU quota, a loaded machine) was
+        # held back by something else than the GIL alone: at most the free mark.
+        assert parallel_gil(0.01, 15.0, 0.02, 16) <= 1.0
+
+    def test_contended_gil_bound_runs_on_many_cores_are_marked_serial(self) -> None:
+        """Every run contended, so its slowdown against the (contended) best reads g = 0.1,
+        yet the process used one core of sixteen: serial. The same runs measured without the
+        process's CPU time, on a 2-core machine or beside under 2 others stay free, and
+        GIL-free runs that used the cores stay free too."""
+
+        def runs(process: float | None, cores: int, others: float = 15.0) -> Signature:
+            sig = Signature("k")
+            note_overlap(sig, 0.010, 0.0)  # the best time (itself contended)
+            for _ in range(16):
+                note_overlap(sig, 0.011, others, 0.0006, process, cores)
+            return sig
+
+        assert runs(0.011, 16).serial  # 1 core used of 16
+        assert not runs(None, 16).serial  # not measured: g alone, 0.1
+        assert not runs(0.011, 2).serial  # a 2-core machine: g alone decides there
+        assert not runs(0.011, 16, others=1.5).serial  # too few beside it to tell
+        assert not runs(0.15, 16).serial  # 15 cores used: GIL-free
+
+    def test_a_serial_mark_from_the_cores_is_lifted_by_probes_that_use_them(self) -> None:
+        sig = Signature("k")
+        note_overlap(sig, 0.010, 0.0)
+        for _ in range(16):
+            note_overlap(sig, 0.011, 15.0, 0.0006, 0.011, 16)
+        assert sig.serial
+        sig.calls = PROBE  # every measured run below is a probe
+        for _ in range(16):
+            note_overlap(sig, 0.011, 15.0, 0.01, 0.15, 16)
+        assert not sig.serial
+
     def test_a_few_or_unshared_runs_decide_nothing(self) -> None:
         """Under 12 overlapped runs, or runs that were alone, leave a signature free."""
         sig = Signature("k")
@@ -293,6 +348,37 @@ class TestGilLane:
         for _ in range(50):
             note_overlap(sig, 0.05, 0.1)
         assert not sig.serial
+
+    @pytest.mark.parametrize("cores", [2, 16])
+    def test_pool_runs_read_the_process_cpu_time_on_many_cores(
+        self, cores: int, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Pool runs beside two or more others read the process's CPU time where the machine
+        has the cores for it (here pretended: 16), and give their second GIL estimate from
+        it; on 2 cores they do not (the estimate stays 0)."""
+        from dataflow._scheduler import _execution
+
+        monkeypatch.setattr(_execution, "_CORES", cores)
+
+        def spin(x: Any) -> Any:  # pure Python: holds the GIL
+            end = time.perf_counter() + 0.002
+            while time.perf_counter() < end:
+                pass
+            return x
+
+        busy = dataflow.op("busy_gil", meta=ops.spec_of, handle=ops.Tensor, inline=False)(spin)
+
+        async def main() -> Signature:
+            handles = [busy(np.zeros(1)) for _ in range(60)]
+            await dataflow.materialize(handles)
+            return handles[0].task.sig
+
+        sig = dataflow.run(main, interop_threads=4)
+        estimates = [p for _, o, p in sig.overlaps if o >= 2.0]
+        if cores == 2:
+            assert all(p == 0.0 for _, _, p in sig.overlaps)
+        else:  # four Python loops side by side used about one core between them
+            assert estimates and max(estimates) > SERIAL_ABOVE
 
     def test_serial_kernels_never_overlap_and_free_ones_still_do(self) -> None:
         """With a serial signature, its kernels run one at a time on a 2-thread pool, while

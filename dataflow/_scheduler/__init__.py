@@ -34,7 +34,14 @@
   its kernels take the pool's GIL lane, one at a time (the thread holding the lane runs the
   next waiting one when it ends), while GIL-free kernels keep running in parallel beside it.
   One run in 256 of a serial signature skips the lane to measure again; under 1.0 the mark
-  is lifted. A serial kernel shorter than the interpreter's GIL switch interval (5 ms by
+  is lifted. On many cores every run can be contended, its best time too, and ``g`` then
+  reads low for kernels that only take turns (16 GIL-bound LSTM directions on 16 cores: g =
+  0.1, each 20x slower than alone); so a run beside two or more others on a machine of four
+  or more cores also reads the process's CPU time: GIL-bound kernels keep the process on
+  about one core however many run, and a run whose process used under 15% of the extra
+  cores it could have (and under half a core beyond one) counts as g 1.5 or more
+  (``_placement.parallel_gil``); the higher of the two estimates counts.
+  A serial kernel shorter than the interpreter's GIL switch interval (5 ms by
   default) runs on the thread that needs it, through the lane, like a small one: on a worker
   it would hold the GIL that long before the dispatching thread got it back, so the hand-off
   buys nothing and costs a wake-up (``_placement.runs_inline``).

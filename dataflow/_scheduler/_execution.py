@@ -27,11 +27,14 @@ from .._task import (
     Signature,
     Task,
 )
+from .._threads import _cores
 from .._timeout import TimedKernel
 from ._placement import (
     EWMA,
     FIRST_RUNS,
     MIN_MEASURED,
+    PARALLEL_CORES,
+    PARALLEL_OTHERS,
     PROBE,
     SAMPLE,
     WARM_UP,
@@ -46,6 +49,9 @@ from ._requests import Requests
 __all__ = ["Execution", "running_task"]
 
 _thread_time = time.thread_time
+_process_time = time.process_time
+# The cores this process may run on (the CPU affinity), for the GIL measurement.
+_CORES = _cores()
 
 # The task whose kernel the thread is running (off the dispatching thread's inline path).
 _running = threading.local()
@@ -110,20 +116,31 @@ class Execution(Requests):
         pool = self.pool
         assert pool is not None
         # The thread's CPU time too (a system call, ~0.4 us), for kernels long enough that it
-        # says something (``note_overlap``).
+        # says something (``note_overlap``), and where three or more kernels can run side by
+        # side on as many cores, the process's (a system call over its threads, ~1 us).
         cpu = sig.seconds >= MIN_MEASURED
+        many = cpu and _CORES >= PARALLEL_CORES and pool.num_threads > PARALLEL_OTHERS
         i0 = pool.busy_integral_now()
         c0 = _thread_time() if cpu else 0.0
+        p0 = _process_time() if many else 0.0
         t0 = time.perf_counter()
         value = fn(*args, **kwargs) if kwargs else fn(*args)
         t1 = time.perf_counter()
+        p1 = _process_time() if many else 0.0
         c1 = _thread_time() if cpu else 0.0
         i1 = pool.busy_integral_now()
         wall = t1 - t0
         sig.seconds = wall if not sig.runs else sig.seconds + (wall - sig.seconds) * EWMA
         sig.runs += 1
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
-            note_overlap(sig, wall, (i1 - i0) / wall - 1.0, c1 - c0 if cpu else None)
+            note_overlap(
+                sig,
+                wall,
+                (i1 - i0) / wall - 1.0,
+                c1 - c0 if cpu else None,
+                p1 - p0 if many else None,
+                _CORES,
+            )
         return value
 
     def execute_now(self, task: Task) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "WARM_UP",
     "get_inline_threshold",
     "note_overlap",
+    "parallel_gil",
     "runs_inline",
     "set_inline_threshold",
 ]
@@ -56,6 +57,17 @@ WARM_UP = 8
 PROBE = 256
 # Runs shorter than this say nothing about the GIL (clock resolution, start-up).
 MIN_MEASURED = 50e-6
+# Many cores: a run beside at least PARALLEL_OTHERS others on a machine of at least
+# PARALLEL_CORES cores also reads the process's CPU time (``parallel_gil``), which sees what
+# ``g`` misses once every run is contended. Below SERIAL_PARALLEL of the extra cores it could
+# have used, a run counts as GIL-bound (g past 1.5, the serial mark), but only if the process
+# used under SERIAL_EXTRA cores beyond one in all: one that used more (a GIL-free kernel on a
+# machine whose other processes, or a container's CPU quota, leave it only a few cores) is
+# left to ``g``.
+PARALLEL_OTHERS = 2.0
+PARALLEL_CORES = 4
+SERIAL_PARALLEL = 0.15
+SERIAL_EXTRA = 0.5
 # A plan's runner adds a runner for ready work only when that work's kernels keep at least
 # this share of their wall time on a CPU while others run (``Signature.cpu_share``). Measured:
 # GIL-free kernels (an LSTM direction at batch 50) 0.98-1.0 side by side; GIL-bound ones (at
@@ -102,7 +114,33 @@ def get_inline_threshold() -> float:
     return _inline_threshold
 
 
-def note_overlap(sig: Signature, wall: float, others: float, cpu: float | None = None) -> None:
+def parallel_gil(wall: float, others: float, process: float, cores: int) -> float:
+    """The GIL fraction one run shows by the cores its process used (its CPU time over the
+    run's wall time, ``process``), on the scale of ``g`` (:func:`note_overlap`).
+
+    With ``others`` kernels beside it the process could have used ``min(1 + others, cores)``
+    cores; GIL-bound kernels keep it near one, whatever their number (one holds the GIL, the
+    rest wait off the CPU). The fraction of the extra cores it used maps to 0 (all: GIL-free)
+    .. about 1.76 (none), crossing the serial mark 1.5 at :data:`SERIAL_PARALLEL`; a run that
+    used :data:`SERIAL_EXTRA` extra cores or more reads at most 1.0, the free mark (whatever
+    held it back, it was not the GIL alone). Measured on 16 cores: sixteen GIL-bound LSTM
+    directions side by side each took 20x their time alone, yet read ``g`` = 0.1 (their best
+    time was contended too); their thread's CPU share was 0.05.
+    """
+    possible = min(1.0 + others, float(cores)) - 1.0
+    extra = max(0.0, process / wall - 1.0)
+    g = SERIAL_ABOVE * (1.0 - min(1.0, extra / possible)) / (1.0 - SERIAL_PARALLEL)
+    return g if extra < SERIAL_EXTRA else min(g, FREE_BELOW)
+
+
+def note_overlap(
+    sig: Signature,
+    wall: float,
+    others: float,
+    cpu: float | None = None,
+    process: float | None = None,
+    cores: int = 1,
+) -> None:
     """Fold one pool run of ``wall`` seconds, overlapped by ``others`` kernels on average,
     into ``sig``'s GIL estimate, and mark it serial or not (``dataflow._scheduler``, "the
     GIL lane").
@@ -117,6 +155,10 @@ def note_overlap(sig: Signature, wall: float, others: float, cpu: float | None =
     (under constant contention the best time is itself a contended one, and ``g`` reads
     low: 16 GIL-bound kernels side by side on 16 cores measured g = 0.1 while each took 20x
     its time alone; their CPU share was 0.05).
+
+    ``process``, the process's CPU time during the run, on a machine of ``cores`` cores (at
+    least :data:`PARALLEL_CORES`) with at least :data:`PARALLEL_OTHERS` others beside the
+    run, gives the run a second GIL estimate (:func:`parallel_gil`); the higher one counts.
     """
     if wall < MIN_MEASURED:
         return
@@ -128,8 +170,13 @@ def note_overlap(sig: Signature, wall: float, others: float, cpu: float | None =
     # While serial, only a probe (a run that skipped the lane) measures sharing.
     if others <= 0.3 or (sig.serial and sig.calls % PROBE):
         return
+    by_cores = (
+        parallel_gil(wall, others, process, cores)
+        if process is not None and others >= PARALLEL_OTHERS and cores >= PARALLEL_CORES
+        else 0.0
+    )
     seen = sig.overlaps
-    seen.append((wall, others))
+    seen.append((wall, others, by_cores))
     if len(seen) > GIL_WINDOW:
         del seen[0]
     if len(seen) < GIL_DECIDE:
@@ -137,7 +184,7 @@ def note_overlap(sig: Signature, wall: float, others: float, cpu: float | None =
     # The median is robust to a run a vCPU went missing in; the best time is today's, so
     # early slow runs do not count against the kernel.
     best = sig.best
-    fractions = sorted((w / best - 1.0) / o for w, o in seen)
+    fractions = sorted(max((w / best - 1.0) / o, p) for w, o, p in seen)
     sig.gil = fractions[len(fractions) // 2]
     if sig.gil > SERIAL_ABOVE:
         sig.serial = True
