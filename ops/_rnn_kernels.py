@@ -32,7 +32,7 @@ code written the obvious way:
   (``W_ih @ x.T``), and writes each step's h into its output row with one small transposing
   copy. Its gate math then works on contiguous row blocks rather than strided column blocks,
   which pays even where the GEMMs tie, so :func:`_transposed_is_faster` times the two whole
-  kernels on a short sequence, once per shape and dtype, and takes the faster.
+  kernels on a short sequence, once per shape and dtype, and takes it where it is clearly faster.
 * **Weights in the layout BLAS likes.** :func:`lay_out` stores a recurrent weight in the
   memory order whose ``h @ w.T`` GEMM measured fastest on this machine for its shape (Fortran
   order makes ``w.T`` a plain row-major operand: 22% faster at (50, 1024) x (1024, 4096) with
@@ -136,10 +136,22 @@ def lay_out(w: Array) -> Array:
     return w
 
 
-#: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: steps, and
-#: runs of each form (the best counts). About 0.1 s once per shape at (50, 50, 1024).
-_FORM_STEPS = 3
-_FORM_REPEATS = 3
+#: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: its steps;
+#: runs of each form (the best counts): at least the first figure, then more until each form
+#: has run for ``_FORM_BUDGET`` seconds in all (tiny kernels are noisy), at most the second.
+#: About 0.15 s once per shape at (50, 50, 1024), 0.03 s at (1, 256).
+_FORM_STEPS = 4
+_FORM_REPEATS = (2, 40)
+_FORM_BUDGET = 0.02
+#: Batches under this keep the plain form without measuring. There a step is a few small
+#: numpy calls, mostly interpreter time under the GIL, and the transposed form makes a few
+#: more per step (views, a transposing copy): measured alone it was 10% faster at (20, 1, 256),
+#: but a served ensemble of 8 such directions on 2 threads ran 15% slower with it.
+_FORM_MIN_BATCH = 8
+#: The transposed form must be this much faster to be taken: a close call (batch 1, where the
+#: two measure within a few percent of each other) keeps the plain form, which is the faster
+#: one there in a real workload (12% on a served (20, 1, 256) ensemble).
+_FORM_MARGIN = 0.95
 
 
 @functools.lru_cache(maxsize=64)
@@ -148,16 +160,18 @@ def _transposed_is_faster(batch: int, hidden: int, gates: int, dtype: np.dtype[A
     array features x batch) than in the plain one (``h @ W.T``), measured once per shape.
 
     Both whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
-    real batch, width and dtype, interleaved, best of a few runs each; the plain form with its
-    weight in the order its GEMM likes (:func:`_fortran_is_faster`). Timing the GEMM alone
+    real batch, width and dtype, interleaved, best of a few runs each (more for small kernels);
+    the plain form with its weight in the order its GEMM likes (:func:`_fortran_is_faster`);
+    the transposed form must win by :data:`_FORM_MARGIN`. Timing the GEMM alone
     was not enough: the forms also differ in the gate math (contiguous row blocks against
     strided column blocks), and with AVX2 kernels, where the two GEMMs tie, the transposed
     kernel was still 7% faster at (50, 50, 256); and a GEMM-only decision from five ~3 ms runs
     flipped between processes at the tutorial's size, costing 10% when it went wrong. Weights
-    too small to matter keep the plain form without measuring; so does any gate count other
-    than the LSTM's four (only the LSTM kernel has a transposed form).
+    too small to matter and batches under :data:`_FORM_MIN_BATCH` keep the plain form without
+    measuring; so does any gate count other than the LSTM's four (only the LSTM kernel has a
+    transposed form).
     """
-    if gates != _LSTM_GATES or gates * hidden * hidden < 256 * 1024:
+    if gates != _LSTM_GATES or gates * hidden * hidden < 256 * 1024 or batch < _FORM_MIN_BATCH:
         return False
     rng = np.random.default_rng(0)
     width = gates * hidden
@@ -173,12 +187,18 @@ def _transposed_is_faster(batch: int, hidden: int, gates: int, dtype: np.dtype[A
     w_hh_plain = np.asfortranarray(w_hh) if _fortran_is_faster(width, hidden, dtype) else w_hh
     forms = ((False, _lstm_sequence_plain, w_hh_plain), (True, _lstm_sequence_transposed, w_hh))
     best = {False: float("inf"), True: float("inf")}
-    for _ in range(_FORM_REPEATS):
+    spent = 0.0
+    fewest, most = _FORM_REPEATS
+    for repeat in range(most):
+        if repeat >= fewest and spent >= 2 * _FORM_BUDGET:
+            break
         for transposed, kernel, w in forms:
             t0 = time.perf_counter()
             kernel(x, w_ih, bias, w, None, None, False, False)
-            best[transposed] = min(best[transposed], time.perf_counter() - t0)
-    return best[True] < best[False]
+            dt = time.perf_counter() - t0
+            spent += dt
+            best[transposed] = min(best[transposed], dt)
+    return best[True] < _FORM_MARGIN * best[False]
 
 
 # -- shared pieces ------------------------------------------------------------------------------

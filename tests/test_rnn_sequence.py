@@ -159,11 +159,21 @@ class TestSequenceOps:
                 "_lstm_sequence_transposed",
                 spy("transposed", transposed, 0.02 * (slow == "transposed")),
             )
-            assert decide(5, 256, 4, np.dtype(np.float32)) is expected
+            assert decide(8, 256, 4, np.dtype(np.float32)) is expected
             assert {name for name, _, _ in ran} == {"plain", "transposed"}
-            assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 5, 256)}
+            assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 8, 256)}
             # The transposed kernel wants its weight row-major.
             assert all(c for name, _, c in ran if name == "transposed")
+        # A small batch keeps the plain form without running either kernel; so does a close
+        # call (the transposed form must be clearly faster).
+        ran.clear()
+        assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, np.dtype(np.float32)) is False
+        assert ran == []
+        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_plain", spy("plain", plain, 0.02))
+        monkeypatch.setattr(
+            _rnn_kernels, "_lstm_sequence_transposed", spy("transposed", transposed, 0.0195)
+        )
+        assert decide(8, 256, 4, np.dtype(np.float32)) is False
 
     def test_only_the_lstm_kernel_has_a_transposed_form(self) -> None:
         """Three gates (a GRU weight) never measure the LSTM kernels: lay_out then picks the
