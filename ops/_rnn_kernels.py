@@ -143,11 +143,12 @@ def lay_out(w: Array) -> Array:
 _FORM_STEPS = 4
 _FORM_REPEATS = (2, 40)
 _FORM_BUDGET = 0.02
-#: Batches under this keep the plain form without measuring. There a step is a few small
-#: numpy calls, mostly interpreter time under the GIL, and the transposed form makes a few
-#: more per step (views, a transposing copy): measured alone it was 10% faster at (20, 1, 256),
-#: but a served ensemble of 8 such directions on 2 threads ran 15% slower with it.
-_FORM_MIN_BATCH = 8
+#: Batches under this keep the plain form without measuring. At batch 1 a step is a few
+#: small numpy calls, mostly interpreter time under the GIL, and the transposed form makes a
+#: few more per step (views, a transposing copy): measured alone it was 10% faster at
+#: (20, 1, 256), yet a served ensemble of 8 such directions on 2 threads ran 15% slower with
+#: it. (At batch 2 it is 16-25% faster, served too: OpenBLAS's plain GEMM is slow there.)
+_FORM_MIN_BATCH = 2
 #: The transposed form must be this much faster to be taken: a close call (batch 1, where the
 #: two measure within a few percent of each other) keeps the plain form, which is the faster
 #: one there in a real workload (12% on a served (20, 1, 256) ensemble).
