@@ -122,6 +122,32 @@ class TestSequenceOps:
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
 
+    @pytest.mark.parametrize("projection_transposed", [False, True])
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_either_form_of_the_projection_against_reference(
+        self, mode: str, projection_transposed: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The input projection as ``x @ W.T`` or as the transpose of ``W @ x.T`` (faster for
+        few rows with some BLAS kernels): the same results, chunked or not."""
+        monkeypatch.setattr(
+            _rnn_kernels, "_projection_transposed_is_faster", lambda *a: projection_transposed
+        )
+        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: False)
+        for reverse, batch_first, with_state in ((False, False, False), (True, True, True)):
+            self.test_against_reference(mode, reverse, batch_first, with_state)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
+        self.test_against_reference(mode, True, False, True)
+
+    def test_the_projection_form_is_measured_for_small_shapes_only(self) -> None:
+        decide = _rnn_kernels._projection_transposed_is_faster
+        small = decide(20, 64, 256, np.dtype(np.float32))
+        assert isinstance(small, bool)
+        assert decide(20, 64, 256, np.dtype(np.float32)) is small  # measured once
+        big = 1 + _rnn_kernels.PROJECTION_MEASURED_MAX // (256 * 1024)
+        t0 = time.perf_counter()
+        assert decide.__wrapped__(big, 256, 1024, np.dtype(np.float32)) is False
+        assert time.perf_counter() - t0 < 0.05  # not measured: nothing of that size ran
+
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         assert _rnn_kernels._transposed_is_faster(3, 16, 4, np.dtype(np.float32)) is False
         assert _rnn_kernels._tanh_form_is_faster((3, 64), np.dtype(np.float32)) is False
