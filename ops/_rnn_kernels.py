@@ -9,7 +9,9 @@ code written the obvious way:
 * **Projection in time chunks.** ``x @ w_ih.T + bias`` is computed for a chunk of steps at a
   time (one GEMM of ``chunk * batch`` rows, about :data:`CHUNK_BYTES` of output) into one
   buffer reused for every chunk, so a direction never holds its whole (T, B, G*H) projection:
-  at the tutorial's size that is 8 MiB instead of 39 MiB per direction.
+  at the tutorial's size that is 8 MiB instead of 39 MiB per direction. A chunk of few rows
+  runs as the transpose of ``w_ih @ x.T`` where that measures faster
+  (:func:`_projection_transposed_is_faster`: OpenBLAS's AVX-512 GEMM is slow for few rows).
 * **No allocation per step.** The gate pre-activations go into one preallocated (B, G*H)
   buffer (``np.matmul(..., out=)``), the gate math runs in place on it, the cell state is
   updated in place, and each step's h is written straight into its row of the output: the
