@@ -138,6 +138,26 @@ def lay_out(w: Array) -> Array:
     return w
 
 
+def _best_times(
+    runs: tuple[Callable[[], object], ...], fewest: int, most: int, budget: float
+) -> list[float]:
+    """The best time of each of ``runs``, timed in turn (interleaved, so a slow moment of a
+    shared machine hits them alike): at least ``fewest`` rounds, then more until they have
+    run ``budget`` seconds each on average (small kernels are noisy), at most ``most``."""
+    best = [float("inf")] * len(runs)
+    spent = 0.0
+    for repeat in range(most):
+        if repeat >= fewest and spent >= budget * len(runs):
+            break
+        for i, run in enumerate(runs):
+            t0 = time.perf_counter()
+            run()
+            dt = time.perf_counter() - t0
+            spent += dt
+            best[i] = min(best[i], dt)
+    return best
+
+
 #: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: its steps;
 #: runs of each form (the best counts): at least the first figure, then more until each form
 #: has run for ``_FORM_BUDGET`` seconds in all (tiny kernels are noisy), at most the second.
@@ -188,20 +208,15 @@ def _transposed_is_faster(batch: int, hidden: int, gates: int, dtype: np.dtype[A
     w_ih, w_hh = weight(), weight()
     bias = np.zeros(width, dtype=dtype)
     w_hh_plain = np.asfortranarray(w_hh) if _fortran_is_faster(width, hidden, dtype) else w_hh
-    forms = ((False, _lstm_sequence_plain, w_hh_plain), (True, _lstm_sequence_transposed, w_hh))
-    best = {False: float("inf"), True: float("inf")}
-    spent = 0.0
-    fewest, most = _FORM_REPEATS
-    for repeat in range(most):
-        if repeat >= fewest and spent >= 2 * _FORM_BUDGET:
-            break
-        for transposed, kernel, w in forms:
-            t0 = time.perf_counter()
-            kernel(x, w_ih, bias, w, None, None, False, False)
-            dt = time.perf_counter() - t0
-            spent += dt
-            best[transposed] = min(best[transposed], dt)
-    return best[True] < _FORM_MARGIN * best[False]
+    plain, transposed = _best_times(
+        (
+            lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False),
+            lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False),
+        ),
+        *_FORM_REPEATS,
+        _FORM_BUDGET,
+    )
+    return transposed < _FORM_MARGIN * plain
 
 
 # -- shared pieces ------------------------------------------------------------------------------
@@ -341,18 +356,10 @@ def _projection_transposed_is_faster(rows: int, inputs: int, outputs: int, dtype
     x = rng.random((rows, inputs), dtype=np.float32).astype(dtype, copy=False)
     w = rng.random((outputs, inputs), dtype=np.float32).astype(dtype, copy=False)
     out = np.empty((rows, outputs), dtype=dtype)
-    best = {False: float("inf"), True: float("inf")}
-    spent = 0.0
-    for repeat in range(200):
-        if repeat >= 5 and spent >= 0.01:
-            break
-        for transposed in (False, True):
-            t0 = time.perf_counter()
-            _project(x, w, out, transposed)
-            dt = time.perf_counter() - t0
-            spent += dt
-            best[transposed] = min(best[transposed], dt)
-    return best[True] < _FORM_MARGIN * best[False]
+    plain, transposed = _best_times(
+        (lambda: _project(x, w, out, False), lambda: _project(x, w, out, True)), 5, 200, 0.005
+    )
+    return transposed < _FORM_MARGIN * plain
 
 
 def _project(rows: Array, w_ih: Array, out: Array, transposed: bool) -> None:
