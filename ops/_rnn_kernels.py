@@ -158,12 +158,14 @@ def _best_times(
     return best
 
 
-#: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: its steps;
-#: runs of each form (the best counts): at least the first figure, then more until each form
-#: has run for ``_FORM_BUDGET`` seconds in all (tiny kernels are noisy), at most the second.
-#: About 0.15 s once per shape at (50, 50, 1024), 0.03 s at (1, 256).
-_FORM_STEPS = 4
-_FORM_REPEATS = (2, 40)
+#: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: its steps
+#: (fewer let the input projection, the same work in both forms, weigh too much: at 4 steps
+#: the seed size's 10% gain measured 3-13%); runs of each form (the best counts): at least
+#: the first figure, then more until each form has run for ``_FORM_BUDGET`` seconds in all
+#: (small kernels are noisy), at most the second. About 0.15 s once per shape at
+#: (50, 50, 1024), 0.03 s at (50, 2, 256).
+_FORM_STEPS = 8
+_FORM_REPEATS = (1, 40)
 _FORM_BUDGET = 0.02
 #: Batches under this keep the plain form without measuring. At batch 1 a step is a few
 #: small numpy calls, mostly interpreter time under the GIL, and the transposed form makes a
