@@ -174,3 +174,37 @@ class TestUnobservedBaseException:
             dataflow.run(main)
         assert isinstance(info.value.__cause__, dataflow.TaskError)
         assert isinstance(info.value.__cause__.__cause__, Stop)
+
+
+class TestBatchedCallersUnderTrio:
+    def test_a_cancelled_caller_stops_its_running_batch(self) -> None:
+        """Under trio too, the lone caller of a running compiled batch can be cancelled (its
+        cancel scope): nothing hangs (the batch's task is cancelled through trio's cancel scope,
+        its work left to finish, as trio requests' work does) and the model serves the next
+        call."""
+        from tests.test_compile import Gated
+
+        gate = threading.Event()
+        forward = dataflow.compile(Gated(gate), batch_axis=0, max_wait=5.0)
+        x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+
+        async def main() -> Any:
+            async with dataflow.Runtime(interop_threads=2):
+                gate.set()
+                await forward(x)  # compiled
+                gate.clear()
+                scope = trio.CancelScope()
+
+                async def call() -> None:
+                    with scope:
+                        await forward(x)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call)
+                    await trio.sleep(0.05)
+                    scope.cancel()
+                gate.set()
+                with trio.fail_after(30):
+                    return await forward(x)
+
+        np.testing.assert_array_equal(run_trio(main), x)  # 50 negations
