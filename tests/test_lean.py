@@ -141,8 +141,19 @@ class TestPlacement:
         (_, t0, s0, e0), (_, t1, s1, e1) = log.entries
         assert t0 != t1 and s1 < e0 and s0 < e1
 
-    def test_gil_bound_nodes_get_no_second_runner(self) -> None:
-        """Nodes whose signature is known to hold the GIL (``serial``) stay on one runner."""
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [
+            ("serial", True),  # as the GIL measurement would mark it
+            ("cpu_share", 0.3),  # as the measurement of contended runs would leave it
+        ],
+    )
+    def test_nodes_that_hold_or_wait_for_the_gil_get_no_second_runner(
+        self, field: str, value: object
+    ) -> None:
+        """Nodes whose signature is known to hold the GIL (``serial``), or whose kernels
+        measured a low CPU share beside others (they waited for the GIL; even when not marked
+        serial), stay on one runner."""
         log = _Log()
         forward = _four_stacked(log.op("held", 0.005))
 
@@ -151,25 +162,7 @@ class TestPlacement:
             prog_ = next(iter(forward.programs.values()))
             for sig in prog_.sigs:
                 if sig.name == "held":
-                    sig.serial = True  # as the GIL measurement would mark it
-            log.entries.clear()
-            await forward(_x(3))
-
-        dataflow.run(main, interop_threads=2)
-        assert len(log.entries) == 4 and len({e[1] for e in log.entries}) == 1
-
-    def test_nodes_that_wait_for_the_gil_get_no_second_runner(self) -> None:
-        """Nodes whose kernels measured a low CPU share beside others (they waited for the
-        GIL) stay on one runner, even when not marked serial."""
-        log = _Log()
-        forward = _four_stacked(log.op("waits", 0.005))
-
-        async def main() -> None:
-            await forward(_x(3))
-            prog_ = next(iter(forward.programs.values()))
-            for sig in prog_.sigs:
-                if sig.name == "waits":
-                    sig.cpu_share = 0.3  # as the measurement of contended runs would leave it
+                    setattr(sig, field, value)
             log.entries.clear()
             await forward(_x(3))
 
