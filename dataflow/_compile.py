@@ -339,8 +339,7 @@ class Compiled(Generic[R]):
         rt = get_runtime("a compiled forward")
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
-            batch = self._batches[gk] = _Batch(gk)
-            batch.forget = functools.partial(self._forget, gk, batch)
+            batch = self._batches[gk] = _Batch(gk, self._forget)
         call = batch.join(arrays, rows[0], rt)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
             self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
@@ -432,7 +431,7 @@ def _slice(out: Any, axis: int, lo: int, hi: int) -> Any:
 class _Batch:
     """Calls gathered for one launch."""
 
-    def __init__(self, key: Hashable) -> None:
+    def __init__(self, key: Hashable, forget: Callable[[Hashable, _Batch], None]) -> None:
         self.key = key
         self.calls: list[list[Any]] = []
         self.rows: list[int] = []
@@ -445,9 +444,9 @@ class _Batch:
         self.timer: _Timer | None = None
         self.rt: Runtime | None = None
         # The running batch's task (to cancel when every caller has left), and what takes an
-        # unstarted batch out of its model's open batches.
+        # unstarted batch out of its model's open batches (``Compiled._forget``).
         self.task: Any = None
-        self.forget: Callable[[], None] | None = None
+        self.forget = forget
 
     def join(self, arrays: list[Any], rows: int, rt: Runtime) -> Awaitable[Any]:
         assert rt.host is not None
@@ -496,8 +495,7 @@ class _Batch:
             self.closed = True
             if self.timer is not None:
                 self.timer.cancel()
-            if self.forget is not None:
-                self.forget()
+            self.forget(self.key, self)
         elif self.task is not None and self.rt is not None and self.rt.host is not None:
             self.rt.host.cancel(self.task)
 
