@@ -21,6 +21,7 @@ from ._tensor import Tensor, TensorSpec, define_multi, spec_of
 __all__ = ["gru_sequence", "lstm_sequence"]
 
 ArrayLike: TypeAlias = "Tensor | np.ndarray[Any, Any]"
+Array: TypeAlias = "np.ndarray[Any, Any]"
 
 
 def _sequence_meta(
@@ -29,9 +30,10 @@ def _sequence_meta(
     named: dict[str, TensorSpec | None],
     reverse: Any,
     batch_first: Any,
+    stacked: Any,
 ) -> tuple[TensorSpec, TensorSpec]:
     """Validate a sequence op's inputs; the specs of its output and of one final state."""
-    for flag, value in (("reverse", reverse), ("batch_first", batch_first)):
+    for flag, value in (("reverse", reverse), ("batch_first", batch_first), ("stacked", stacked)):
         if not isinstance(value, bool | np.bool_):
             raise OpTypeError(
                 f"{op}: {flag} must be True or False, got {type(value).__name__}: {value!r}"
@@ -65,7 +67,7 @@ def _sequence_meta(
         if s is not None and s.shape != (gates * hidden,):
             raise bad(f"{name} must have shape ({gates * hidden},) = ({gates}*hidden_size,)")
     out = (batch, steps, hidden) if batch_first else (steps, batch, hidden)
-    return TensorSpec(out, dtype), TensorSpec(state, dtype)
+    return TensorSpec(out, dtype), TensorSpec((1, *state) if stacked else state, dtype)
 
 
 def _lstm_sequence_meta(
@@ -77,13 +79,14 @@ def _lstm_sequence_meta(
     c0: Any = None,
     reverse: Any = False,
     batch_first: Any = False,
+    stacked: Any = False,
 ) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
     if (h0 is None) != (c0 is None):
         raise OpInputError(
             "lstm_sequence: give both h0 and c0, or neither (None for both means zero state)"
         )
     named = _specs(x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0)
-    out, state = _sequence_meta("lstm_sequence", 4, named, reverse, batch_first)
+    out, state = _sequence_meta("lstm_sequence", 4, named, reverse, batch_first, stacked)
     return out, state, state
 
 
@@ -96,9 +99,10 @@ def _gru_sequence_meta(
     h0: Any = None,
     reverse: Any = False,
     batch_first: Any = False,
+    stacked: Any = False,
 ) -> tuple[TensorSpec, TensorSpec]:
     named = _specs(x=x, w_ih=w_ih, b_ih=b_ih, w_hh=w_hh, b_hh=b_hh, h0=h0)
-    return _sequence_meta("gru_sequence", 3, named, reverse, batch_first)
+    return _sequence_meta("gru_sequence", 3, named, reverse, batch_first, stacked)
 
 
 def _sequence_cost(x: Any, w_ih: Any, w_hh: Any, batch_first: Any) -> Cost:
@@ -123,6 +127,7 @@ def _lstm_sequence_cost(
     c0: Any = None,
     reverse: Any = False,
     batch_first: Any = False,
+    stacked: Any = False,
 ) -> Cost:
     return _sequence_cost(x, w_ih, w_hh, batch_first)
 
@@ -136,15 +141,46 @@ def _gru_sequence_cost(
     h0: Any = None,
     reverse: Any = False,
     batch_first: Any = False,
+    stacked: Any = False,
 ) -> Cost:
     return _sequence_cost(x, w_ih, w_hh, batch_first)
 
 
+def _lstm_sequence_kernel(
+    x: Array,
+    w_ih: Array,
+    bias: Array | None,
+    w_hh: Array,
+    h0: Array | None = None,
+    c0: Array | None = None,
+    reverse: bool = False,
+    batch_first: bool = False,
+    stacked: bool = False,
+) -> tuple[Array, Array, Array]:
+    out, h_n, c_n = lstm_sequence_kernel(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+    return (out, h_n[None], c_n[None]) if stacked else (out, h_n, c_n)
+
+
+def _gru_sequence_kernel(
+    x: Array,
+    w_ih: Array,
+    b_ih: Array | None,
+    w_hh: Array,
+    b_hh: Array | None,
+    h0: Array | None = None,
+    reverse: bool = False,
+    batch_first: bool = False,
+    stacked: bool = False,
+) -> tuple[Array, Array]:
+    out, h_n = gru_sequence_kernel(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+    return (out, h_n[None]) if stacked else (out, h_n)
+
+
 _lstm_sequence = define_multi(
-    "lstm_sequence", lstm_sequence_kernel, _lstm_sequence_meta, _lstm_sequence_cost
+    "lstm_sequence", _lstm_sequence_kernel, _lstm_sequence_meta, _lstm_sequence_cost
 )
 _gru_sequence = define_multi(
-    "gru_sequence", gru_sequence_kernel, _gru_sequence_meta, _gru_sequence_cost
+    "gru_sequence", _gru_sequence_kernel, _gru_sequence_meta, _gru_sequence_cost
 )
 
 
@@ -157,6 +193,7 @@ def lstm_sequence(
     c0: ArrayLike | None = None,
     reverse: bool = False,
     batch_first: bool = False,
+    stacked: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One LSTM layer-direction over a whole sequence, as one op: ``(output, h_n, c_n)``.
 
@@ -169,10 +206,13 @@ def lstm_sequence(
         reverse: run from the last step to the first (a bidirectional layer's reverse
             direction); the output stays in time order and h_n is the state after step 0.
         batch_first: x and the output are batch-major.
+        stacked: h_n and c_n as (1, batch, hidden_size), the layout ``torch.nn.LSTM``
+            returns for one layer and direction (views of the kernel's own states: no
+            copy, and no op of their own to dispatch and run).
 
     Returns:
         output (steps, batch, hidden_size) (batch-major with ``batch_first``), h_n and c_n
-        (batch, hidden_size); all pending.
+        (batch, hidden_size), or (1, batch, hidden_size) with ``stacked``; all pending.
 
     Raises:
         OpInputError: a shape does not fit (naming every input's shape and dtype).
@@ -182,7 +222,7 @@ def lstm_sequence(
         >>> out, h_n, c_n = ops.lstm_sequence(x, w_ih, b_ih + b_hh, w_hh)
     """
     result: tuple[Tensor, Tensor, Tensor] = _lstm_sequence(
-        x, w_ih, bias, w_hh, h0, c0, reverse, batch_first
+        x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, stacked
     )
     return result
 
@@ -196,6 +236,7 @@ def gru_sequence(
     h0: ArrayLike | None = None,
     reverse: bool = False,
     batch_first: bool = False,
+    stacked: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """One GRU layer-direction over a whole sequence, as one op: ``(output, h_n)``.
 
@@ -203,6 +244,6 @@ def gru_sequence(
     (``b_hh``'s n part is multiplied by r, so it cannot be folded into the projection).
     """
     result: tuple[Tensor, Tensor] = _gru_sequence(
-        x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first
+        x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, stacked
     )
     return result

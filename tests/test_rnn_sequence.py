@@ -272,6 +272,36 @@ class TestSequenceOps:
             ops.lstm_sequence(x, w_ih, None, w_hh, None, None, "yes")  # type: ignore[arg-type]
         with pytest.raises(dataflow.OpInputError, match=r"gru_sequence: w_hh must have shape"):
             ops.gru_sequence(x, _rand(1, 12, 3), None, w_hh, None)
+        with pytest.raises(dataflow.OpTypeError, match=r"lstm_sequence: stacked must be True"):
+            ops.lstm_sequence(x, w_ih, None, w_hh, stacked=1)  # type: ignore[arg-type]
+        with pytest.raises(dataflow.OpTypeError, match=r"gru_sequence: stacked must be True"):
+            ops.gru_sequence(x, _rand(1, 12, 3), None, _rand(2, 12, 4), None, stacked="no")  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    @pytest.mark.parametrize("reverse", [False, True])
+    def test_stacked_states(self, mode: str, reverse: bool) -> None:
+        """stacked=True: the final states as (1, batch, hidden), the same values."""
+        steps, batch, inp, hid = 6, 3, 5, 4
+        gates = 4 if mode == "LSTM" else 3
+        x, w_ih, w_hh = (
+            _rand(1, steps, batch, inp),
+            _rand(2, gates * hid, inp),
+            _rand(3, gates * hid, hid),
+        )
+        b, h0, c0 = _rand(4, gates * hid), _rand(5, batch, hid), _rand(6, batch, hid)
+        flat: list[ops.Tensor]
+        stacked: list[ops.Tensor]
+        if mode == "LSTM":
+            flat = list(ops.lstm_sequence(x, w_ih, b, w_hh, h0, c0, reverse))
+            stacked = list(ops.lstm_sequence(x, w_ih, b, w_hh, h0, c0, reverse, stacked=True))
+        else:
+            b_hh = b[::-1].copy()
+            flat = list(ops.gru_sequence(x, w_ih, b, w_hh, b_hh, h0, reverse))
+            stacked = list(ops.gru_sequence(x, w_ih, b, w_hh, b_hh, h0, reverse, stacked=True))
+        np.testing.assert_array_equal(stacked[0].result(), flat[0].result())
+        for got, want in zip(stacked[1:], flat[1:], strict=True):
+            assert got.shape == (1, batch, hid)
+            np.testing.assert_array_equal(got.result(), want.result()[None])
 
 
 class TestWeightLayout:
@@ -370,6 +400,17 @@ class TestGranularity:
             if mode == "LSTM":
                 np.testing.assert_allclose(got[1][1], ref[2], atol=TOL)
 
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_one_layer_direction_is_one_op(self, mode: str) -> None:
+        """One layer and direction: its op returns the states stacked, no stack_states op."""
+        m = _module(mode, input_size=8, hidden_size=16, seed=0)
+        counts = self._ops_of(m, _rand(0, 5, 2, 8))
+        assert counts == {f"ops.{mode.lower()}_sequence": 1}
+        two = _module(mode, input_size=8, hidden_size=16, num_layers=2, seed=0)
+        assert self._ops_of(two, _rand(0, 5, 2, 8))["ops.stack_states"] == (
+            2 if mode == "LSTM" else 1
+        )
+
     def test_step_granularity_dispatches_steps(self) -> None:
         m = nn.GRU(4, 4, seed=0, granularity="step")
         counts = self._ops_of(m, _rand(0, 5, 1, 4))
@@ -403,6 +444,27 @@ class TestAgainstTorch:
             expected = tm(torch.from_numpy(x))
         got = _forward(m, x, None, None)
         np.testing.assert_allclose(got[0], expected[0].numpy(), atol=TOL, rtol=1e-4)
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_one_layer_direction_states_match_torch(self, mode: str) -> None:
+        """The stacked states of a one-layer, one-direction module: torch's shapes and values."""
+        import torch
+
+        torch.manual_seed(1)
+        tm = getattr(torch.nn, mode)(16, 24)
+        m = _module(mode, input_size=16, hidden_size=24)
+        m.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        x = _rand(4, 9, 3, 16)
+        with torch.no_grad():
+            expected = tm(torch.from_numpy(x))
+        got = _forward(m, x, None, None)
+        np.testing.assert_allclose(got[0], expected[0].numpy(), atol=TOL, rtol=1e-4)
+        states = (
+            zip(got[1], expected[1], strict=True) if mode == "LSTM" else [(got[1], expected[1])]
+        )
+        for mine, theirs in states:
+            assert mine.shape == tuple(theirs.shape) == (1, 3, 24)
+            np.testing.assert_allclose(mine, theirs.numpy(), atol=TOL, rtol=1e-4)
 
 
 class TestArguments:

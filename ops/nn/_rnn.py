@@ -289,11 +289,21 @@ class _RNNBase(Module):
 
     def _run(
         self, x: Value, steps: int, batch: int, h0: list[State], c0: list[State] | None
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Dispatch every op of the forward pass: (output, final hs, final cs)."""
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Dispatch every op of the forward pass: (output, h_n, c_n), the final states
+        stacked as torch returns them, (num_layers*D, batch, hidden_size) (c_n None for a
+        GRU)."""
         if self.granularity_for(batch) == "sequence":
-            return self._run_sequences(x, h0, c0)
-        return self._run_steps(x, steps, h0, c0)
+            if self.num_layers * self.num_directions == 1:
+                # One layer-direction: its op returns the states stacked already (views),
+                # which saves two ops (a dispatch and a task each) on every call.
+                return self._sequence(
+                    self._weights(0, 0), x, h0[0], None if c0 is None else c0[0], False, True
+                )
+            output, hs, cs = self._run_sequences(x, h0, c0)
+        else:
+            output, hs, cs = self._run_steps(x, steps, h0, c0)
+        return output, stack_states(hs), stack_states(cs) if cs else None
 
     def _run_sequences(
         self, x: Value, h0: list[State], c0: list[State] | None
@@ -313,7 +323,8 @@ class _RNNBase(Module):
                     layer_in,
                     h0[k],
                     None if c0 is None else c0[k],
-                    reverse=d == 1,
+                    d == 1,
+                    False,
                 )
                 outs.append(out)
                 final_h.append(h_n)
@@ -325,9 +336,10 @@ class _RNNBase(Module):
         return output, final_h, final_c
 
     def _sequence(
-        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool
+        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool, stacked: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """One layer-direction as one op: (output, h_n, c_n)."""
+        """One layer-direction as one op: (output, h_n, c_n); the states (1, batch,
+        hidden_size) with ``stacked``."""
         raise NotImplementedError
 
     def _run_steps(
@@ -439,13 +451,16 @@ class LSTM(_RNNBase):
                 raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
             h0 = self._split_state(hx[0], "h0", batch)
             c0 = self._split_state(hx[1], "c0", batch)
-        output, hs, cs = self._run(x, steps, batch, h0, c0)
-        return output, (stack_states(hs), stack_states(cs))
+        output, h_n, c_n = self._run(x, steps, batch, h0, c0)
+        assert c_n is not None
+        return output, (h_n, c_n)
 
     def _sequence(
-        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool
+        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool, stacked: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        return lstm_sequence(layer_in, w.w_ih, w.b_sum, w.w_hh, h0, c0, reverse, self.batch_first)
+        return lstm_sequence(
+            layer_in, w.w_ih, w.b_sum, w.w_hh, h0, c0, reverse, self.batch_first, stacked
+        )
 
     def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
         # Both biases fold into one vector, added once to the whole projection.
@@ -478,14 +493,14 @@ class GRU(_RNNBase):
         """``(output, h_n)`` for x (steps, batch, input_size) and optional h0."""
         x, steps, batch = self._check_input(x)
         h0 = self._split_state(hx, "h0", batch)
-        output, hs, _ = self._run(x, steps, batch, h0, None)
-        return output, stack_states(hs)
+        output, h_n, _ = self._run(x, steps, batch, h0, None)
+        return output, h_n
 
     def _sequence(
-        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool
+        self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool, stacked: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         out, h_n = gru_sequence(
-            layer_in, w.w_ih, w.b_ih, w.w_hh, w.b_hh, h0, reverse, self.batch_first
+            layer_in, w.w_ih, w.b_ih, w.w_hh, w.b_hh, h0, reverse, self.batch_first, stacked
         )
         return out, h_n, None
 
