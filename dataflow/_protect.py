@@ -15,8 +15,9 @@ its arguments (containers walked) is, at dispatch:
 Arrays that are already read-only are left alone (the caller cannot change them either). A
 view made *before* the call keeps its own flag, so writing through such a view is not caught
 (numpy keeps the writeable flag per view); module parameters and inputs are usually passed
-as they are, which is what this protects. Kernels that run inline at dispatch read their
-inputs right away and need none of this.
+as they are, which is what this protects. Kernels that run at dispatch on the calling thread
+(tiny ones, and short GIL-bound ones through the pool's GIL lane) read their inputs right away
+and need none of this.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from dataflow._scheduler._placement import (
     parallel_gil,
     runs_inline,
 )
-from dataflow._task import Signature, Task
+from dataflow._task import RUNNING, Signature, Task
 from tests._helpers import Arr, Spec, gated
 
 Array = np.ndarray[Any, Any]
@@ -475,6 +475,72 @@ class TestSerialRunsWhereNeeded:
 
         loop_thread = dataflow.run(main, interop_threads=2)
         assert where == [loop_thread, loop_thread]
+
+    def test_a_serial_kernel_run_here_reads_the_callers_array(self) -> None:
+        """Run on the dispatching thread, a serial kernel reads its argument at once: it gets
+        the caller's own array, neither copied nor frozen (the protection of ops that run
+        later is not needed)."""
+        seen: list[tuple[int, bool]] = []
+
+        def kernel(x: Any) -> Any:
+            seen.append((id(x), bool(x.flags.writeable)))
+            time.sleep(1e-3)
+            return x + 1.0
+
+        op = dataflow.op("reads_here", meta=lambda x: ops.spec_of(x), handle=ops.Tensor)(kernel)
+        a = np.arange(4.0)
+
+        async def main() -> None:
+            warm = op(np.zeros(4))
+            await warm
+            sig = warm.task.sig
+            sig.seconds, sig.serial = 1e-3, True  # as if measured: 1 ms, GIL-bound
+            seen.clear()
+            np.testing.assert_array_equal(await op(a), a + 1.0)
+
+        dataflow.run(main, interop_threads=2)
+        assert seen == [(id(a), True)]
+
+    def test_a_serial_kernel_waiting_for_the_lane_is_protected(self) -> None:
+        """A serial kernel that would run here but finds the GIL lane taken waits for it, so
+        it runs later: its small array argument is copied at the call, as for any queued op,
+        and a write by the caller meanwhile does not change its result."""
+        gate = threading.Event()
+
+        def hold(x: Any, g: threading.Event) -> Any:
+            g.wait(5.0)
+            return x
+
+        def add_one(x: Any) -> Any:
+            return x + 1.0
+
+        blocker = dataflow.op(
+            "lane_holder", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor, inline=False
+        )(hold)
+        quick = dataflow.op("lane_waiter", meta=lambda x: ops.spec_of(x), handle=ops.Tensor)(
+            add_one
+        )
+        a = np.arange(4.0)
+
+        async def main() -> Any:
+            warm_b, warm_q = blocker(np.zeros(4), threading.Event()), quick(np.zeros(4))
+            warm_b.task.args[1].set()
+            await dataflow.materialize([warm_b, warm_q])
+            warm_b.task.sig.serial = True  # GIL-bound and long: on the pool, holding the lane
+            warm_b.task.sig.seconds = 1.0
+            q = warm_q.task.sig
+            q.seconds, q.serial = 1e-3, True  # GIL-bound and short: here, through the lane
+            held = blocker(np.zeros(4), gate)
+            deadline = time.monotonic() + 5.0
+            while held.task.state != RUNNING and time.monotonic() < deadline:
+                await asyncio.sleep(1e-3)
+            y = quick(a)
+            a[:] = 100.0  # after the call: the kernel must not see it
+            gate.set()
+            return await y
+
+        got = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(got, np.arange(4.0) + 1.0)
 
 
 class TestSynchronousMode:

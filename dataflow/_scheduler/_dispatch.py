@@ -140,7 +140,18 @@ class Scheduler(Execution):
             self.emit("task_created", task)
         if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
             return self._run_now(task)
-        protect(task)  # it runs later: the caller may change its arrays meanwhile
+        # A ready GIL-bound kernel shorter than a GIL switch interval runs here, through the
+        # pool's GIL lane (``_placement.runs_inline``); anything else is queued.
+        here = (
+            ready
+            and sig.serial
+            and timeout is None
+            and sig.inline is None
+            and self._inline_ok
+            and runs_inline(sig, self.inline_threshold)
+        )
+        if not here:
+            protect(task)  # it runs later: the caller may change its arrays meanwhile
         owner = self._owner() if threading.get_ident() == self.host.thread_id else None
         if owner is not None:
             if priority is None:
@@ -157,16 +168,12 @@ class Scheduler(Execution):
                 task.state = READY
             run_here = False
             if task.state == READY:
-                # A GIL-bound kernel shorter than a GIL switch interval runs here, through
-                # the pool's GIL lane (``_placement.runs_inline``); anything else is queued.
-                if (
-                    sig.serial
-                    and timeout is None
-                    and sig.inline is None
-                    and self._inline_ok
-                    and runs_inline(sig, self.inline_threshold)
-                ):
+                if here:
                     run_here = self.start_locked(task, self.pool)
+                    if not run_here:
+                        # It waits for the GIL lane, so it runs later after all. Nobody can
+                        # start it before this lock is released.
+                        protect(task)
                 else:
                     self.pool.push_locked(task)
         if run_here:
