@@ -523,8 +523,9 @@ class TestSerialRunsWhereNeeded:
         a = np.arange(4.0)
 
         async def main() -> Any:
-            warm_b, warm_q = blocker(np.zeros(4), threading.Event()), quick(np.zeros(4))
-            warm_b.task.args[1].set()
+            opened = threading.Event()
+            opened.set()
+            warm_b, warm_q = blocker(np.zeros(4), opened), quick(np.zeros(4))
             await dataflow.materialize([warm_b, warm_q])
             warm_b.task.sig.serial = True  # GIL-bound and long: on the pool, holding the lane
             warm_b.task.sig.seconds = 1.0
