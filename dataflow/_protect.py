@@ -22,7 +22,6 @@ and need none of this.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +57,8 @@ def _chain(a: np.ndarray[Any, Any]) -> list[np.ndarray[Any, Any]]:
 
 def _freeze(a: np.ndarray[Any, Any], task: Task) -> None:
     with _lock:
-        for arr in _chain(a):
+        arr = a
+        while True:  # a and the arrays it is a view of
             entry = _frozen.get(id(arr))
             if entry is not None and entry[0] is arr:
                 entry[1] += 1
@@ -66,6 +66,10 @@ def _freeze(a: np.ndarray[Any, Any], task: Task) -> None:
             elif arr.flags.writeable:
                 arr.flags.writeable = False
                 _frozen[id(arr)] = [arr, 1, [task]]
+            base = arr.base
+            if not isinstance(base, _ndarray):
+                return
+            arr = base
 
 
 def _leaf(task: Task, frozen: list[np.ndarray[Any, Any]]) -> Any:
@@ -102,25 +106,39 @@ def protect(task: Task) -> None:
     args = task.args
     if args is None:
         return
-    frozen: list[np.ndarray[Any, Any]] = []
-    leaf = _leaf(task, frozen)
+    frozen: list[np.ndarray[Any, Any]] | None = None
     new: list[Any] | None = None
     for i, a in enumerate(args):
+        # Arrays passed as they are (the common case, on every queued op's dispatch) are
+        # handled here, without the closure that containers and keywords walk with.
         if type(a) is _ndarray:
-            if not a.flags.writeable and id(a) not in _frozen:
+            if a.flags.writeable:
+                if a.nbytes <= COPY_BYTES:
+                    if new is None:
+                        new = list(args)
+                    new[i] = a.copy()
+                    continue
+            elif id(a) not in _frozen:  # read-only by the caller's choice: nothing to do
                 continue
-            b = leaf(a)
+            _freeze(a, task)  # (or already frozen for another task: one more reader)
+            if frozen is None:
+                frozen = [a]
+            else:
+                frozen.append(a)
         elif is_container(a):
-            b = _protect_container(a, leaf)
-        else:
-            continue
-        if b is not a:
-            if new is None:
-                new = list(args)
-            new[i] = b
+            if frozen is None:
+                frozen = []
+            b = _protect_container(a, _leaf(task, frozen))
+            if b is not a:
+                if new is None:
+                    new = list(args)
+                new[i] = b
     if new is not None:
         task.args = tuple(new)
     if task.kwargs:
+        if frozen is None:
+            frozen = []
+        leaf = _leaf(task, frozen)
         task.kwargs = {k: _protect_container([v], leaf)[0] for k, v in task.kwargs.items()}
     if frozen:
         task.frozen = frozen
@@ -134,13 +152,15 @@ def thaw(task: Task) -> None:
     task.frozen = None
     with _lock:
         for a in frozen:
-            for arr in reversed(_chain(a)):  # bases first: a view is writeable only then
+            # Bases first: a view can be made writeable only once its base is.
+            for arr in (a,) if a.base is None else reversed(_chain(a)):
                 entry = _frozen.get(id(arr))
                 if entry is None or entry[0] is not arr:
                     continue
                 entry[1] -= 1
-                with contextlib.suppress(ValueError):
-                    entry[2].remove(task)
+                holders = entry[2]
+                if task in holders:
+                    holders.remove(task)
                 if entry[1] == 0:
                     del _frozen[id(arr)]
                     _restore(arr)

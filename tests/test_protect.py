@@ -122,6 +122,44 @@ class TestLargeArraysAreFrozen:
         assert refused and np.all(value == 1.0)
         assert base.flags.writeable and view.flags.writeable
 
+    def test_a_view_of_a_view_freezes_the_whole_chain(self) -> None:
+        """A view of a view: numpy points it at the array owning the memory, so writing the
+        base is refused (writing through the middle view, made before the call, is not
+        caught: the module docstring's limit), and all three are writeable again once the
+        op has run."""
+        base = np.ones((4, 2, COPY_BYTES))
+        middle = base[1]
+        view = middle[0]
+        refused: list[bool] = []
+
+        def mutate() -> None:
+            for target in (middle, base):
+                try:
+                    target[0, 0] = 9.0
+                except ValueError:
+                    refused.append(True)
+                else:
+                    refused.append(False)
+
+        value, _ = _deferred(view, mutate)
+        assert view.base is base
+        assert refused == [False, True] and value[0] == 9.0 and np.all(value[1:] == 1.0)
+        assert base.flags.writeable and middle.flags.writeable and view.flags.writeable
+
+    def test_a_big_keyword_argument_is_frozen_too(self) -> None:
+        """Arrays passed by keyword are protected like positional ones."""
+        big = np.ones(COPY_BYTES)
+
+        async def main() -> tuple[bool, bool]:
+            gate = threading.Event()
+            out = later(gated(np.zeros(1), gate), y=big)
+            during = big.flags.writeable
+            gate.set()
+            await out
+            return during, big.flags.writeable
+
+        assert dataflow.run(main, interop_threads=2) == (False, True)
+
     def test_two_readers_hold_it_until_both_ran(self) -> None:
         """An array read by two pending tasks stays read-only until the second has run."""
         big = np.ones(COPY_BYTES)
