@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "memory": "benchmarks.memory",
     "scaling": "benchmarks.scaling",
     "serving": "benchmarks.serving",
+    "sizes": "benchmarks.sizes",
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
