@@ -23,6 +23,7 @@ from dataflow._scheduler._placement import (
     PROBE,
     SERIAL_ABOVE,
     SERIAL_PARALLEL,
+    dispatcher_overlap,
     parallel_gil,
     runs_inline,
 )
@@ -308,6 +309,59 @@ class TestGilLane:
         # A process that used 2 of 16 cores (a container's CPU quota, a loaded machine) was
         # held back by something else than the GIL alone: at most the free mark.
         assert parallel_gil(0.01, 15.0, 0.02, 16) <= 1.0
+
+    def test_dispatcher_overlap_is_the_share_off_the_cpu(self) -> None:
+        """A lone worker's overlap with the dispatching thread: the run's share off the CPU."""
+        assert dispatcher_overlap(1.0, 1.0) == 0.0
+        assert dispatcher_overlap(1.0, 0.4) == pytest.approx(0.6)
+        assert dispatcher_overlap(1.0, 1.2) == 0.0  # clock granularity: never negative
+        assert dispatcher_overlap(0.0, 0.0) == 0.0
+
+    @pytest.mark.parametrize("gil_bound", [True, False])
+    def test_one_thread_learns_a_kernel_gil_bound_beside_the_dispatcher(
+        self, gil_bound: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With one inter-op thread no kernel overlaps another, so the busy integral sees
+        nothing; the worker's time off the CPU is what the dispatching thread overlapped.
+        Runs alone (1 ms, on the CPU throughout) alternate with runs the worker spent 60%
+        off the CPU: when those took 2.5x as long (it waited for the GIL) the kernel is
+        marked serial; when they took no longer (it was off the CPU sleeping, say, not
+        waiting) it is not. (Thread CPU times are fed: a real convoy with the dispatching
+        thread depends on the OS's scheduling.)"""
+        from dataflow._scheduler import _execution
+
+        clock = {"calls": 0, "now": 0.0, "next": 0.0}
+
+        def thread_time() -> float:  # called before and after each measured run
+            clock["calls"] += 1
+            if clock["calls"] % 2 == 0:
+                clock["now"] += clock["next"]
+            return clock["now"]
+
+        monkeypatch.setattr(_execution, "_thread_time", thread_time)
+
+        def kernel(x: Any, beside: bool) -> Any:
+            wall = 0.0025 if beside and gil_bound else 0.001
+            time.sleep(wall)
+            clock["next"] = 0.4 * wall if beside else wall  # this run's CPU time
+            return x
+
+        name = "waits_beside_loop" if gil_bound else "sleeps_beside_loop"
+        op = dataflow.op(
+            name, meta=lambda x, beside: ops.spec_of(x), handle=ops.Tensor, inline=False
+        )(kernel)
+
+        async def main() -> Signature:
+            sig: Signature | None = None
+            for i in range(44):
+                h = op(np.zeros(1), bool(i % 2))
+                await h
+                sig = h.task.sig
+            assert sig is not None
+            return sig
+
+        sig = dataflow.run(main, interop_threads=1)
+        assert sig.serial is gil_bound
 
     def test_contended_gil_bound_runs_on_many_cores_are_marked_serial(self) -> None:
         """Every run contended, so its slowdown against the (contended) best reads g = 0.1,

@@ -38,6 +38,7 @@ from ._placement import (
     PROBE,
     SAMPLE,
     WARM_UP,
+    dispatcher_overlap,
     note_overlap,
     runs_inline,
 )
@@ -133,10 +134,17 @@ class Execution(Requests):
         sig.seconds = wall if not sig.runs else sig.seconds + (wall - sig.seconds) * EWMA
         sig.runs += 1
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
+            others = (i1 - i0) / wall - 1.0
+            if cpu and pool.num_threads == 1:
+                # A lone worker has no other kernel beside it, but the dispatching thread
+                # runs Python too: the share of the run this thread spent off the CPU,
+                # waiting for the GIL, is how much of the run the dispatcher overlapped it
+                # (``dispatcher_overlap``).
+                others = max(others, dispatcher_overlap(wall, c1 - c0))
             note_overlap(
                 sig,
                 wall,
-                (i1 - i0) / wall - 1.0,
+                others,
                 c1 - c0 if cpu else None,
                 p1 - p0 if many else None,
                 _CORES,

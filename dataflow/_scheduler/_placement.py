@@ -23,6 +23,7 @@ __all__ = [
     "SAMPLE",
     "SPAWN_CPU_SHARE",
     "WARM_UP",
+    "dispatcher_overlap",
     "get_inline_threshold",
     "note_overlap",
     "parallel_gil",
@@ -131,6 +132,25 @@ def parallel_gil(wall: float, others: float, process: float, cores: int) -> floa
     extra = max(0.0, process / wall - 1.0)
     g = SERIAL_ABOVE * (1.0 - min(1.0, extra / possible)) / (1.0 - SERIAL_PARALLEL)
     return g if extra < SERIAL_EXTRA else min(g, FREE_BELOW)
+
+
+def dispatcher_overlap(wall: float, cpu: float) -> float:
+    """How much of a run on a pool's only worker the dispatching thread overlapped it, on
+    the scale of ``others`` (:func:`note_overlap`): the share of the run the worker spent
+    off the CPU, ``1 - cpu / wall``.
+
+    With one inter-op thread no kernel runs beside another, so the busy integral sees no
+    overlap, yet the thread dispatching ops (the event loop) runs Python beside the worker.
+    A GIL-bound kernel then waits for the GIL whenever the dispatcher holds it (measured at
+    (20, 1, 64): the kernels that ran while the forward was being dispatched took 1.6-2.5x
+    their time alone), and a thread waiting for the GIL is off the CPU; a GIL-free kernel
+    (BLAS) keeps its CPU. Fed to :func:`note_overlap` as the overlap, a GIL-bound kernel's
+    run reads ``g`` about ``wall / best``, over the serial mark once it ran more than 1.5x
+    its time alone, and runs alone (the dispatcher idle, the worker on the CPU) read under
+    0.3 and say nothing. Time lost to other processes reads the same way, so only the median
+    of many runs decides, as for ``g``.
+    """
+    return max(0.0, 1.0 - cpu / wall) if wall > 0 else 0.0
 
 
 def note_overlap(
