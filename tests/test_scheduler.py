@@ -544,15 +544,20 @@ class TestSerialRunsWhereNeeded:
         op = dataflow.op("reads_here", meta=lambda x: ops.spec_of(x), handle=ops.Tensor)(kernel)
         a = np.arange(4.0)
 
-        async def main() -> None:
+        async def main() -> tuple[int, int]:
             warm = op(np.zeros(4))
             await warm
             sig = warm.task.sig
             sig.seconds, sig.serial = 1e-3, True  # as if measured: 1 ms, GIL-bound
             seen.clear()
+            sched = dataflow.current_runtime()._sched  # type: ignore[union-attr]
+            inline, pooled = sched.inline_run, sched.tasks_run
             np.testing.assert_array_equal(await op(a), a + 1.0)
+            return sched.inline_run - inline, sched.tasks_run - pooled
 
-        dataflow.run(main, interop_threads=2)
+        # With the GIL lane free it ran on the small ops' lean path: at dispatch, no task
+        # record until its value existed.
+        assert dataflow.run(main, interop_threads=2) == (1, 0)
         assert seen == [(id(a), True)]
 
     def test_a_serial_kernel_waiting_for_the_lane_is_protected(self) -> None:

@@ -48,9 +48,11 @@
   dispatching thread instead of taking turns with it (measured at (20, 1, 64): 1.8x numpy's
   time before, 1.1x after).
   A serial kernel shorter than the interpreter's GIL switch interval (5 ms by
-  default) runs on the thread that needs it, through the lane, like a small one: on a worker
-  it would hold the GIL that long before the dispatching thread got it back, so the hand-off
-  buys nothing and costs a wake-up (``_placement.runs_inline``).
+  default) runs on the thread that needs it, like a small one: on a worker it would hold the
+  GIL that long before the dispatching thread got it back, so the hand-off buys nothing and
+  costs a wake-up (``_placement.runs_inline``). When the lane is free it runs at dispatch on
+  the small ops' lean path (no task record until its value exists, no lock); when a serial
+  kernel holds the lane on a worker it waits for the lane instead.
 * **Ready order, and requests.** Work dispatched from a coroutine on the loop belongs to
   that coroutine's task (a request, in a server): its tasks take the request's age as their
   priority, so the oldest request's ready work runs first and a burst of new requests cannot

@@ -71,7 +71,18 @@ class Scheduler(Execution):
         if ready and timeout is None and self._inline_ok:
             inline = sig.inline
             if inline is None:
-                inline = sig.seconds < self.inline_threshold or self.pool is None
+                # Tiny, or GIL-bound and short with the pool's GIL lane free (no serial
+                # kernel running on a worker): either way the kernel runs here, now, on the
+                # lean path below (a GIL-bound one finding the lane taken waits for it).
+                inline = (
+                    sig.seconds < self.inline_threshold
+                    or self.pool is None
+                    or (
+                        sig.serial
+                        and self.pool.lane_task is None
+                        and runs_inline(sig, self.inline_threshold)
+                    )
+                )
             if inline:
                 start = 0  # nonzero: recorders observe, and this is when the kernel began
                 if ACTIVE or self.watching:
