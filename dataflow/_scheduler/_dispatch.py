@@ -151,8 +151,9 @@ class Scheduler(Execution):
             self.emit("task_created", task)
         if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
             return self._run_now(task)
-        # A ready GIL-bound kernel shorter than a GIL switch interval runs here, through the
-        # pool's GIL lane (``_placement.runs_inline``); anything else is queued.
+        # A ready GIL-bound kernel shorter than a GIL switch interval that found the pool's
+        # GIL lane taken above (``_placement.runs_inline``) runs here if the lane is free by
+        # now, else waits for it; anything else is queued.
         here = (
             ready
             and sig.serial
