@@ -708,6 +708,19 @@ class TestOneAwait:
 
         assert dataflow.run(main) == (np.ndarray, ops.Tensor)
 
+    def test_model_code_says_whether_it_was_nested_and_resets_on_error(self) -> None:
+        """`with model_code() as nested`: False at the top, True inside another; the mark is
+        taken off when the block ends, by an exception too."""
+        assert not dataflow.in_model_code()
+        with dataflow.model_code() as outer:
+            with dataflow.model_code() as inner:
+                assert dataflow.in_model_code()
+            assert dataflow.in_model_code()
+        assert (outer, inner) == (False, True)
+        with pytest.raises(KeyError), dataflow.model_code():
+            raise KeyError("x")
+        assert not dataflow.in_model_code()
+
     def test_forks_started_in_model_code_are_model_code(self) -> None:
         """A coroutine forked from a forward inherits model code (its awaits stay pending)."""
 
