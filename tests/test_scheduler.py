@@ -8,6 +8,7 @@ import itertools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -310,45 +311,58 @@ class TestGilLane:
         # held back by something else than the GIL alone: at most the free mark.
         assert parallel_gil(0.01, 15.0, 0.02, 16) <= 1.0
 
-    def test_dispatcher_overlap_is_the_share_off_the_cpu(self) -> None:
-        """A lone worker's overlap with the dispatching thread: the run's share off the CPU."""
-        assert dispatcher_overlap(1.0, 1.0) == 0.0
-        assert dispatcher_overlap(1.0, 0.4) == pytest.approx(0.6)
-        assert dispatcher_overlap(1.0, 1.2) == 0.0  # clock granularity: never negative
-        assert dispatcher_overlap(0.0, 0.0) == 0.0
+    def test_dispatcher_overlap_is_the_others_time_on_the_cpu(self) -> None:
+        """A lone worker's overlap with the dispatching thread: the share of the run the
+        process's other threads were on a CPU while the worker was not."""
+        assert dispatcher_overlap(1.0, 1.0, 1.0) == 0.0  # the worker alone, on the CPU
+        assert dispatcher_overlap(1.0, 0.4, 1.0) == pytest.approx(0.6)  # waited for the GIL
+        assert dispatcher_overlap(1.0, 0.4, 0.4) == 0.0  # the whole process was off the CPU
+        assert dispatcher_overlap(1.0, 0.4, 2.0) == pytest.approx(0.6)  # BLAS threads too
+        assert dispatcher_overlap(1.0, 1.2, 1.3) == 0.0  # clock granularity: never negative
+        assert dispatcher_overlap(0.0, 0.0, 0.0) == 0.0
 
-    @pytest.mark.parametrize("gil_bound", [True, False])
+    @pytest.mark.parametrize("case", ["gil-bound", "sleeping", "preempted"])
     def test_one_thread_learns_a_kernel_gil_bound_beside_the_dispatcher(
-        self, gil_bound: bool, monkeypatch: pytest.MonkeyPatch
+        self, case: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """With one inter-op thread no kernel overlaps another, so the busy integral sees
-        nothing; the worker's time off the CPU is what the dispatching thread overlapped.
-        Runs alone (1 ms, on the CPU throughout) alternate with runs the worker spent 60%
-        off the CPU: when those took 2.5x as long (it waited for the GIL) the kernel is
-        marked serial; when they took no longer (it was off the CPU sleeping, say, not
-        waiting) it is not. (Thread CPU times are fed: a real convoy with the dispatching
-        thread depends on the OS's scheduling.)"""
+        nothing; the time the dispatching thread was on a CPU while the worker was not is
+        their overlap. Runs alone (1 ms, on the CPU throughout) alternate with runs the worker
+        spent 60% off the CPU: when those took 2.5x as long while the dispatcher ran (it
+        waited for the GIL) the kernel is marked serial; when they took no longer (it was
+        off the CPU sleeping, say, not waiting), or when the whole process was off the CPU
+        (other processes took the machine), it is not. (Thread and process CPU times are
+        fed: a real convoy with the dispatching thread depends on the OS's scheduling.)"""
         from dataflow._scheduler import _execution
 
-        clock = {"calls": 0, "now": 0.0, "next": 0.0}
+        clocks = {"thread": [0, 0.0, 0.0], "process": [0, 0.0, 0.0]}  # calls, now, next
 
-        def thread_time() -> float:  # called before and after each measured run
-            clock["calls"] += 1
-            if clock["calls"] % 2 == 0:
-                clock["now"] += clock["next"]
-            return clock["now"]
+        def clock(name: str) -> Callable[[], float]:
+            def read() -> float:  # called before and after each measured run
+                c = clocks[name]
+                c[0] += 1
+                if c[0] % 2 == 0:
+                    c[1] += c[2]
+                return c[1]
 
-        monkeypatch.setattr(_execution, "_thread_time", thread_time)
+            return read
+
+        monkeypatch.setattr(_execution, "_thread_time", clock("thread"))
+        monkeypatch.setattr(_execution, "_process_time", clock("process"))
 
         def kernel(x: Any, beside: bool) -> Any:
-            wall = 0.0025 if beside and gil_bound else 0.001
+            wall = 0.0025 if beside and case != "sleeping" else 0.001
             time.sleep(wall)
-            clock["next"] = 0.4 * wall if beside else wall  # this run's CPU time
+            mine = 0.4 * wall if beside else wall  # this thread's CPU time in the run
+            clocks["thread"][2] = mine
+            clocks["process"][2] = wall if beside and case == "gil-bound" else mine
             return x
 
-        name = "waits_beside_loop" if gil_bound else "sleeps_beside_loop"
         op = dataflow.op(
-            name, meta=lambda x, beside: ops.spec_of(x), handle=ops.Tensor, inline=False
+            f"beside_loop_{case}",
+            meta=lambda x, beside: ops.spec_of(x),
+            handle=ops.Tensor,
+            inline=False,
         )(kernel)
 
         async def main() -> Signature:
@@ -361,7 +375,7 @@ class TestGilLane:
             return sig
 
         sig = dataflow.run(main, interop_threads=1)
-        assert sig.serial is gil_bound
+        assert sig.serial is (case == "gil-bound")
 
     def test_contended_gil_bound_runs_on_many_cores_are_marked_serial(self) -> None:
         """Every run contended, so its slowdown against the (contended) best reads g = 0.1,

@@ -117,17 +117,19 @@ class Execution(Requests):
         pool = self.pool
         assert pool is not None
         # The thread's CPU time too (a system call, ~0.4 us), for kernels long enough that it
-        # says something (``note_overlap``), and where three or more kernels can run side by
-        # side on as many cores, the process's (a system call over its threads, ~1 us).
+        # says something (``note_overlap``), and the process's (a system call over its
+        # threads, ~1 us) where three or more kernels can run side by side on as many cores,
+        # or where a lone worker's only company is the dispatching thread.
         cpu = sig.seconds >= MIN_MEASURED
+        lone = cpu and pool.num_threads == 1
         many = cpu and _CORES >= PARALLEL_CORES and pool.num_threads > PARALLEL_OTHERS
         i0 = pool.busy_integral_now()
         c0 = _thread_time() if cpu else 0.0
-        p0 = _process_time() if many else 0.0
+        p0 = _process_time() if many or lone else 0.0
         t0 = time.perf_counter()
         value = fn(*args, **kwargs) if kwargs else fn(*args)
         t1 = time.perf_counter()
-        p1 = _process_time() if many else 0.0
+        p1 = _process_time() if many or lone else 0.0
         c1 = _thread_time() if cpu else 0.0
         i1 = pool.busy_integral_now()
         wall = t1 - t0
@@ -135,12 +137,11 @@ class Execution(Requests):
         sig.runs += 1
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
             others = (i1 - i0) / wall - 1.0
-            if cpu and pool.num_threads == 1:
-                # A lone worker has no other kernel beside it, but the dispatching thread
-                # runs Python too: the share of the run this thread spent off the CPU,
-                # waiting for the GIL, is how much of the run the dispatcher overlapped it
-                # (``dispatcher_overlap``).
-                others = max(others, dispatcher_overlap(wall, c1 - c0))
+            if lone:
+                # No other kernel beside a lone worker, but the dispatching thread runs
+                # Python too: the share of the run it was on a CPU while this thread was not
+                # is how much of the run it overlapped (``dispatcher_overlap``).
+                others = max(others, dispatcher_overlap(wall, c1 - c0, p1 - p0))
             note_overlap(
                 sig,
                 wall,

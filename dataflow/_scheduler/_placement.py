@@ -134,23 +134,27 @@ def parallel_gil(wall: float, others: float, process: float, cores: int) -> floa
     return g if extra < SERIAL_EXTRA else min(g, FREE_BELOW)
 
 
-def dispatcher_overlap(wall: float, cpu: float) -> float:
+def dispatcher_overlap(wall: float, cpu: float, process: float) -> float:
     """How much of a run on a pool's only worker the dispatching thread overlapped it, on
-    the scale of ``others`` (:func:`note_overlap`): the share of the run the worker spent
-    off the CPU, ``1 - cpu / wall``.
+    the scale of ``others`` (:func:`note_overlap`): the share of the run's wall time the
+    process's other threads were on a CPU while this one was not, ``min(process - cpu,
+    wall - cpu) / wall`` (``cpu``: the worker thread's CPU time in the run, ``process``: the
+    process's).
 
     With one inter-op thread no kernel runs beside another, so the busy integral sees no
     overlap, yet the thread dispatching ops (the event loop) runs Python beside the worker.
     A GIL-bound kernel then waits for the GIL whenever the dispatcher holds it (measured at
     (20, 1, 64): the kernels that ran while the forward was being dispatched took 1.6-2.5x
-    their time alone), and a thread waiting for the GIL is off the CPU; a GIL-free kernel
-    (BLAS) keeps its CPU. Fed to :func:`note_overlap` as the overlap, a GIL-bound kernel's
-    run reads ``g`` about ``wall / best``, over the serial mark once it ran more than 1.5x
-    its time alone, and runs alone (the dispatcher idle, the worker on the CPU) read under
-    0.3 and say nothing. Time lost to other processes reads the same way, so only the median
-    of many runs decides, as for ``g``.
+    their time alone), off the CPU while the dispatcher is on it. A GIL-free kernel (BLAS)
+    keeps its CPU. Fed to :func:`note_overlap` as the overlap, a GIL-bound kernel's run then
+    reads ``g`` about ``wall / best``, over the serial mark once it took more than 1.5x its
+    time alone; runs alone read under 0.3 and say nothing. Time the whole process lost to
+    other processes (the worker and the dispatcher both off the CPU) does not count, so a
+    loaded machine does not mark a kernel GIL-bound.
     """
-    return max(0.0, 1.0 - cpu / wall) if wall > 0 else 0.0
+    if wall <= 0:
+        return 0.0
+    return max(0.0, min(process - cpu, wall - cpu)) / wall
 
 
 def note_overlap(
