@@ -42,8 +42,10 @@
   cores it could have (and under half a core beyond one) counts as g 1.5 or more
   (``_placement.parallel_gil``); the higher of the two estimates counts. With one inter-op
   thread no kernel overlaps another, but the dispatching thread runs Python beside the lone
-  worker, and a GIL-bound kernel waits for it off the CPU: there the share of a run the worker
-  spent off the CPU is the overlap (``_placement.dispatcher_overlap``), so the kernels of a
+  worker, and a GIL-bound kernel waits for it off the CPU: there the share of a run the
+  process's other threads were on a CPU while the worker was not is the overlap
+  (``_placement.dispatcher_overlap``; time the whole process lost to other processes does not
+  count), so the kernels of a
   small model dispatched on one inter-op thread are learnt GIL-bound and then run on the
   dispatching thread instead of taking turns with it (measured at (20, 1, 64): 1.8x numpy's
   time before, 1.1x after).
