@@ -262,7 +262,8 @@ class Compiled(Generic[R]):
         host = rt.host
         assert host is not None
         waiter = host.waiter()
-        gather = launch(rt, prog, arrays, None, waiter)
+        # A batch must run elsewhere: the next batch gathers the calls made meanwhile.
+        gather = launch(rt, prog, arrays, None, waiter, self.batch_axis is None)
         await waiter
         return Pending(gather).result()
 

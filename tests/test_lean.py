@@ -14,6 +14,7 @@ import pytest
 
 import dataflow
 import ops
+from dataflow.graph import _launch
 
 Array = np.ndarray[Any, Any]
 
@@ -123,6 +124,85 @@ class TestPlacement:
         dataflow.run(main, interop_threads=2)
         last = log.entries[-20:]
         assert len({e[1] for e in last}) == 1
+
+    def test_a_short_plan_runs_whole_on_the_launching_thread(self) -> None:
+        """A plan of small kernels, well under PLAN_HERE_SECONDS in all, runs on the thread
+        that launched it (the event loop's), once their times are measured: no hand-off to a
+        worker and back."""
+        log = _Log()
+        mark = log.op("here", 0.0)
+
+        async def prog(a: Any) -> Any:
+            return ops.stack([mark(a, k) for k in range(6)])
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> tuple[int, Any]:
+            out = None
+            for _ in range(_launch.PLAN_HERE_EVERY + 4):  # past the kernels' first timings
+                out = await forward(_x(2))
+            return threading.get_ident(), out
+
+        loop_thread, out = dataflow.run(main, interop_threads=2)
+        assert {e[1] for e in log.entries[-6:]} == {loop_thread}
+        np.testing.assert_allclose(out, np.stack([_x(2) + 1.0] * 6), rtol=1e-6)
+
+    def test_a_plan_with_a_blocking_op_or_past_the_bound_goes_to_the_pool(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An op declared inline=False (it may block) keeps its plan off the launching thread,
+        and so does a plan whose kernels add up to PLAN_HERE_SECONDS or more."""
+        log = _Log()
+        mark = log.op("short", 0.0)
+
+        def kernel(x: Any) -> Any:
+            with log.lock:
+                log.entries.append(("blocking", threading.get_ident(), 0.0, 0.0))
+            return x
+
+        blocking = dataflow.op("blocks_maybe", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
+            kernel
+        )
+
+        async def with_blocking(a: Any) -> Any:
+            return blocking(ops.add(a, 1.0))
+
+        async def plain(a: Any) -> Any:
+            return mark(a, 0)
+
+        forward_b = dataflow.compile(with_blocking, check=False)
+        forward_p = dataflow.compile(plain, check=False)
+
+        async def main() -> int:
+            n = _launch.PLAN_HERE_EVERY + 4  # past the kernels' first timings
+            for _ in range(n):
+                await forward_b(_x(2))
+            monkeypatch.setattr(_launch, "PLAN_HERE_SECONDS", 0.0)
+            for _ in range(n):
+                await forward_p(_x(2))
+            return threading.get_ident()
+
+        loop_thread = dataflow.run(main, interop_threads=2)
+        assert all(e[1] != loop_thread for e in log.entries)
+
+    def test_a_batched_forward_never_runs_its_plan_on_the_launching_thread(self) -> None:
+        """With batch_axis, a short plan still runs on the pool: calls made while it runs
+        gather into the next batch, which they could not while it held the loop."""
+        log = _Log()
+        mark = log.op("batched", 0.0)
+
+        async def prog(a: Any) -> Any:
+            return mark(a, 0)
+
+        forward = dataflow.compile(prog, check=False, batch_axis=0)
+
+        async def main() -> int:
+            for _ in range(_launch.PLAN_HERE_EVERY + 4):
+                await forward(_x(1, 3))
+            return threading.get_ident()
+
+        loop_thread = dataflow.run(main, interop_threads=2)
+        assert log.entries and all(e[1] != loop_thread for e in log.entries)
 
     def test_big_gil_free_nodes_run_side_by_side(self) -> None:
         """Independent nodes that release the GIL get a second runner: their kernels overlap."""
@@ -340,8 +420,9 @@ class TestRequests:
         names = log.names()
         assert names.index("old1") < names.index("young39")
 
-    def test_closing_the_runtime_fails_a_queued_run(self) -> None:
+    def test_closing_the_runtime_fails_a_queued_run(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A run still queued when its runtime's body fails is not run, and nothing hangs."""
+        monkeypatch.setattr(_launch, "PLAN_HERE_SECONDS", 0.0)  # a queued run, not one here
         gate = threading.Event()
         hold = dataflow.op("hold_lean", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
             lambda x: (gate.wait(10), x)[1]
@@ -400,9 +481,15 @@ class TestBackpressure:
 
 
 class TestObserved:
-    def test_a_profile_gets_a_span_per_node_with_its_inputs(self) -> None:
+    @pytest.mark.parametrize("here", [False, True])
+    def test_a_profile_gets_a_span_per_node_with_its_inputs(
+        self, here: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Recorders only: the lean executor writes each node's span record (not the runner's),
-        with the ids of the nodes it read, on a labelled pool thread."""
+        with the ids of the nodes it read, on a labelled thread: a pool thread, or the loop's
+        for a short plan run where it was launched."""
+        if not here:
+            monkeypatch.setattr(_launch, "PLAN_HERE_SECONDS", 0.0)
         forward = dataflow.compile(_two_chains, optimize=False)  # (no fusion: five nodes)
 
         async def main() -> Any:
@@ -421,7 +508,8 @@ class TestObserved:
         last = [t for t in trace.tasks if t.op == "add" and len(t.inputs) == 2]
         assert len(last) == 1
         assert set(last[0].inputs) == {by_op["tanh"].name, by_op["exp"].name}
-        assert all(trace.threads[t.thread].startswith("interop") for t in trace.tasks)
+        lane = "loop" if here else "interop"
+        assert all(trace.threads[t.thread].startswith(lane) for t in trace.tasks)
 
     def test_a_profile_counts_the_nodes_a_cancelled_request_dropped(self) -> None:
         log = _Log()
@@ -475,7 +563,11 @@ class TestObserved:
 
         dataflow.run(main, interop_threads=2)
         assert sorted(op for op in started if not op.startswith(("launch", "_two"))) == [
-            "add", "add", "exp", "multiply", "tanh"
+            "add",
+            "add",
+            "exp",
+            "multiply",
+            "tanh",
         ]
 
 

@@ -10,8 +10,10 @@ event loop. A :class:`Program` is a graph prepared once for repeated launches:
 * the structure of the outputs.
 
 A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks and queues
-one; the *gather* task's value is the outputs, and awaiting it gives the arrays. How the
-nodes run depends on whether anything observes the runtime:
+one; the *gather* task's value is the outputs, and awaiting it gives the arrays. (A short
+plan of small or GIL-bound kernels, under :data:`PLAN_HERE_SECONDS` in all, is run whole on
+the launching thread instead: ``Program.runs_here``.) How the nodes run depends on whether
+anything observes the runtime:
 
 * **Unobserved or recorded** (the usual case): the queued task is a *runner* of the lean plan
   executor (``_lean``): a few runners run the nodes from per-run lists, well under a
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
+from .._scheduler._placement import SPAWN_CPU_SHARE
 from .._task import PENDING, READY, Signature, Task, _next_id
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
 from ._lean import _INPUT, _NODE, _NODE_OUT, LeanRun, ref_value
@@ -48,8 +51,15 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
     from ._ir import Graph
 
-__all__ = ["PlanRun", "Program", "launch"]
+__all__ = ["PLAN_HERE_EVERY", "PLAN_HERE_SECONDS", "PlanRun", "Program", "launch"]
 
+#: A plan whose kernels add up to less than this, none of them able to use a second thread,
+#: runs on the launching thread (``Program.runs_here``): blocking the event loop this long
+#: costs a server less than the hand-offs it saves, and eager ops run GIL-bound kernels
+#: of up to a GIL switch interval (5 ms) on the dispatching thread.
+PLAN_HERE_SECONDS = 1e-3
+#: How often (in launches) a program works out again whether it runs on the launching thread.
+PLAN_HERE_EVERY = 16
 
 
 class Program:
@@ -82,9 +92,7 @@ class Program:
                 self.slots.append(None)
                 self.kwargs.append(dict(node.kwargs) if node.kwargs else None)
             else:
-                template = tuple(
-                    constants[a.name] if type(a) is ConstRef else a for a in node.args
-                )
+                template = tuple(constants[a.name] if type(a) is ConstRef else a for a in node.args)
                 self.args.append(template)
                 self.slots.append(flat)
                 self.kwargs.append(None)
@@ -114,6 +122,40 @@ class Program:
         self.launch_sig = Signature(f"launch {graph.name}", inline=False)
         self.gather_sig = Signature(f"{graph.name}", None)
         self.gather_sig.seconds = 0.0  # building the outputs: small, runs where they finish
+        # runs_here's answer, and the launch count it was worked out at.
+        self._here = False
+        self._launches = 0
+
+    def runs_here(self, inline_threshold: float) -> bool:
+        """Whether a launch runs the whole plan on the launching thread, now.
+
+        So it does when the plan is short (its nodes' kernel times, measured as the
+        scheduler measures them, add up to under :data:`PLAN_HERE_SECONDS`) and no node
+        could use a second thread (each is small, under the inline threshold, or GIL-bound:
+        serial, or off the CPU beside others, the lean executor's rule for another runner)
+        or must not run on the launching thread (an op declared ``inline=False``: a kernel
+        that blocks, which would block the event loop and could wait on it).
+        Such a plan would run on one pool thread anyway, taking turns on the GIL with the
+        launching one; run here it saves the two hand-offs, the pool's wake-up and the
+        loop's, 30-60 us on 2 vCPUs, 5-20% of a 0.5 ms plan. The answer is worked out again
+        every :data:`PLAN_HERE_EVERY` launches, as the kernel times are learnt.
+        """
+        n = self._launches
+        self._launches = n + 1
+        if n % PLAN_HERE_EVERY:
+            return self._here
+        total = 0.0
+        here = True
+        for sig in self.sigs:
+            seconds = sig.seconds
+            total += seconds
+            if sig.inline is False or (
+                seconds >= inline_threshold and not sig.serial and sig.cpu_share >= SPAWN_CPU_SHARE
+            ):
+                here = False  # a kernel that may block (``inline=False``), or big and free
+                break
+        self._here = here = here and total < PLAN_HERE_SECONDS
+        return here
 
     def __repr__(self) -> str:
         return f"<Program {self.graph.name} nodes={self.size} outputs={len(self.output_nodes)}>"
@@ -251,6 +293,7 @@ def launch(
     inputs: Sequence[Any],
     priority: float | None = None,
     waiter: Any = None,
+    here: bool = True,
 ) -> Task:
     """Launch ``prog`` on ``rt``'s scheduler; the gather task, whose value is the outputs.
 
@@ -259,6 +302,9 @@ def launch(
     dropped when it is cancelled). ``priority``: where the run's work goes among ready
     tasks (default: the request's age, or now, in issue order). ``waiter`` (the host loop's
     ``waiter()``), when given, is woken when the gather task ends, as if it awaited it.
+    ``here``: a short plan of small or GIL-bound kernels may run whole on the calling thread
+    (``Program.runs_here``); a batching caller passes False, since calls can only gather
+    into the next batch while this one runs elsewhere.
 
     Unobserved, or observed by recorders only (a profile), the nodes run on the lean executor
     (``_lean``, writing a span record per node for the recorders); while an instrument with
@@ -269,12 +315,12 @@ def launch(
     if priority is None:
         priority = owner.base if owner is not None else float(_next_id())
     if not (ACTIVE or sched.watching):
-        return _launch_lean(rt, prog, inputs, priority, waiter, owner, False)
+        return _launch_lean(rt, prog, inputs, priority, waiter, owner, False, here)
     if not (HOOKED or sched.hooked):  # only recorders: the lean executor writes span records
         if GENERATION[0] != sched._sinks_gen:
             sched.sinks()
         if not sched._overriding:
-            return _launch_lean(rt, prog, inputs, priority, waiter, owner, True)
+            return _launch_lean(rt, prog, inputs, priority, waiter, owner, True, here)
     run = PlanRun(prog, rt, inputs)
     run.base = priority
     gather = Task(prog.gather_sig, run.finish, tuple(inputs), None, rt)
@@ -316,9 +362,11 @@ def _launch_lean(
     waiter: Any,
     owner: Any,
     record: bool,
+    here: bool = True,
 ) -> Task:
     """``launch`` on the lean executor: a gather task that its runners finish, and a runner
-    (``record``: each node's span record goes to the runtime's recorders)."""
+    (``record``: each node's span record goes to the runtime's recorders; ``here``: a short
+    GIL-bound plan may run whole on this thread)."""
     sched = rt._sched
     gather = Task(prog.gather_sig, None, tuple(inputs), None, rt)
     protect(gather)  # small inputs copied, big ones read-only until the outputs are built
@@ -332,14 +380,15 @@ def _launch_lean(
         owner.add(gather)
     run = LeanRun(prog, rt, gather, priority, record)
     pool = sched.pool
+    here = pool is None or (here and prog.runs_here(sched.inline_threshold))
     with GRAPH_LOCK:
         sched.inflight += 1
         runner = run.runner_locked()
-        if pool is not None:
-            pool.push_locked(runner)
-        else:
+        if here:
             sched.begin_locked(runner)
-    if pool is None:  # the synchronous mode: the whole run, here and now
+        else:
+            pool.push_locked(runner)  # type: ignore[union-attr]
+    if here:  # the synchronous mode, or a short GIL-bound plan: the whole run, here and now
         sched.execute(runner, go_on=False)
     return gather
 
