@@ -58,10 +58,10 @@ import dataflow
 
 from . import _models
 from . import _reference as ref
-from ._harness import Comparison, Config, Contender, interleave
+from ._harness import Comparison, Config, Contender, Row, interleave
 from ._machine import cores
 
-__all__ = ["MismatchError", "Workload", "gemm_rate", "matmul_rate", "run"]
+__all__ = ["MismatchError", "Workload", "gemm_rate", "matmul_rate", "run", "size_table"]
 
 SIZES = ((50, 50, 1024), (50, 50, 256), (50, 1, 128))
 QUICK_SIZES = ((5, 4, 32),)
@@ -523,6 +523,30 @@ def child_main(spec: str) -> None:
     os._exit(0)
 
 
+def size_table(
+    benchmark: str,
+    size: tuple[int, int, int],
+    w: Workload,
+    rows: list[Row],
+    params: dict[str, Any],
+    columns: tuple[str, ...],
+    notes: list[str],
+) -> Comparison:
+    """One size's table of seconds per forward against numpy sequential (``ensemble`` and
+    ``sizes``); ``params`` gain the size and the forwards per round."""
+    t, b, c = size
+    return Comparison(
+        benchmark,
+        f"ensemble (T, B, C) = ({t}, {b}, {c}): seconds per forward",
+        "s",
+        "numpy sequential",
+        rows,
+        params={"size": list(size), "repeats_per_round": w.repeats, **params},
+        columns=columns,
+        notes=notes,
+    )
+
+
 def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
     """One table per size; every round of every contender in a fresh process (quick mode:
     every contender in this process, once, on a tiny size, as a check that each still runs
@@ -560,26 +584,22 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
             )
             load1 = os.getloadavg()[0]
             add_roofline(rows, roofline, w.flops)
-            t, b, c = size
             comparisons.append(
-                Comparison(
+                size_table(
                     "ensemble",
-                    f"ensemble (T, B, C) = ({t}, {b}, {c}): seconds per forward",
-                    "s",
-                    "numpy sequential",
+                    size,
+                    w,
                     rows,
-                    params={
-                        "size": list(size),
+                    {
                         "gemm_flops": w.flops,
-                        "repeats_per_round": w.repeats,
                         "rounds": rounds,
                         "gemm_rates_flops": rates,
                         "roofline_s": roofline,
                         "load_average": [load0, load1],
                         "fresh_processes": not cfg.quick,
                     },
-                    columns=("best vs best", "roofline", "GFLOP/s"),
-                    notes=[
+                    ("best vs best", "roofline", "GFLOP/s"),
+                    [
                         f"{w.flops / 1e9:.1f} GFLOP of matmul per forward; GEMM rates at the "
                         f"workload's shapes, GFLOP/s: projection {rates['proj1'] / 1e9:.0f} "
                         f"(1 thread) / {rates['projN'] / 1e9:.0f} ({n}), step "

@@ -38,7 +38,7 @@ import numpy as np
 
 from ._harness import Comparison, Config, Contender, Row, interleave
 from ._machine import cores
-from .ensemble import Workload, _child_contender
+from .ensemble import Workload, _child_contender, size_table
 
 __all__ = ["SIZES", "run"]
 
@@ -143,23 +143,19 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
             load1 = os.getloadavg()[0]
             for row in rows:
                 row.extra["best vs best"] = best_ratio(rows, row.name, ("numpy sequential",))
-            t, b, c = size
             comparisons.append(
-                Comparison(
+                size_table(
                     "sizes",
-                    f"ensemble (T, B, C) = ({t}, {b}, {c}): seconds per forward",
-                    "s",
-                    "numpy sequential",
+                    size,
+                    w,
                     rows,
-                    params={
-                        "size": list(size),
-                        "repeats_per_round": w.repeats,
+                    {
                         "rounds": rounds,
                         "load_average": [load0, load1],
                         "fresh_processes": not cfg.quick,
                     },
-                    columns=("best vs best",),
-                    notes=[
+                    ("best vs best",),
+                    [
                         f"{rounds} round(s); round value = mean of {w.repeats} forward(s); "
                         f"load average (1 min) {load0:.2f} -> {load1:.2f} on {n} cores",
                     ],
