@@ -122,7 +122,7 @@ class Program:
         self.launch_sig = Signature(f"launch {graph.name}", inline=False)
         self.gather_sig = Signature(f"{graph.name}", None)
         self.gather_sig.seconds = 0.0  # building the outputs: small, runs where they finish
-        # runs_here's answer, and the launch count it was worked out at.
+        # runs_here's last answer, and the launches so far (it is worked out every few).
         self._here = False
         self._launches = 0
 
