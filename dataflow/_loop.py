@@ -117,6 +117,11 @@ class HostLoop:
         for w in batch:
             self._complete(w)
 
+    def later(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop thread after the current callback (called there), or soon
+        (called from another thread)."""
+        self._post(fn)
+
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop thread: now if called there, else soon."""
         if threading.get_ident() == self.thread_id:
@@ -183,6 +188,12 @@ class AsyncioLoop(HostLoop):
 
     def _post(self, fn: Callable[[], None]) -> None:
         self.loop.call_soon_threadsafe(fn)
+
+    def later(self, fn: Callable[[], None]) -> None:
+        if threading.get_ident() == self.thread_id:
+            self.loop.call_soon(fn)  # no self-pipe write from the loop's own thread
+        else:
+            self.loop.call_soon_threadsafe(fn)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro, name=name)

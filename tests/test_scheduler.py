@@ -21,14 +21,17 @@ from dataflow import _graphstate as gs
 from dataflow._pool import GRAPH_LOCK
 from dataflow._scheduler import note_overlap
 from dataflow._scheduler._placement import (
+    AWAIT_HERE_SECONDS,
+    EWMA,
     PROBE,
     SERIAL_ABOVE,
     SERIAL_PARALLEL,
     dispatcher_overlap,
+    note_seconds,
     parallel_gil,
     runs_inline,
 )
-from dataflow._task import RUNNING, Signature, Task
+from dataflow._task import FLOP_RATE, RUNNING, Signature, Task
 from tests._helpers import Arr, Spec, gated
 
 Array = np.ndarray[Any, Any]
@@ -128,6 +131,96 @@ class TestPlacement:
 
         where = dataflow.run(main, interop_threads=2, op_timeout=5.0)
         assert where != threading.get_ident()
+
+
+def _spin_thread(x: Any) -> Any:
+    """A kernel of about 300 us (well over the inline threshold, under AWAIT_HERE_SECONDS)."""
+    end = time.perf_counter() + 300e-6
+    while time.perf_counter() < end:
+        pass
+    return np.array([threading.get_ident()], dtype=np.int64)
+
+
+# Its cost rule says 300 us too, so its very first call is placed as a 300 us kernel.
+mid_where = dataflow.op(
+    "mid_where", meta=_ident_meta, handle=Arr, cost=lambda x: dataflow.Cost(300e-6 * FLOP_RATE, 0)
+)(_spin_thread)
+
+
+class TestAwaitedRunsHere:
+    """A task under AWAIT_HERE_SECONDS dispatched by the loop wakes no worker until the loop's
+    callback ends, and the loop runs it if it awaits it first (``dataflow._scheduler``)."""
+
+    def test_the_bound_is_between_a_hand_off_and_a_loop_stall(self) -> None:
+        assert dataflow.get_inline_threshold() < 300e-6 < AWAIT_HERE_SECONDS <= 1e-3
+
+    def test_an_op_awaited_at_once_runs_on_the_awaiting_thread(self) -> None:
+        """Over the inline threshold, under the bound: awaited right away, it runs on the
+        loop's thread, every time (no worker wake-up, then no loop wake-up)."""
+
+        async def main() -> list[int]:
+            return [int((await mid_where(np.zeros(1)))[0]) for _ in range(5)]
+
+        assert set(dataflow.run(main, interop_threads=2)) == {threading.get_ident()}
+
+    def test_an_inline_threshold_of_zero_still_sends_it_to_the_pool(self) -> None:
+        async def main() -> list[int]:
+            async with dataflow.Runtime(inline_threshold=0.0, private_pool=True):
+                return [int((await mid_where(np.zeros(1)))[0]) for _ in range(3)]
+
+        assert threading.get_ident() not in dataflow.run(main, interop_threads=2)
+
+    def test_a_lone_quiet_task_starts_when_the_loop_moves_on(self) -> None:
+        """Not awaited, it is not lost: the wake-up posted to the loop starts it on a worker
+        once the coroutine yields; before that, no worker has it."""
+
+        async def main() -> tuple[bool, bool, int]:
+            h = mid_where(np.zeros(1))
+            time.sleep(0.05)  # the loop's thread is busy: the posted wake-up has not run
+            before = h.done()
+            await asyncio.sleep(0.05)  # it runs now
+            after = h.done()
+            return before, after, int((await h)[0])
+
+        before, after, where = dataflow.run(main, interop_threads=2)
+        assert not before and after and where != threading.get_ident()
+
+    def test_a_second_ready_task_wakes_a_worker_at_once(self) -> None:
+        """Two ready tasks queued: the loop will not run both, so a worker starts at once."""
+
+        async def main() -> tuple[bool, list[int]]:
+            first = mid_where(np.zeros(1))
+            second = mid_where(np.ones(1))
+            time.sleep(0.05)
+            started = first.done() or second.done()
+            return started, [int((await h)[0]) for h in (first, second)]
+
+        started, where = dataflow.run(main, interop_threads=2)
+        assert started and threading.get_ident() not in where
+
+    def test_a_closed_loop_wakes_a_worker_at_once(self, monkeypatch: Any) -> None:
+        """If the wake-up cannot be posted (the loop is closing), a worker is woken now."""
+
+        async def main() -> tuple[bool, int]:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+
+            def closed(fn: Any) -> None:
+                raise RuntimeError("Event loop is closed")
+
+            monkeypatch.setattr(rt._sched.host, "later", closed)
+            h = mid_where(np.zeros(1))
+            time.sleep(0.05)
+            return h.done(), int((await h)[0])
+
+        done, where = dataflow.run(main, interop_threads=2)
+        assert done and where != threading.get_ident()
+
+    def test_a_pinned_op_is_never_run_by_the_awaiting_thread(self) -> None:
+        async def main() -> list[int]:
+            return [int((await pool_where(np.zeros(1)))[0]) for _ in range(3)]
+
+        assert threading.get_ident() not in dataflow.run(main, interop_threads=2)
 
 
 def _counting_meta(calls: list[Any]) -> Any:
@@ -262,6 +355,24 @@ def _interval(x: Any, log: list[tuple[float, float]], gate: Any) -> Any:
 interval = dataflow.op(
     "interval", meta=lambda x, log, gate: ops.spec_of(x), handle=ops.Tensor, inline=False
 )(_interval)
+
+
+class TestMeasuredSeconds:
+    def test_the_second_run_replaces_a_slower_first(self) -> None:
+        """The first run pays one-off costs: a faster second run replaces it outright."""
+        sig = Signature("first_slow", Spec((1,), np.dtype(np.int64)))
+        note_seconds(sig, 3e-3)
+        assert sig.seconds == 3e-3 and sig.runs == 1
+        note_seconds(sig, 65e-6)
+        assert sig.seconds == 65e-6 and sig.runs == 2
+        note_seconds(sig, 85e-6)  # then a running average
+        assert sig.seconds == pytest.approx(65e-6 + 20e-6 * EWMA) and sig.runs == 3
+
+    def test_a_slower_second_run_leaves_the_first(self) -> None:
+        sig = Signature("second_slow", Spec((1,), np.dtype(np.int64)))
+        note_seconds(sig, 65e-6)
+        note_seconds(sig, 3e-3)  # one slow run (a preempted thread) does not take over
+        assert sig.seconds == 65e-6 and sig.runs == 2
 
 
 class TestGilLane:
@@ -442,12 +553,20 @@ class TestGilLane:
             await dataflow.materialize(handles)
             return handles[0].task.sig
 
-        sig = dataflow.run(main, interop_threads=4)
+        # Preempted every 0.2 ms, the four workers' kernels take turns on the GIL all along;
+        # at the default 5 ms each 2 ms kernel could run whole before the next one started,
+        # and the runs then overlapped one other at times, not two (a flaky test).
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(2e-4)
+        try:
+            sig = dataflow.run(main, interop_threads=4)
+        finally:
+            sys.setswitchinterval(switch)
         estimates = [p for _, o, p in sig.overlaps if o >= 2.0]
         if cores == 2:
             assert all(p == 0.0 for _, _, p in sig.overlaps)
         else:  # four Python loops side by side used about one core between them
-            assert estimates and max(estimates) > SERIAL_ABOVE
+            assert estimates and max(estimates) > SERIAL_ABOVE, sig.overlaps
 
     def test_serial_kernels_never_overlap_and_free_ones_still_do(self) -> None:
         """With a serial signature, its kernels run one at a time on a 2-thread pool, while

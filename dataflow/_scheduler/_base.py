@@ -74,6 +74,8 @@ class SchedulerBase:
         # Inline at dispatch is allowed (not while cancelling, nor with simulated kernels).
         self._inline_ok = simulate is None
         self._drained: Any = None
+        # A worker wake-up is posted to the loop for a task queued quietly (``submit``).
+        self._wake_posted = False
         self._watchdog: Watchdog | None = None
         # Requests (tasks on the loop) that dispatched deferred work, by their loop task.
         self._owners: dict[Any, _Owner] = {}

@@ -30,7 +30,7 @@ from .._task import (
     Task,
 )
 from .._timeout import TimedKernel, Watchdog
-from ._placement import FIRST_RUNS, SAMPLE, runs_inline
+from ._placement import AWAIT_HERE_SECONDS, FIRST_RUNS, SAMPLE, runs_inline
 
 if TYPE_CHECKING:
     pass
@@ -164,7 +164,18 @@ class Scheduler(Execution):
         )
         if not here:
             protect(task)  # it runs later: the caller may change its arrays meanwhile
-        owner = self._owner() if threading.get_ident() == self.host.thread_id else None
+        on_loop = threading.get_ident() == self.host.thread_id
+        owner = self._owner() if on_loop else None
+        # A small task dispatched by the loop wakes no worker before the loop's callback ends:
+        # the loop may await it at once and run it itself (``completion``).
+        # (Not with an inline threshold of 0, which sends every timed op to the pool.)
+        quiet = (
+            on_loop
+            and sig.inline is None
+            and sig.seconds < AWAIT_HERE_SECONDS
+            and self.inline_threshold > 0
+        )
+        post = False
         if owner is not None:
             if priority is None:
                 task.priority = owner.base
@@ -186,8 +197,13 @@ class Scheduler(Execution):
                         # It waits for the GIL lane, so it runs later after all. Nobody can
                         # start it before this lock is released.
                         protect(task)
+                elif quiet:
+                    if self.pool.push_quietly_locked(task) and not self._wake_posted:
+                        self._wake_posted = post = True
                 else:
                     self.pool.push_locked(task)
+        if post:
+            self._post_wake()
         if run_here:
             self.execute(task)  # and the small work it makes ready
             return task
@@ -197,6 +213,20 @@ class Scheduler(Execution):
         if self.inflight > self._limit:
             self._throttle()
         return task
+
+    def _post_wake(self) -> None:
+        """Wake a worker for a quietly queued task once the loop's current callback ends."""
+        try:
+            self.host.later(self._wake)
+        except RuntimeError:  # the loop is closed: wake one now
+            self._wake()
+
+    def _wake(self) -> None:
+        pool = self.pool
+        with GRAPH_LOCK:
+            self._wake_posted = False
+            if pool is not None:
+                pool.wake_locked()
 
     def _native(self) -> int:
         """The calling thread's native id (cached: ``get_native_id()`` is a system call)."""
@@ -307,14 +337,20 @@ class Scheduler(Execution):
                 "(pending values cannot move between event loops or threads)"
             )
         if task.state == READY and type(task.fn) is not TimedKernel and self.pool is not None:
-            inline = task.sig.inline
-            if (runs_inline(task.sig, self.inline_threshold) if inline is None else inline) and (
-                self._inline_ok
-            ):
+            sig = task.sig
+            inline = sig.inline
+            if inline is None:
+                # Small or GIL-bound-and-short as at dispatch, or short enough to hold the
+                # loop for (it would only wait here meanwhile: see AWAIT_HERE_SECONDS).
+                threshold = self.inline_threshold
+                inline = (sig.seconds < AWAIT_HERE_SECONDS and threshold > 0) or runs_inline(
+                    sig, threshold
+                )
+            if inline and self._inline_ok:
                 with GRAPH_LOCK:
                     take = task.state == READY
                     if take:
-                        if task.sig.serial and inline is None:
+                        if sig.serial and sig.inline is None:
                             take = self.start_locked(task, self.pool)  # through the GIL lane
                         else:
                             self.begin_locked(task)

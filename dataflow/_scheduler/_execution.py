@@ -30,7 +30,6 @@ from .._task import (
 from .._threads import _cores
 from .._timeout import TimedKernel
 from ._placement import (
-    EWMA,
     FIRST_RUNS,
     MIN_MEASURED,
     PARALLEL_CORES,
@@ -40,6 +39,7 @@ from ._placement import (
     WARM_UP,
     dispatcher_overlap,
     note_overlap,
+    note_seconds,
     runs_inline,
 )
 
@@ -104,9 +104,7 @@ class Execution(Requests):
         """``fn(*args, **kwargs)``, its time folded into ``sig.seconds`` (running average)."""
         t0 = time.perf_counter()
         value = fn(*args, **kwargs) if kwargs else fn(*args)
-        dt = time.perf_counter() - t0
-        sig.seconds = dt if not sig.runs else sig.seconds + (dt - sig.seconds) * EWMA
-        sig.runs += 1
+        note_seconds(sig, time.perf_counter() - t0)
         return value
 
     def _measured(
@@ -133,8 +131,7 @@ class Execution(Requests):
         c1 = _thread_time() if cpu else 0.0
         i1 = pool.busy_integral_now()
         wall = t1 - t0
-        sig.seconds = wall if not sig.runs else sig.seconds + (wall - sig.seconds) * EWMA
-        sig.runs += 1
+        note_seconds(sig, wall)
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
             others = (i1 - i0) / wall - 1.0
             if lone:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .._task import Signature
 
 __all__ = [
+    "AWAIT_HERE_SECONDS",
     "DEFAULT_INLINE_THRESHOLD",
     "EWMA",
     "FIRST_RUNS",
@@ -26,6 +27,7 @@ __all__ = [
     "dispatcher_overlap",
     "get_inline_threshold",
     "note_overlap",
+    "note_seconds",
     "parallel_gil",
     "runs_inline",
     "set_inline_threshold",
@@ -34,6 +36,12 @@ __all__ = [
 #: Kernels measured (or estimated) faster than this run inline; see ``dataflow._scheduler``.
 DEFAULT_INLINE_THRESHOLD = 50e-6
 _inline_threshold = DEFAULT_INLINE_THRESHOLD
+
+#: A ready task expected to take less than this is run by the event loop's thread when it
+#: awaits the task before a worker has started it, and its dispatch from the loop wakes no
+#: worker until the loop's current callback ends (``dataflow._scheduler``, "Small work runs
+#: where it is needed"): the longest the loop is held by a kernel it could have handed off.
+AWAIT_HERE_SECONDS = 1e-3
 
 # Kernel timing is sampled: the first runs of a signature, then one in SAMPLE.
 FIRST_RUNS = 4
@@ -90,6 +98,29 @@ def runs_inline(sig: Signature, threshold: float) -> bool:
     if seconds < threshold:
         return True
     return sig.serial and seconds < sys.getswitchinterval() and bool((sig.calls + 1) % PROBE)
+
+
+def note_seconds(sig: Signature, wall: float) -> None:
+    """Fold one timed run of ``wall`` seconds into ``sig.seconds``, the kernel's running
+    average (:data:`EWMA`), and count it.
+
+    The first run of a signature pays first-call costs that later runs do not (imports, a
+    kernel's one-off calibration of its shapes, cold caches and allocator): measured, 2-3 ms
+    for an LSTM sequence kernel whose runs then take 65 us. Averaged in, that first figure
+    took hundreds of calls to decay (runs are sampled, one in :data:`SAMPLE` after the
+    first :data:`FIRST_RUNS`), and a kernel well under a hand-off's cost was sent to the pool
+    meanwhile. So the second run's time replaces the first's where it is smaller; the
+    average starts from there.
+    """
+    runs = sig.runs
+    if runs > 1:
+        sig.seconds += (wall - sig.seconds) * EWMA
+    elif runs == 1:
+        if wall < sig.seconds:
+            sig.seconds = wall
+    else:
+        sig.seconds = wall
+    sig.runs = runs + 1
 
 
 def set_inline_threshold(seconds: float) -> None:
