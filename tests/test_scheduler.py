@@ -216,6 +216,24 @@ class TestAwaitedRunsHere:
         done, where = dataflow.run(main, interop_threads=2)
         assert done and where != threading.get_ident()
 
+    def test_with_one_worker_it_runs_at_dispatch(self) -> None:
+        """One inter-op thread: the worker could not start it before the dispatching thread
+        lets go of the GIL anyway, so it runs at dispatch, done before the call returns."""
+
+        async def main() -> tuple[bool, int]:
+            h = mid_where(np.zeros(1))
+            return h.done(), int((await h)[0])
+
+        done, where = dataflow.run(main, interop_threads=1)
+        assert done and where == threading.get_ident()
+
+    def test_with_one_worker_and_a_zero_threshold_it_goes_to_the_pool(self) -> None:
+        async def main() -> int:
+            async with dataflow.Runtime(inline_threshold=0.0, private_pool=True):
+                return int((await mid_where(np.zeros(1)))[0])
+
+        assert dataflow.run(main, interop_threads=1) != threading.get_ident()
+
     def test_a_pinned_op_is_never_run_by_the_awaiting_thread(self) -> None:
         async def main() -> list[int]:
             return [int((await pool_where(np.zeros(1)))[0]) for _ in range(3)]

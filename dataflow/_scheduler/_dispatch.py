@@ -74,6 +74,9 @@ class Scheduler(Execution):
                 # Tiny, or GIL-bound and short with the pool's GIL lane free (no serial
                 # kernel running on a worker): either way the kernel runs here, now, on the
                 # lean path below (a GIL-bound one finding the lane taken waits for it).
+                # With one worker, also any kernel under AWAIT_HERE_SECONDS: the worker could
+                # only start it once this thread lets go of the GIL (at its next wait), so it
+                # would run after this thread's Python, not beside it, plus two wake-ups.
                 inline = (
                     sig.seconds < self.inline_threshold
                     or self.pool is None
@@ -81,6 +84,11 @@ class Scheduler(Execution):
                         sig.serial
                         and self.pool.lane_task is None
                         and runs_inline(sig, self.inline_threshold)
+                    )
+                    or (
+                        sig.seconds < AWAIT_HERE_SECONDS
+                        and self.pool.num_threads == 1
+                        and self.inline_threshold > 0
                     )
                 )
             if inline:
