@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "scaling": "benchmarks.scaling",
     "serving": "benchmarks.serving",
     "sizes": "benchmarks.sizes",
+    "awaited": "benchmarks.awaited",
 }
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"

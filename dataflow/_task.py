@@ -173,6 +173,7 @@ class Signature:
     """
 
     __slots__ = (
+        "awaited",
         "best",
         "calls",
         "check",
@@ -209,6 +210,9 @@ class Signature:
         self.seconds = estimate_seconds(cost) if cost is not None else float("inf")
         self.runs = 0
         self.calls = 0
+        # Its tasks in a row that the event loop ran itself on awaiting them (reset when a
+        # worker runs one): the program awaits this op at once (see _scheduler).
+        self.awaited = 0
         # The best kernel time of pool runs, the last overlapped runs as (seconds, kernels
         # overlapping on average, GIL fraction by the cores the process used or 0), and the
         # GIL fraction they give (see _scheduler, "the GIL lane").

@@ -260,3 +260,19 @@ class TestFreshProcessContenders:
         seq = roofline_seconds(size, 1, rates, parallel=False)
         assert par == pytest.approx((flops / 10e9 + flops / 5e9) / cores())
         assert seq == pytest.approx(flops / 15e9 + flops / 5e9)
+
+
+class TestAwaited:
+    """benchmarks/awaited.py: one LSTM awaited at every call, each round in a child."""
+
+    def test_a_child_round_reports_its_seconds(self) -> None:
+        from benchmarks.awaited import _child_contender
+
+        seconds = _child_contender("dataflow, automatic", (4, 1, 8), 3).measure()
+        assert 0 < seconds < 60
+
+    def test_an_unknown_contender_fails_naming_it(self) -> None:
+        from benchmarks.awaited import MismatchError, _child_contender
+
+        with pytest.raises(MismatchError, match=r"'nope' failed in its child"):
+            _child_contender("nope", (4, 1, 8), 3).measure()

@@ -22,6 +22,7 @@ from dataflow._pool import GRAPH_LOCK
 from dataflow._scheduler import note_overlap
 from dataflow._scheduler._placement import (
     AWAIT_HERE_SECONDS,
+    AWAITED_AT_ONCE,
     EWMA,
     PROBE,
     SERIAL_ABOVE,
@@ -233,6 +234,44 @@ class TestAwaitedRunsHere:
                 return int((await mid_where(np.zeros(1)))[0])
 
         assert dataflow.run(main, interop_threads=1) != threading.get_ident()
+
+    def test_an_op_always_awaited_at_once_is_learnt_and_run_at_dispatch(self) -> None:
+        """After AWAITED_AT_ONCE runs in a row by the awaiting loop, its next calls run at
+        dispatch (the lean path: done when the call returns)."""
+
+        async def main() -> tuple[list[bool], int]:
+            done = []
+            for _ in range(AWAITED_AT_ONCE + 2):
+                h = mid_where(np.zeros(1))
+                done.append(h.done())
+                await h
+            return done, h.task.sig.awaited
+
+        done, awaited = dataflow.run(main, interop_threads=2)
+        assert done == [False] * AWAITED_AT_ONCE + [True, True]
+        assert awaited == AWAITED_AT_ONCE
+
+    def test_a_probe_run_by_a_worker_unlearns_it(self) -> None:
+        """One call in PROBE takes the usual way; run by a worker (not awaited at once), it
+        resets the count, and the calls after it are queued again."""
+
+        async def main() -> tuple[bool, int, bool]:
+            for _ in range(AWAITED_AT_ONCE):
+                await mid_where(np.zeros(1))
+            sig = mid_where(np.zeros(1)).task.sig  # learnt: ran at dispatch
+            sig.calls = PROBE - 1  # the next call is a probe
+            probe = mid_where(np.zeros(1))
+            queued = not probe.done()
+            await asyncio.sleep(0.05)  # not awaited: the posted wake-up gives it to a worker
+            awaited = sig.awaited
+            after = mid_where(np.zeros(1))
+            after_done = after.done()
+            await probe
+            await after
+            return queued, awaited, after_done
+
+        queued, awaited, after_done = dataflow.run(main, interop_threads=2)
+        assert queued and awaited == 0 and not after_done
 
     def test_a_pinned_op_is_never_run_by_the_awaiting_thread(self) -> None:
         async def main() -> list[int]:

@@ -26,7 +26,12 @@
     numpy's time to 1.4x; a worker woken anyway only took the GIL from the kernel running
     on the loop. A kernel's first timed run, which pays one-off costs (calibration, cold
     caches), is replaced by its second where that is faster, so such a kernel is not
-    taken for a slow one for hundreds of calls (``_placement.note_seconds``);
+    taken for a slow one for hundreds of calls (``_placement.note_seconds``). Once the loop
+    has run four tasks of a signature in a row this way (``_placement.AWAITED_AT_ONCE``:
+    the program awaits that op at once), its next calls under 1 ms run inline at dispatch,
+    on the small ops' lean path; one call in 256 takes the usual way, and a worker running
+    it (the program went on without awaiting it) unlearns the pattern. Measured, the single
+    LSTM at (10, 1, 32): 1.4x numpy's time with the steal alone, 1.15x with this;
   - with a single inter-op thread, a ready task under that same 1 ms runs inline at
     dispatch, whatever its GIL use: the lone worker could only start it once the
     dispatching thread lets go of the GIL (when it next waits), so it would run after the

@@ -30,7 +30,14 @@ from .._task import (
     Task,
 )
 from .._timeout import TimedKernel, Watchdog
-from ._placement import AWAIT_HERE_SECONDS, FIRST_RUNS, SAMPLE, runs_inline
+from ._placement import (
+    AWAIT_HERE_SECONDS,
+    AWAITED_AT_ONCE,
+    FIRST_RUNS,
+    PROBE,
+    SAMPLE,
+    runs_inline,
+)
 
 if TYPE_CHECKING:
     pass
@@ -74,9 +81,11 @@ class Scheduler(Execution):
                 # Tiny, or GIL-bound and short with the pool's GIL lane free (no serial
                 # kernel running on a worker): either way the kernel runs here, now, on the
                 # lean path below (a GIL-bound one finding the lane taken waits for it).
-                # With one worker, also any kernel under AWAIT_HERE_SECONDS: the worker could
-                # only start it once this thread lets go of the GIL (at its next wait), so it
-                # would run after this thread's Python, not beside it, plus two wake-ups.
+                # Also a kernel under AWAIT_HERE_SECONDS with one worker (it could only start
+                # it once this thread lets go of the GIL, at its next wait: after this
+                # thread's Python, not beside it, plus two wake-ups), or one the program
+                # awaits at once (the loop ran the last AWAITED_AT_ONCE itself, awaiting
+                # them). One call in PROBE takes the usual way, to measure and notice.
                 inline = (
                     sig.seconds < self.inline_threshold
                     or self.pool is None
@@ -87,8 +96,9 @@ class Scheduler(Execution):
                     )
                     or (
                         sig.seconds < AWAIT_HERE_SECONDS
-                        and self.pool.num_threads == 1
+                        and (self.pool.num_threads == 1 or sig.awaited >= AWAITED_AT_ONCE)
                         and self.inline_threshold > 0
+                        and bool((sig.calls + 1) % PROBE)
                     )
                 )
             if inline:
@@ -363,6 +373,7 @@ class Scheduler(Execution):
                         else:
                             self.begin_locked(task)
                 if take:
+                    sig.awaited += 1
                     self.execute(task, go_on=False)
         return self.waiter(task)
 

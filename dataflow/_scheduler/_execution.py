@@ -228,6 +228,8 @@ class Execution(Requests):
                 self._fail_locked(task, cancelled)
                 nxt = self._lane_after_locked(task, here)
             return None if nxt is None else [nxt]
+        if here is not None:
+            task.sig.awaited = 0  # a worker runs it: not (only) awaited at once
         watched = (ACTIVE or self.watching) and not task.sig.runner
         if watched:
             self.emit("task_started", task)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .._task import Signature
 
 __all__ = [
+    "AWAITED_AT_ONCE",
     "AWAIT_HERE_SECONDS",
     "DEFAULT_INLINE_THRESHOLD",
     "EWMA",
@@ -42,6 +43,11 @@ _inline_threshold = DEFAULT_INLINE_THRESHOLD
 #: worker until the loop's current callback ends (``dataflow._scheduler``, "Small work runs
 #: where it is needed"): the longest the loop is held by a kernel it could have handed off.
 AWAIT_HERE_SECONDS = 1e-3
+
+#: After this many tasks in a row of a signature that the loop ran itself on awaiting them,
+#: its tasks under AWAIT_HERE_SECONDS run at dispatch, as small ones do (one in PROBE takes
+#: the usual way, to notice a program that stops awaiting it at once).
+AWAITED_AT_ONCE = 4
 
 # Kernel timing is sampled: the first runs of a signature, then one in SAMPLE.
 FIRST_RUNS = 4
