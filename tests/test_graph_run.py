@@ -105,6 +105,24 @@ class TestPlan:
         freed = {ref: plan.order[k] for k, refs in enumerate(plan.frees) for ref in refs}
         assert freed == {NodeRef(0): 2, NodeRef(1): 2, NodeRef(2): 3}
 
+    def test_nodes_of_one_op_and_spec_share_a_signature(self) -> None:
+        """What the scheduler learns of a kernel comes from every node that runs it: nodes of
+        one op with the same output spec and cost share a signature; others do not."""
+
+        async def f(x: Any, y: Any) -> Any:
+            a = ops.tanh(x)
+            b = ops.tanh(ops.negative(x))  # tanh again, same spec: shared
+            c = ops.tanh(y)  # another shape: its own
+            return a, b, c
+
+        graph = dataflow.trace(f, _rand(3), _rand(5))
+        sigs: dict[str, list[Any]] = {}
+        for i, node in enumerate(graph.nodes):
+            sigs.setdefault(node.op.name, []).append(graph.plan.sigs[i])
+        tanh = sigs["tanh"]
+        assert len(tanh) == 3 and tanh[0] is tanh[1] and tanh[2] is not tanh[0]
+        assert sigs["negative"][0] is not tanh[0]
+
     def test_plan_is_computed_once(self) -> None:
         """The plan is cached on the (immutable) graph."""
         graph = dataflow.trace(chain_and_shorts, np.zeros(4))
