@@ -40,6 +40,12 @@ def _forward(m: nn.LSTM | nn.GRU, x: Array, h0: Array | None, c0: Array | None) 
     return dataflow.run(main)
 
 
+@pytest.fixture
+def no_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small models take _lstm_sequence_small; this sends them to the other LSTM forms."""
+    monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+
+
 class TestSequenceOps:
     """lstm_sequence / gru_sequence against the loop reference, every flag."""
 
@@ -90,7 +96,12 @@ class TestSequenceOps:
         ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
     )
     def test_transposed_form_against_reference(
-        self, reverse: bool, batch_first: bool, with_state: bool, monkeypatch: pytest.MonkeyPatch
+        self,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
     ) -> None:
         """The LSTM kernel in its transposed form (W @ h.T: where that GEMM is faster) equals
         the reference loop, every flag, with the projection in chunks of 3 steps."""
@@ -112,7 +123,12 @@ class TestSequenceOps:
     )
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_either_form_of_the_nonlinearities_against_reference(
-        self, mode: str, tanh_form: bool, transposed: bool, monkeypatch: pytest.MonkeyPatch
+        self,
+        mode: str,
+        tanh_form: bool,
+        transposed: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
     ) -> None:
         """Gates through np.tanh (sigmoid = (tanh(x/2) + 1) / 2) or through np.exp, whichever
         measures faster, in either GEMM form: the same results within float32 rounding."""
@@ -124,7 +140,11 @@ class TestSequenceOps:
     @pytest.mark.parametrize("projection_transposed", [False, True])
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_either_form_of_the_projection_against_reference(
-        self, mode: str, projection_transposed: bool, monkeypatch: pytest.MonkeyPatch
+        self,
+        mode: str,
+        projection_transposed: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
     ) -> None:
         """The input projection as ``x @ W.T`` or as the transpose of ``W @ x.T`` (faster for
         few rows with some BLAS kernels): the same results, chunked or not."""
@@ -207,6 +227,57 @@ class TestSequenceOps:
         ran.clear()
         assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, np.dtype(np.float32)) is False
         assert ran == []
+
+    def test_the_small_kernel_serves_small_models_only(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Weights of at most SMALL_WEIGHTS_PER_STEP elements a step take the small kernel."""
+        used: list[tuple[int, ...]] = []
+        small = _rnn_kernels._lstm_sequence_small
+
+        def spy(*args: Any) -> Any:
+            used.append(args[3].shape)
+            return small(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_small", spy)
+        for steps, hidden in ((7, 6), (2, 64)):  # 264 and 32768 weight elements
+            w_ih, w_hh = _rand(5, 4 * hidden, hidden), _rand(6, 4 * hidden, hidden)
+            x = _rand(7, steps, 1, hidden)
+            _rnn_kernels.lstm_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
+        assert used == [(24, 6)]
+
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
+    )
+    def test_the_small_kernel_equals_the_plain_one(
+        self, reverse: bool, batch_first: bool, with_state: bool
+    ) -> None:
+        """Reordered, halved weights and one tanh for all gates: the same values, every flag
+        (random weights, input and state; the projection in chunks of 3 steps)."""
+        steps, batch, inp, hid = 9, 2, 5, 7
+        w_ih, w_hh, bias = _rand(1, 4 * hid, inp), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
+        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
+        h0 = _rand(5, batch, hid) if with_state else None
+        c0 = _rand(6, batch, hid) if with_state else None
+        args = (x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+        small = _rnn_kernels._lstm_sequence_small(*args)
+        plain = _rnn_kernels._lstm_sequence_plain(*args)
+        for got, want in zip(small, plain, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-6)
+
+    def test_the_small_kernel_reads_parameters_written_in_place(self) -> None:
+        """It copies the weights at each call, so nothing stale survives an in-place write."""
+        m = nn.LSTM(4, 5, seed=3)
+        x = _rand(1, 6, 2, 4)
+        before = _forward(m, x, None, None)[0]
+        w_hh: Array = getattr(m, "weight_hh_l0")  # noqa: B009 - set by name
+        b_ih: Array = getattr(m, "bias_ih_l0")  # noqa: B009
+        w_hh *= np.float32(0.5)
+        b_ih += np.float32(0.25)
+        after = _forward(m, x, None, None)[0]
+        out_ref, _, _ = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
+        np.testing.assert_allclose(after, out_ref, atol=TOL)
+        assert not np.allclose(after, before, atol=1e-3)
 
     def test_only_the_lstm_kernel_has_a_transposed_form(self) -> None:
         """Three gates (a GRU weight) never measure the LSTM kernels: lay_out then picks the
