@@ -40,7 +40,7 @@ code written the obvious way:
   (:func:`_lstm_sequence_small`, see :data:`SMALL_WEIGHTS_PER_STEP`) copies the weights for
   the call with the gate rows reordered i, f, o, g and the sigmoid gates' rows halved: one
   ``tanh`` then gives every gate, and the three sigmoids one multiply-add, 10 numpy calls a
-  step instead of 13 (20-30% faster at (10, 1, 32) to (50, 1, 64)).
+  step instead of 13 (15-30% faster at (10, 1, 32) to (50, 1, 128)).
 * **Weights in the layout BLAS likes.** :func:`lay_out` stores a recurrent weight in the
   memory order whose ``h @ w.T`` GEMM measured fastest on this machine for its shape (Fortran
   order makes ``w.T`` a plain row-major operand: 22% faster at (50, 1024) x (1024, 4096) with
@@ -64,6 +64,7 @@ import numpy as np
 
 __all__ = [
     "CHUNK_BYTES",
+    "SMALL_GATES_MAX",
     "SMALL_WEIGHTS_PER_STEP",
     "TANH_DIRECT_MAX",
     "chunk_steps",
@@ -438,7 +439,7 @@ def lstm_sequence_kernel(
     width = _LSTM_GATES * hidden
     steps = x.shape[1] if batch_first else x.shape[0]
     weights = width * (w_ih.shape[1] + hidden)
-    if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= TANH_DIRECT_MAX:
+    if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= SMALL_GATES_MAX:
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     if w_hh.flags.c_contiguous and _transposed_is_faster(batch, hidden, _LSTM_GATES, w_hh.dtype):
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
@@ -446,14 +447,19 @@ def lstm_sequence_kernel(
 
 
 #: A direction whose weights (``4H x (I + H)`` elements) are at most this many per step, with
-#: a gate array of at most TANH_DIRECT_MAX elements, takes :func:`_lstm_sequence_small`: a
-#: model this small spends its steps in numpy's per-call overhead, and the weights' copy it
-#: makes (about 0.3 ns an element) costs less than the calls it saves (about 2 us a step).
-#: Measured on one thread (AMD EPYC, OpenBLAS), small / plain kernel: 0.77 at (T, B, H) =
-#: (10, 1, 32), 0.70 at (50, 1, 64), 0.84 at (50, 1, 128), 0.87 at (50, 16, 64), 0.94 at
-#: (50, 16, 128); past the bound 0.97 at (20, 1, 128), 1.16 at (10, 1, 128), 1.02 at
-#: (50, 1, 256).
+#: a gate array (``B x 4H``) of at most SMALL_GATES_MAX elements, takes
+#: :func:`_lstm_sequence_small`: a model this small spends its steps in numpy's per-call
+#: overhead, and the weights' copy it makes (about 0.3 ns an element) costs less than the
+#: calls it saves (about 2 us a step). Measured on one thread (AMD EPYC, OpenBLAS), small /
+#: plain kernel: 0.77 at (T, B, H) = (10, 1, 32), 0.84 at (10, 2, 32), 0.70 at (50, 1, 64),
+#: 0.86 at (50, 4, 64), 0.82 at (50, 1, 128); past the weights bound 0.97 at (20, 1, 128),
+#: 1.16 at (10, 1, 128), 1.02 at (50, 1, 256).
 SMALL_WEIGHTS_PER_STEP = 4096
+#: Past this many gate elements the small kernel's time varied from process to process
+#: (0.92x the plain kernel's in some, 1.2-1.3x in others, at (50, 4, 128), (50, 8, 128) and
+#: (50, 4, 96): a memory-layout effect not yet understood), so it keeps to gate arrays where
+#: it was measured steady.
+SMALL_GATES_MAX = 1024
 
 
 @functools.lru_cache(maxsize=64)
