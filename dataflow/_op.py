@@ -217,51 +217,59 @@ class Op(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # One pass over the arguments: the call's signature key, its pending inputs, whether
         # all of them are done, and the argument values for a kernel run right away. This is
-        # the hot path of every op: positional arrays, scalars and handles are handled here;
-        # keywords and containers take ``_scan``.
+        # the hot path of every op: positional arrays, scalars and handles, and keywords with
+        # plain values, are handled here; containers and other types take ``_scan``.
         key: list[Any] | None
         inputs: list[Task]
         values: list[Any] | None
-        if kwargs:
-            key, inputs, values, ready = self._scan(args, kwargs)
-        else:
-            keyed: list[Any] = []
-            inputs = []
-            got: list[Any] = []
-            ready = True
-            general = False
-            for a in args:
-                ta = type(a)
-                if ta is _ndarray:
-                    keyed.append(a.shape)  # type: ignore[attr-defined]
-                    keyed.append(a.dtype)  # type: ignore[attr-defined]
-                    got.append(a)
-                elif ta in _ATOMS:
-                    keyed.append(ta)
-                    keyed.append(a)
-                    got.append(a)
-                elif isinstance(a, Pending):
-                    t = a._task
-                    i = a._index
-                    inputs.append(t)
-                    if t.state != DONE:
-                        ready = False
-                    elif i is None:
-                        got.append(t.value)
-                    else:
-                        got.append(t.value[i])
-                    k = t.sig.keys[i or 0]
-                    if k is None:
-                        general = True
-                        break
-                    keyed.append(k)
+        keyed: list[Any] = []
+        inputs = []
+        got: list[Any] = []
+        ready = True
+        general = False
+        for a in args:
+            ta = type(a)
+            if ta is _ndarray:
+                keyed.append(a.shape)  # type: ignore[attr-defined]
+                keyed.append(a.dtype)  # type: ignore[attr-defined]
+                got.append(a)
+            elif ta in _ATOMS:
+                keyed.append(ta)
+                keyed.append(a)
+                got.append(a)
+            elif isinstance(a, Pending):
+                t = a._task
+                i = a._index
+                inputs.append(t)
+                if t.state != DONE:
+                    ready = False
+                elif i is None:
+                    got.append(t.value)
                 else:
+                    got.append(t.value[i])
+                k = t.sig.keys[i or 0]
+                if k is None:
                     general = True
                     break
-            if general:  # a container, another type, an unkeyed input: the general scan
-                key, inputs, values, ready = self._scan(args, kwargs)
+                keyed.append(k)
             else:
-                key, values = keyed, got
+                general = True
+                break
+        if kwargs and not general:
+            # Keywords with plain values (axis=0, keepdims=True) keep the fast path: the
+            # key gets what ``_scan`` would give them, so both paths share signatures.
+            keyed.append(None)
+            for name, a in kwargs.items():
+                ta = type(a)
+                if ta not in _ATOMS:
+                    general = True
+                    break
+                keyed.append(name)
+                keyed.append((list, ta, a))
+        if general:  # a container, another type, an unkeyed input: the general scan
+            key, inputs, values, ready = self._scan(args, kwargs)
+        else:
+            key, values = keyed, got
         if key is None:
             sig = self.signature(args, kwargs)
         else:

@@ -141,7 +141,13 @@ def _flip_meta(x: Any, axis: Any = None) -> TensorSpec:
     return TensorSpec(s, dtype_of(key))
 
 
+_ALL = slice(None)
+_REVERSED = slice(None, None, -1)
+
+
 def _flip_kernel(x: Any, axis: Any = None) -> Any:
+    if type(axis) is int and x.ndim:  # one axis, checked by the meta rule: a plain slice
+        return x[(_ALL,) * (axis % x.ndim) + (_REVERSED,)]  # (np.flip normalises: 4x the time)
     return np.flip(x, axis)
 
 

@@ -89,11 +89,17 @@ class TestTranspose:
 
 
 class TestFlip:
-    @pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 2)], ids=str)
+    @pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -3, (0, 2)], ids=str)
     def test_matches_numpy(self, axis: Any) -> None:
-        """flip along each axis form equals np.flip."""
+        """flip along each axis form equals np.flip (one int axis: the kernel's own slice),
+        by position and by keyword."""
         x = rand((3, 4, 2), np.int32, 5)
         check(lambda: ops.flip(x, axis), np.flip(x, axis))
+        check(lambda: ops.flip(x, axis=axis), np.flip(x, axis))
+
+    def test_one_axis_of_a_vector(self) -> None:
+        x = rand((5,), np.float32, 6)
+        check(lambda: ops.flip(x, 0), np.flip(x, 0))
 
     def test_bad_axis(self) -> None:
         """An axis past ndim is refused."""

@@ -304,6 +304,32 @@ class TestSignatureCache:
         op(np.ones(3, np.float32), 1.0)  # another dtype
         assert len(calls) == 4
 
+    def test_plain_keywords_are_cached_as_the_general_scan_keys_them(self) -> None:
+        """Keywords with plain values take the fast path; its key is the one ``_scan`` gives
+        them, so a call the general path keys (a container beside them) shares the
+        signature, and another keyword value is another signature."""
+        calls: list[Any] = []
+
+        def meta(x: Any, *, k: Any = 0) -> ops.TensorSpec:
+            calls.append(k)
+            if np.shape(x) == (13,):
+                raise dataflow.OpInputError("kw_counted: 13 is refused")
+            return ops.spec_of(x)
+
+        op = ops.define("kw_counted", lambda x, k=0: x + k, meta)
+        x = np.ones(3)
+        for _ in range(3):
+            op(x, k=1)
+        assert calls == [1]
+        key = next(iter(op._sigs))
+        assert op._scan((x,), {"k": 1})[0] == list(key)
+        op(x, k=2)
+        op(x, k=1.0)  # another type
+        assert calls == [1, 2, 1.0]
+        for _ in range(2):  # refused calls are not cached: checked at every call
+            with pytest.raises(dataflow.OpInputError, match="13 is refused"):
+                op(np.ones(13), k=1)
+
     def test_a_bad_call_raises_every_time(self) -> None:
         """A call the meta rule refuses is never cached: it raises again, at the call."""
         calls: list[Any] = []
