@@ -276,3 +276,27 @@ class TestAwaited:
 
         with pytest.raises(MismatchError, match=r"'nope' failed in its child"):
             _child_contender("nope", (4, 1, 8), 3).measure()
+
+
+class TestOverheadChildren:
+    """benchmarks/overhead.py runs every round of every contender in a fresh process."""
+
+    def _spec(self) -> dict[str, Any]:
+        counts = {m: {"big": 200, "mid": 100, "small": 20} for m in ("batched", "one at a time")}
+        return {"group": "tasks", "mode": "batched", "counts": counts, "n_tiny": 200}
+
+    def test_a_child_round_reports_its_value_and_cpu(self) -> None:
+        from benchmarks._harness import Contender
+        from benchmarks.overhead import _fresh
+
+        cpu: list[float] = []
+        c = Contender("dataflow op, inline", lambda: 0.0, extra={"cpu": cpu})
+        value = _fresh(c, self._spec()).measure()
+        assert 0 < value < 1e4 and len(cpu) == 1 and cpu[0] > 0
+
+    def test_an_unknown_contender_fails_naming_it(self) -> None:
+        from benchmarks._harness import Contender
+        from benchmarks.overhead import ChildError, _fresh
+
+        with pytest.raises(ChildError, match=r"'nope' failed in its child"):
+            _fresh(Contender("nope", lambda: 0.0), self._spec()).measure()
