@@ -84,10 +84,16 @@ PARALLEL_CORES = 4
 SERIAL_PARALLEL = 0.15
 SERIAL_EXTRA = 0.5
 # A plan's runner adds a runner for ready work only when that work's kernels keep at least
-# this share of their wall time on a CPU while others run (``Signature.cpu_share``). Measured:
-# GIL-free kernels (an LSTM direction at batch 50) 0.98-1.0 side by side; GIL-bound ones (at
-# batch 1) 0.67-0.76 in pairs on 2 vCPUs, about 0.05 sixteen at a time on 16 cores.
-SPAWN_CPU_SHARE = 0.8
+# this share of their wall time on a CPU while others run (``Signature.cpu_share``), and are
+# not serial. Measured: GIL-free kernels (an LSTM direction at batch 50) 0.98-1.0 side by
+# side; about 0.05 for GIL-bound ones sixteen at a time on 16 cores. In pairs on 2 vCPUs it
+# tells nothing: 0.72 for the (10, 1, 32) ensemble's directions, which lose run side by side,
+# and 0.76-0.77 at (20, 1, 256) and (50, 4, 128), which gain (compiled: 2.9 against 4.4 ms a
+# forward, one runner against two). There ``Signature.serial`` (the GIL lane's estimate from
+# the same overlapped runs) decides; the share stops what it misses: pure-Python kernels that
+# were never measured alone (their best time is a contended one, so g reads low: 0.03, share
+# 0.29 for two side by side) and the many-core pile-up.
+SPAWN_CPU_SHARE = 0.5
 
 
 def runs_inline(sig: Signature, threshold: float) -> bool:

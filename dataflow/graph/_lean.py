@@ -16,8 +16,9 @@ Parallelism and fairness, decided between nodes:
 * **More runners only for work that can use them.** While ready work waits that is big (its
   signature's measured kernel time is over the runtime's inline threshold) and not GIL-bound
   (not ``Signature.serial``, and its kernels keep their thread on a CPU while others run:
-  ``Signature.cpu_share`` at least ``SPAWN_CPU_SHARE``, 0.8; a kernel waiting for the GIL is
-  off the CPU), and the run has fewer runners than the pool has threads, a runner
+  ``Signature.cpu_share`` at least ``SPAWN_CPU_SHARE``, 0.5; a kernel waiting for the GIL is
+  off the CPU, 0.05 of the time for 16 GIL-bound ones side by side), and the run has fewer
+  runners than the pool has threads, a runner
   queues another runner on the pool; a runner whose heap is empty ends. Small or GIL-bound
   work stays on the thread that has it: elsewhere it would only take turns for the GIL.
 * **The oldest request first.** A runner's pool entry carries the run's priority (the
