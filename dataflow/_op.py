@@ -305,7 +305,7 @@ class Op(Generic[P, R]):
         spec = sig.spec
         if type(spec) is tuple:
             make = self.handle
-            handles = tuple(make(task, i, s) for i, s in enumerate(spec))
+            handles = tuple([make(task, i, s) for i, s in enumerate(spec)])
             if task.state < DONE:
                 task.handles = [weakref.ref(h) for h in handles]
             return handles  # type: ignore[return-value]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Mapping
+from types import CoroutineType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -128,7 +129,7 @@ class Module:
         with dataflow.model_code() as nested:
             result = self.forward(*args, **kwargs)
             # A plain `def forward` works too: only await what is awaitable.
-            if inspect.isawaitable(result):
+            if type(result) is CoroutineType or inspect.isawaitable(result):
                 result = await result
         if nested:
             return result

@@ -88,6 +88,10 @@ Value = Tensor | Array
 State = Value | None
 
 
+# The parameter names of a layer and direction: weight_ih, weight_hh, bias_ih, bias_hh.
+_NAMES: dict[tuple[int, int], tuple[str, ...]] = {}
+
+
 class _Weights(NamedTuple):
     """One layer-direction's parameters, and ``b_ih + b_hh`` computed once per forward."""
 
@@ -210,13 +214,18 @@ class _RNNBase(Module):
         return f"_l{layer}" + ("_reverse" if direction else "")
 
     def _weights(self, layer: int, direction: int) -> _Weights:
-        sfx = self._suffix(layer, direction)
-        w_ih: Array = getattr(self, f"weight_ih{sfx}")
-        w_hh: Array = getattr(self, f"weight_hh{sfx}")
+        names = _NAMES.get((layer, direction))
+        if names is None:
+            sfx = self._suffix(layer, direction)
+            names = _NAMES[layer, direction] = tuple(
+                f"{kind}{sfx}" for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            )
+        w_ih: Array = getattr(self, names[0])
+        w_hh: Array = getattr(self, names[1])
         if not self.bias:
             return _Weights(w_ih, w_hh, None, None, None)
-        b_ih: Array = getattr(self, f"bias_ih{sfx}")
-        b_hh: Array = getattr(self, f"bias_hh{sfx}")
+        b_ih: Array = getattr(self, names[2])
+        b_hh: Array = getattr(self, names[3])
         return _Weights(w_ih, w_hh, b_ih, b_hh, b_ih + b_hh)
 
     @property
@@ -254,7 +263,7 @@ class _RNNBase(Module):
                 f"and at least one step, got {s!r} (batch_first={self.batch_first}; unbatched "
                 "input: add a batch axis of 1)"
             )
-        if s.dtype != self.dtype:
+        if s.dtype != getattr(self, "weight_ih_l0").dtype:  # noqa: B009 - set by name
             raise OpTypeError(
                 f"nn.{name}: x has dtype {s.dtype} but the parameters are {self.dtype}; "
                 f"convert x with .astype(np.{self.dtype})"
