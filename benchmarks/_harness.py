@@ -14,11 +14,14 @@ import gc
 import json
 import math
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "run_child",
     "Comparison",
     "Config",
     "Contender",
@@ -143,6 +146,27 @@ def median_ratio(values: Sequence[float], baseline: Sequence[float]) -> tuple[fl
         )
     ratios = [v / b if b > 0 else math.inf for v, b in zip(values, baseline, strict=True)]
     return statistics.median(ratios), ratios
+
+
+def run_child(module: str, spec: str, error: type[Exception], what: str) -> dict[str, Any]:
+    """One round in a fresh ``python -m MODULE --child SPEC``: the last JSON line it printed.
+
+    A child that fails, or prints no JSON line, raises ``error`` naming ``what`` (the
+    benchmark, the size, the contender) with the end of its stderr.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--child", spec],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise error(
+            f"{what} failed in its child process (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    report: dict[str, Any] = json.loads(lines[-1])
+    return report
 
 
 def interleave(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import Comparison, Config, Contender, Row, interleave
+from ._harness import Comparison, Config, Contender, Row, interleave, run_child
 from ._machine import cores
 from ._reference import LSTMWeights, allclose, lstm_forward
 
@@ -122,19 +121,8 @@ def _child_contender(name: str, size: tuple[int, int, int], calls: int) -> Conte
     args = json.dumps({"name": name, "size": list(size), "calls": calls})
 
     def measure_child() -> float:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.awaited", "--child", args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            raise MismatchError(
-                f"awaited {size}: contender {name!r} failed in its child process (exit "
-                f"{proc.returncode}):\n{proc.stderr[-3000:]}"
-            )
-        seconds: float = json.loads(lines[-1])["seconds"]
+        what = f"awaited {size}: contender {name!r}"
+        seconds: float = run_child("benchmarks.awaited", args, MismatchError, what)["seconds"]
         return seconds
 
     return Contender(name, measure_child, note=_note(name))

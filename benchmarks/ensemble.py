@@ -42,7 +42,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,7 @@ import dataflow
 
 from . import _models
 from . import _reference as ref
-from ._harness import Comparison, Config, Contender, Row, interleave
+from ._harness import Comparison, Config, Contender, Row, interleave, run_child
 from ._machine import cores
 
 __all__ = ["MismatchError", "Workload", "gemm_rate", "matmul_rate", "run", "size_table"]
@@ -491,19 +490,8 @@ def _child_contender(
     )
 
     def measure() -> float:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.ensemble", "--child", args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            raise MismatchError(
-                f"ensemble {size}: contender {name!r} failed in its child process (exit "
-                f"{proc.returncode}):\n{proc.stderr[-3000:]}"
-            )
-        seconds: float = json.loads(lines[-1])["seconds"]
+        what = f"ensemble {size}: contender {name!r}"
+        seconds: float = run_child("benchmarks.ensemble", args, MismatchError, what)["seconds"]
         return seconds
 
     return Contender(name, measure, note=note)

@@ -34,7 +34,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -45,7 +44,7 @@ import numpy as np
 
 import dataflow
 
-from ._harness import Comparison, Config, Contender, Row, interleave
+from ._harness import Comparison, Config, Contender, Row, interleave, run_child
 from ._machine import cores
 
 __all__ = ["run"]
@@ -508,19 +507,7 @@ def _fresh(c: Contender, spec: dict[str, Any]) -> Contender:
     args = json.dumps({**spec, "name": c.name})
 
     def measure() -> float:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.overhead", "--child", args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if proc.returncode != 0 or not lines:
-            raise ChildError(
-                f"overhead: contender {c.name!r} failed in its child process (exit "
-                f"{proc.returncode}):\n{proc.stderr[-3000:]}"
-            )
-        got = json.loads(lines[-1])
+        got = run_child("benchmarks.overhead", args, ChildError, f"overhead: contender {c.name!r}")
         cpu = c.extra.get("cpu")
         if isinstance(cpu, list) and got["cpu"] is not None:
             cpu.append(got["cpu"])
