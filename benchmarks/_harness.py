@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "module_main",
     "run_child",
     "Comparison",
     "Config",
@@ -167,6 +168,25 @@ def run_child(module: str, spec: str, error: type[Exception], what: str) -> dict
         )
     report: dict[str, Any] = json.loads(lines[-1])
     return report
+
+
+def module_main(
+    benchmark: str, description: str, child: Callable[[str], None], argv: list[str] | None
+) -> None:
+    """``python -m benchmarks.NAME [options]``: that benchmark alone, with the usual options;
+    or (``--child SPEC``, internal) one contender's round in this fresh process."""
+    import argparse
+    import os
+
+    p = argparse.ArgumentParser(description=description, add_help=False)
+    p.add_argument("--child")
+    args, rest = p.parse_known_args(argv)
+    if args.child:
+        child(args.child)
+        os._exit(0)  # torch's thread pools have aborted at interpreter exit: the report is out
+    from ._cli import main as cli_main
+
+    sys.exit(cli_main(["--only", benchmark, *rest]))
 
 
 def interleave(

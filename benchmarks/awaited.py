@@ -24,14 +24,21 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ._harness import Comparison, Config, Contender, Row, interleave, run_child
+from ._harness import (
+    Comparison,
+    Config,
+    Contender,
+    Row,
+    interleave,
+    module_main,
+    run_child,
+)
 from ._machine import cores
 from ._reference import LSTMWeights, allclose, lstm_forward
 
@@ -224,17 +231,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child_main(args.child)
-        os._exit(0)
-    from ._cli import main as cli_main
-
-    sys.exit(cli_main(["--only", "awaited", *(argv or sys.argv[1:])]))
+    module_main("awaited", __doc__.splitlines()[0], child_main, argv)
 
 
 if __name__ == "__main__":

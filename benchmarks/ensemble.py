@@ -36,13 +36,11 @@ sequential one against the all-core rate (or the one-thread rate where that was 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.util
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -57,7 +55,15 @@ import dataflow
 
 from . import _models
 from . import _reference as ref
-from ._harness import Comparison, Config, Contender, Row, interleave, run_child
+from ._harness import (
+    Comparison,
+    Config,
+    Contender,
+    Row,
+    interleave,
+    module_main,
+    run_child,
+)
 from ._machine import cores
 
 __all__ = ["MismatchError", "Workload", "gemm_rate", "matmul_rate", "run", "size_table"]
@@ -610,15 +616,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child_main(args.child)
-        return
-    from ._cli import main as cli_main
-
-    sys.exit(cli_main(["--only", "ensemble", *(argv or sys.argv[1:])]))
+    module_main("ensemble", __doc__.splitlines()[0], child_main, argv)
 
 
 if __name__ == "__main__":

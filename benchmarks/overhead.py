@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +42,15 @@ import numpy as np
 
 import dataflow
 
-from ._harness import Comparison, Config, Contender, Row, interleave, run_child
+from ._harness import (
+    Comparison,
+    Config,
+    Contender,
+    Row,
+    interleave,
+    module_main,
+    run_child,
+)
 from ._machine import cores
 
 __all__ = ["run"]
@@ -648,17 +654,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.child:
-        child_main(args.child)
-        os._exit(0)  # torch's pools have aborted at interpreter exit: the report is out
-    from ._cli import main as cli_main
-
-    sys.exit(cli_main(["--only", "overhead", *(argv or sys.argv[1:])]))
+    module_main("overhead", __doc__.splitlines()[0], child_main, argv)
 
 
 if __name__ == "__main__":
