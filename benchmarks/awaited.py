@@ -30,15 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import (
-    Comparison,
-    Config,
-    Contender,
-    Row,
-    interleave,
-    module_main,
-    run_child,
-)
+from ._harness import Comparison, Config, Contender, Row, interleave, module_main, run_child
 from ._machine import cores
 from ._reference import LSTMWeights, allclose, lstm_forward
 

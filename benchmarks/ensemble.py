@@ -55,15 +55,7 @@ import dataflow
 
 from . import _models
 from . import _reference as ref
-from ._harness import (
-    Comparison,
-    Config,
-    Contender,
-    Row,
-    interleave,
-    module_main,
-    run_child,
-)
+from ._harness import Comparison, Config, Contender, Row, interleave, module_main, run_child
 from ._machine import cores
 
 __all__ = ["MismatchError", "Workload", "gemm_rate", "matmul_rate", "run", "size_table"]

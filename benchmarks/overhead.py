@@ -42,15 +42,7 @@ import numpy as np
 
 import dataflow
 
-from ._harness import (
-    Comparison,
-    Config,
-    Contender,
-    Row,
-    interleave,
-    module_main,
-    run_child,
-)
+from ._harness import Comparison, Config, Contender, Row, interleave, module_main, run_child
 from ._machine import cores
 
 __all__ = ["run"]
