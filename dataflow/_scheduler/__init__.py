@@ -31,7 +31,8 @@
     the program awaits that op at once), its next calls under 1 ms run inline at dispatch,
     on the small ops' lean path; one call in 256 takes the usual way, and a worker running
     it (the program went on without awaiting it) unlearns the pattern. Measured, the single
-    LSTM at (10, 1, 32): 1.4x numpy's time with the steal alone, 1.15x with this;
+    LSTM at (10, 1, 32): 1.4x numpy's time with the steal alone, 1.15x with this (0.95x
+    once its kernel made fewer numpy calls: ``python -m benchmarks --only awaited``);
   - with a single inter-op thread, a ready task under that same 1 ms runs inline at
     dispatch, whatever its GIL use: the lone worker could only start it once the
     dispatching thread lets go of the GIL (when it next waits), so it would run after the
