@@ -24,6 +24,7 @@ from .._task import (
     Task,
 )
 from .._timeout import Watchdog
+from ._placement import AWAIT_HERE_SECONDS
 
 if TYPE_CHECKING:
     from .._loop import HostLoop
@@ -57,6 +58,9 @@ class SchedulerBase:
         self.pool = pool
         self.host = host
         self.inline_threshold = inline_threshold
+        # Kernels expected under this run where they are awaited (``_placement``,
+        # AWAIT_HERE_SECONDS); none with an inline threshold of 0 (everything to the pool).
+        self.await_here = AWAIT_HERE_SECONDS if inline_threshold > 0 else 0.0
         self.simulate = simulate
         limit = (1 << 62) if max_pending is None else max_pending
         self._limit = limit

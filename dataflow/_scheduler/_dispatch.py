@@ -31,7 +31,6 @@ from .._task import (
 )
 from .._timeout import TimedKernel, Watchdog
 from ._placement import (
-    AWAIT_HERE_SECONDS,
     AWAITED_AT_ONCE,
     FIRST_RUNS,
     PROBE,
@@ -95,9 +94,8 @@ class Scheduler(Execution):
                         and runs_inline(sig, self.inline_threshold)
                     )
                     or (
-                        sig.seconds < AWAIT_HERE_SECONDS
+                        sig.seconds < self.await_here
                         and (self.pool.num_threads == 1 or sig.awaited >= AWAITED_AT_ONCE)
-                        and self.inline_threshold > 0
                         and bool((sig.calls + 1) % PROBE)
                     )
                 )
@@ -186,13 +184,7 @@ class Scheduler(Execution):
         owner = self._owner() if on_loop else None
         # A small task dispatched by the loop wakes no worker before the loop's callback ends:
         # the loop may await it at once and run it itself (``completion``).
-        # (Not with an inline threshold of 0, which sends every timed op to the pool.)
-        quiet = (
-            on_loop
-            and sig.inline is None
-            and sig.seconds < AWAIT_HERE_SECONDS
-            and self.inline_threshold > 0
-        )
+        quiet = on_loop and sig.inline is None and sig.seconds < self.await_here
         post = False
         if owner is not None:
             if priority is None:
@@ -360,10 +352,7 @@ class Scheduler(Execution):
             if inline is None:
                 # Small or GIL-bound-and-short as at dispatch, or short enough to hold the
                 # loop for (it would only wait here meanwhile: see AWAIT_HERE_SECONDS).
-                threshold = self.inline_threshold
-                inline = (sig.seconds < AWAIT_HERE_SECONDS and threshold > 0) or runs_inline(
-                    sig, threshold
-                )
+                inline = sig.seconds < self.await_here or runs_inline(sig, self.inline_threshold)
             if inline and self._inline_ok:
                 with GRAPH_LOCK:
                     take = task.state == READY
