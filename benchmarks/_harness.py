@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "best_ratio",
     "module_main",
     "run_child",
     "Comparison",
@@ -168,6 +169,17 @@ def run_child(module: str, spec: str, error: type[Exception], what: str) -> dict
         )
     report: dict[str, Any] = json.loads(lines[-1])
     return report
+
+
+def best_ratio(rows: list[Row], name: str, over: tuple[str, ...]) -> float | None:
+    """The best round of ``name`` over the best round among ``over`` (None if unmeasured)."""
+    by_name = {r.name: r for r in rows}
+    top = by_name.get(name)
+    bests = [m for o in over if o in by_name and (m := by_name[o].min) is not None]
+    best = top.min if top is not None else None
+    if best is None or not bests:
+        return None
+    return best / min(bests)
 
 
 def module_main(

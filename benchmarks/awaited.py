@@ -30,7 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from ._harness import Comparison, Config, Contender, Row, interleave, module_main, run_child
+from ._harness import (
+    Comparison,
+    Config,
+    Contender,
+    Row,
+    best_ratio,
+    interleave,
+    module_main,
+    run_child,
+)
 from ._machine import cores
 from ._reference import LSTMWeights, allclose, lstm_forward
 
@@ -142,25 +151,18 @@ def _note(name: str) -> str:
     return f"inter-op {1 if name.endswith('1 inter-op thread') else cores()}, BLAS 1"
 
 
-def _best(rows: list[Row], name: str) -> float | None:
-    by_name = {r.name: r for r in rows}
-    row = by_name.get(name)
-    return row.min if row is not None else None
-
-
 def summary(per_size: list[tuple[tuple[int, int, int], list[Row]]]) -> Comparison:
     """One row per size: numpy's rounds, and each dataflow contender's best round over
     numpy's best."""
     rows = []
     for size, measured in per_size:
-        base = _best(measured, "numpy")
-        extra: dict[str, Any] = {}
-        for col, name in (
-            ("auto / numpy", "dataflow, automatic"),
-            ("1 thread / numpy", "dataflow, 1 inter-op thread"),
-        ):
-            best = _best(measured, name)
-            extra[col] = best / base if best is not None and base else None
+        extra: dict[str, Any] = {
+            col: best_ratio(measured, name, ("numpy",))
+            for col, name in (
+                ("auto / numpy", "dataflow, automatic"),
+                ("1 thread / numpy", "dataflow, 1 inter-op thread"),
+            )
+        }
         extra["holds"] = all(v is not None and v <= 1.05 for v in extra.values())
         numpy_row = next(r for r in measured if r.name == "numpy")
         rows.append(Row(str(size), "numpy round (s)", numpy_row.values, extra=extra))
@@ -190,10 +192,8 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
         load0 = os.getloadavg()[0]
         rows = interleave(contenders, rounds, baseline="numpy", warmup=0, log=log)
         load1 = os.getloadavg()[0]
-        base = _best(rows, "numpy")
         for row in rows:
-            best = row.min
-            row.extra["best vs best"] = best / base if best is not None and base else None
+            row.extra["best vs best"] = best_ratio(rows, row.name, ("numpy",))
         t, b, c = size
         comparisons.append(
             Comparison(
@@ -211,8 +211,13 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
                 },
                 columns=("best vs best",),
                 notes=[
-                    f"{rounds} round(s), each a fresh process after a warm-up round there; "
-                    f"round value = mean of {calls} call(s); outputs checked; load average "
+                    f"{rounds} round(s), "
+                    + (
+                        "measured once in this process; "
+                        if cfg.quick
+                        else "each a fresh process after a warm-up round there; "
+                    )
+                    + f"round value = mean of {calls} call(s); outputs checked; load average "
                     f"(1 min) {load0:.2f} -> {load1:.2f} on {n} cores",
                 ],
             )

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._harness import Comparison, Config, Contender, Row, interleave
+from ._harness import Comparison, Config, Contender, Row, best_ratio, interleave
 from ._machine import cores
 from .ensemble import Workload, _child_contender, size_table
 
@@ -75,17 +75,6 @@ RATIOS = (
         ("numpy sequential", "numpy sequential, BLAS 1"),
     ),
 )
-
-
-def best_ratio(rows: list[Row], name: str, over: tuple[str, ...]) -> float | None:
-    """The best round of ``name`` over the best round among ``over`` (None if unmeasured)."""
-    by_name = {r.name: r for r in rows}
-    top = by_name.get(name)
-    bests = [m for o in over if o in by_name and (m := by_name[o].min) is not None]
-    best = top.min if top is not None else None
-    if best is None or not bests:
-        return None
-    return best / min(bests)
 
 
 def summary(per_size: list[tuple[tuple[int, int, int], list[Row]]]) -> Comparison:
