@@ -149,6 +149,16 @@ mid_where = dataflow.op(
 )(_spin_thread)
 
 
+def _spin_fail(x: Any) -> Any:
+    _spin_thread(x)
+    raise ValueError("mid_fails: broken on purpose")
+
+
+mid_fails = dataflow.op(
+    "mid_fails", meta=_ident_meta, handle=Arr, cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0)
+)(_spin_fail)
+
+
 def _blocked_until(done: Callable[[], bool], seconds: float = 5.0) -> bool:
     """Hold this thread (the loop's: no callback runs) until ``done()`` or ``seconds`` pass."""
     end = time.monotonic() + seconds
@@ -316,6 +326,91 @@ class TestAwaitedRunsHere:
             return [int((await pool_where(np.zeros(1)))[0]) for _ in range(3)]
 
         assert threading.get_ident() not in dataflow.run(main, interop_threads=2)
+
+
+def _gather(*xs: Any) -> Any:
+    return np.concatenate(xs)
+
+
+# A tiny op waiting for any number of the others' outputs: where each of them ran.
+tiny_gather = dataflow.op(
+    "tiny_gather",
+    meta=lambda *xs: Spec((len(xs),), np.dtype(np.int64)),
+    handle=Arr,
+    cost=lambda *xs: dataflow.Cost(1, 8),
+)(_gather)
+
+
+class TestAwaitingHelps:
+    """The loop awaiting a task that waits for its inputs runs the queued tasks it waits for
+    itself, within AWAIT_HERE_SECONDS (``Scheduler._help``). The workers are woken for the
+    second of them, but cannot take the GIL from the loop's thread before it awaits: a long
+    switch interval keeps a loaded machine's preemption from handing it over earlier."""
+
+    @pytest.fixture(autouse=True)
+    def _long_switch_interval(self) -> Any:
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(1.0)
+        yield
+        sys.setswitchinterval(before)
+
+    def test_the_inputs_of_an_awaited_task_run_on_the_awaiting_thread(self) -> None:
+        """Two mid-sized kernels and a tiny one on both, awaited at once (the shape of a
+        bidirectional layer whose output is awaited): all three run on the loop's thread,
+        instead of one after the other on one woken worker while the loop waits."""
+
+        async def main() -> list[int]:
+            await _workers_parked()
+            a = mid_where(np.zeros(1))
+            b = mid_where(np.ones(1))
+            return [int(v) for v in await tiny_gather(a, b, tiny_where(np.zeros(1)))]
+
+        where = dataflow.run(main, interop_threads=2)
+        assert where[:2] == [threading.get_ident()] * 2
+
+    def test_it_runs_no_more_than_the_bound_holds(self) -> None:
+        """Twelve kernels of 150 us (1.8 ms): the loop runs those that fit in
+        AWAIT_HERE_SECONDS and leaves the rest to the workers."""
+
+        async def main() -> list[int]:
+            await _workers_parked()
+            return [int(v) for v in await tiny_gather(*[mid_where(np.zeros(1)) for _ in range(12)])]
+
+        where = dataflow.run(main, interop_threads=2)
+        here = where.count(threading.get_ident())
+        assert 1 <= here <= int(AWAIT_HERE_SECONDS / 150e-6) + 1 and here < 12
+
+    def test_a_pinned_input_is_left_to_the_pool(self) -> None:
+        async def main() -> list[int]:
+            await _workers_parked()
+            a = pool_where(np.zeros(1))
+            b = pool_where(np.ones(1))
+            return [int(v) for v in await tiny_gather(a, b)]
+
+        assert threading.get_ident() not in dataflow.run(main, interop_threads=2)
+
+    def test_an_inline_threshold_of_zero_leaves_them_to_the_pool(self) -> None:
+        async def main() -> list[int]:
+            async with dataflow.Runtime(inline_threshold=0.0, private_pool=True):
+                await _workers_parked()
+                a = mid_where(np.zeros(1))
+                b = mid_where(np.ones(1))
+                return [int(v) for v in await tiny_gather(a, b)][:2]
+
+        assert threading.get_ident() not in dataflow.run(main, interop_threads=2)
+
+    def test_a_failed_input_fails_the_awaited_task(self) -> None:
+        """A kernel the loop runs as a helper fails as anywhere else: the awaited task gets
+        the error, and nothing hangs."""
+
+        async def main() -> None:
+            await _workers_parked()
+            a = mid_where(np.zeros(1))
+            bad = mid_fails(np.zeros(1))
+            await tiny_gather(a, bad)
+
+        with pytest.raises(TaskError, match="mid_fails"):
+            dataflow.run(main, interop_threads=2)
 
 
 def _counting_meta(calls: list[Any]) -> Any:

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_INLINE_THRESHOLD",
     "EWMA",
     "FIRST_RUNS",
+    "HELP_WALK",
     "PROBE",
     "SAMPLE",
     "SPAWN_CPU_SHARE",
@@ -48,6 +49,11 @@ AWAIT_HERE_SECONDS = 1e-3
 #: its tasks under AWAIT_HERE_SECONDS run at dispatch, as small ones do (one in PROBE takes
 #: the usual way, to notice a program that stops awaiting it at once).
 AWAITED_AT_ONCE = 4
+
+#: The loop awaiting a task that waits for inputs runs the queued tasks it waits for itself
+#: (within AWAIT_HERE_SECONDS in all); it looks for them through at most this many pending
+#: tasks above the awaited one.
+HELP_WALK = 64
 
 # Kernel timing is sampled: the first runs of a signature, then one in SAMPLE.
 FIRST_RUNS = 4
