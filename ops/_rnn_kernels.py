@@ -670,6 +670,9 @@ def gru_sequence_kernel(
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = _GRU_GATES * hidden
+    weights = width * (w_ih.shape[1] + hidden)
+    if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= SMALL_GATES_MAX:
+        return _gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     dtype = w_hh.dtype
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out
@@ -704,5 +707,86 @@ def gru_sequence_kernel(
             np.subtract(h, n, out=h_new)
             h_new *= z
             h_new += n
+            h = h_new
+    return out, np.array(h)
+
+
+@functools.lru_cache(maxsize=64)
+def _gru_small_scale(hidden: int, dtype: np.dtype[Any]) -> Array:
+    """The GRU's gate factors for :func:`_gru_sequence_small`: 0.5 for r and z (``sigmoid(x) =
+    (tanh(x / 2) + 1) / 2``), 1 for n."""
+    scale = np.ones(_GRU_GATES * hidden, dtype=dtype)
+    scale[: 2 * hidden] = 0.5
+    scale.setflags(write=False)
+    return scale
+
+
+def _gru_sequence_small(
+    x: Array,
+    w_ih: Array,
+    b_ih: Array | None,
+    w_hh: Array,
+    b_hh: Array | None,
+    h0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array]:
+    """:func:`gru_sequence_kernel` for a small model (the LSTM's bounds,
+    SMALL_WEIGHTS_PER_STEP and SMALL_GATES_MAX): the fewest numpy calls per step, 11 (10
+    without ``b_hh``) instead of 15 and two Python calls.
+
+    As :func:`_lstm_sequence_small`, it works on a copy of the weights made for this call
+    (nothing is cached) with the r and z rows halved, so one ``tanh`` and one multiply-add
+    give both sigmoids; the r and z parts of ``b_hh`` are folded into the projection's bias
+    (only ``b_hn`` stays in the step, inside ``r * (W_hn h + b_hn)``).
+    """
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = _GRU_GATES * hidden
+    dtype = w_hh.dtype
+    scale = _gru_small_scale(hidden, dtype)
+    column = scale[:, None]
+    w_ih_s = np.multiply(w_ih, column)
+    w_hh_t = np.multiply(w_hh, column).T
+    bias = None if b_ih is None else np.array(b_ih, dtype=dtype)
+    b_hn = None
+    if b_hh is not None:
+        if bias is None:
+            bias = np.zeros(width, dtype=dtype)
+        bias[: 2 * hidden] += b_hh[: 2 * hidden]
+        b_hn = b_hh[2 * hidden :]
+    bias_s = None if bias is None else np.multiply(bias, scale)
+    out = _output(steps, batch, hidden, dtype, batch_first)
+    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
+    size = chunk_steps(steps, batch, width, dtype.itemsize)
+    buf = np.empty((size * batch, width), dtype=dtype)
+    gh = np.empty((batch, width), dtype=dtype)
+    rz = gh[:, : 2 * hidden]
+    r = gh[:, :hidden]
+    z = gh[:, hidden : 2 * hidden]
+    n = gh[:, 2 * hidden :]
+    half = dtype.type(0.5)
+    dot, add, subtract, multiply, tanh = np.dot, np.add, np.subtract, np.multiply, np.tanh
+    h: Array = np.zeros((batch, hidden), dtype=dtype) if h0 is None else h0
+    for t0, t1 in _chunks(steps, size, reverse):
+        xp = _project_chunk(x, t0, t1, w_ih_s, bias_s, batch_first, buf)
+        xp_rz = xp[:, :, : 2 * hidden]
+        xp_n = xp[:, :, 2 * hidden :]
+        for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+            dot(h, w_hh_t, out=gh)
+            if b_hn is not None:
+                add(n, b_hn, out=n)
+            add(rz, xp_rz[t - t0], out=rz)
+            tanh(rz, out=rz)
+            multiply(rz, half, out=rz)
+            add(rz, half, out=rz)  # sigmoid(r), sigmoid(z)
+            multiply(n, r, out=n)
+            add(n, xp_n[t - t0], out=n)
+            tanh(n, out=n)
+            # h' = (1 - z) * n + z * h = n + z * (h - n), written into the output's row.
+            h_new = seq[t]
+            subtract(h, n, out=h_new)
+            multiply(h_new, z, out=h_new)
+            add(h_new, n, out=h_new)
             h = h_new
     return out, np.array(h)

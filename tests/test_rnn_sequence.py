@@ -42,7 +42,8 @@ def _forward(m: nn.LSTM | nn.GRU, x: Array, h0: Array | None, c0: Array | None) 
 
 @pytest.fixture
 def no_small(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Small models take _lstm_sequence_small; this sends them to the other LSTM forms."""
+    """Small models take _lstm_sequence_small / _gru_sequence_small; this sends them to the
+    other forms."""
     monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
 
 
@@ -276,6 +277,73 @@ class TestSequenceOps:
         b_ih += np.float32(0.25)
         after = _forward(m, x, None, None)[0]
         out_ref, _, _ = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
+        np.testing.assert_allclose(after, out_ref, atol=TOL)
+        assert not np.allclose(after, before, atol=1e-3)
+
+    def test_the_small_gru_kernel_serves_small_models_only(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The GRU takes its small kernel within the LSTM's bounds (weights a step, gates)."""
+        used: list[tuple[int, ...]] = []
+        small = _rnn_kernels._gru_sequence_small
+
+        def spy(*args: Any) -> Any:
+            used.append(args[3].shape)
+            return small(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_gru_sequence_small", spy)
+        for steps, batch, hidden in ((7, 1, 6), (2, 1, 64), (7, 64, 6)):
+            w_ih, w_hh = _rand(5, 3 * hidden, hidden), _rand(6, 3 * hidden, hidden)
+            x = _rand(7, steps, batch, hidden)
+            _rnn_kernels.gru_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
+        assert used == [(18, 6)]  # not the big weights, nor the 64 x 18 gate array
+
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state", "biases"),
+        list(
+            itertools.product(
+                (False, True), (False, True), (False, True), ("both", "ih", "hh", "none")
+            )
+        ),
+    )
+    def test_the_small_gru_kernel_equals_the_plain_one(
+        self,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        biases: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Halved r and z rows, one tanh for both sigmoids, b_hh's r and z parts folded into
+        the projection: the same values as the plain kernel, every flag and either bias
+        alone (random weights, input and state; the projection in chunks of 3 steps)."""
+        steps, batch, inp, hid = 9, 2, 5, 7
+        w_ih, w_hh = _rand(1, 3 * hid, inp), _rand(2, 3 * hid, hid)
+        b_ih = _rand(3, 3 * hid) if biases in ("both", "ih") else None
+        b_hh = _rand(8, 3 * hid) if biases in ("both", "hh") else None
+        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
+        h0 = _rand(5, batch, hid) if with_state else None
+        args = (x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
+        small = _rnn_kernels._gru_sequence_small(*args)
+        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        plain = _rnn_kernels.gru_sequence_kernel(*args)
+        for got, want in zip(small, plain, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-6)
+        if b_hh is not None:
+            assert not np.shares_memory(small[0], b_hh)
+            np.testing.assert_array_equal(b_hh, _rand(8, 3 * hid))  # the caller's bias intact
+
+    def test_the_small_gru_kernel_reads_parameters_written_in_place(self) -> None:
+        m = nn.GRU(4, 5, seed=3)
+        x = _rand(1, 6, 2, 4)
+        before = _forward(m, x, None, None)[0]
+        w_hh: Array = getattr(m, "weight_hh_l0")  # noqa: B009 - set by name
+        b_hh: Array = getattr(m, "bias_hh_l0")  # noqa: B009
+        w_hh *= np.float32(0.5)
+        b_hh += np.float32(0.25)
+        after = _forward(m, x, None, None)[0]
+        out_ref, _, _ = ref_rnn("GRU", m.state_dict(), x, None, None, 1, False, False)
         np.testing.assert_allclose(after, out_ref, atol=TOL)
         assert not np.allclose(after, before, atol=1e-3)
 
