@@ -24,7 +24,9 @@ from dataflow._scheduler._placement import (
     AWAIT_HERE_SECONDS,
     AWAITED_AT_ONCE,
     EWMA,
+    OUTLIER,
     PROBE,
+    SAMPLE,
     SERIAL_ABOVE,
     SERIAL_PARALLEL,
     dispatcher_overlap,
@@ -589,6 +591,49 @@ class TestMeasuredSeconds:
         note_seconds(sig, 65e-6)
         note_seconds(sig, 3e-3)  # one slow run (a preempted thread) does not take over
         assert sig.seconds == 65e-6 and sig.runs == 2
+
+    def test_an_outlier_counts_as_at_most_outlier_times_the_estimate(self) -> None:
+        """A 1 us kernel's sampled run that a 5 ms preemption fell into moves its estimate to
+        1.75 us, not past the inline threshold; slow runs that keep coming still lift it."""
+        sig = Signature("outlier", Spec((1,), np.dtype(np.int64)))
+        note_seconds(sig, 1e-6)
+        note_seconds(sig, 1e-6)
+        note_seconds(sig, 5e-3)
+        assert sig.seconds == pytest.approx(1e-6 * (1 + (OUTLIER - 1) * EWMA))
+        assert sig.seconds < dataflow.get_inline_threshold()
+        for _ in range(40):
+            note_seconds(sig, 5e-3)
+        assert sig.seconds == pytest.approx(5e-3, rel=0.05)
+
+    def test_one_slow_sample_does_not_send_a_chain_of_tiny_ops_to_the_pool(self) -> None:
+        """A chain of tiny ops with one sampled run slowed 5 ms keeps running inline: before,
+        that op went to the pool, every later op of the chain waited for it, and the chain
+        ran on a worker through the full task path from then on, 10x slower."""
+        calls = [0]
+
+        def kernel(x: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 4 * SAMPLE:  # a sampled run (FIRST_RUNS < n, n % SAMPLE == 0)
+                time.sleep(5e-3)
+            return x + 1
+
+        step = dataflow.op(
+            "slow_once_step",
+            meta=lambda x: Spec((1,), np.dtype(np.int64)),
+            handle=Arr,
+            cost=lambda x: dataflow.Cost(1, 8),
+        )(kernel)
+
+        async def main() -> tuple[list[bool], int]:
+            y: Any = np.zeros(1, dtype=np.int64)
+            done = []
+            for _ in range(8 * SAMPLE):
+                y = step(y)
+                done.append(y.done())
+            return done, int((await y)[0])
+
+        done, value = dataflow.run(main, interop_threads=2)
+        assert value == 8 * SAMPLE and all(done)
 
 
 class TestGilLane:

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_INLINE_THRESHOLD",
     "EWMA",
     "FIRST_RUNS",
+    "OUTLIER",
     "HELP_WALK",
     "PROBE",
     "SAMPLE",
@@ -59,6 +60,8 @@ HELP_WALK = 64
 FIRST_RUNS = 4
 SAMPLE = 32
 EWMA = 0.25
+# A timed run counts as at most this many times the signature's estimate (``note_seconds``).
+OUTLIER = 4.0
 # The GIL lane (``dataflow._scheduler``): a signature is serial once its GIL fraction, the median
 # over its last GIL_WINDOW overlapped runs (at least GIL_DECIDE), is over the first figure;
 # free again under the second. Two kernels that overlap each take (1 + g) times their best,
@@ -129,10 +132,22 @@ def note_seconds(sig: Signature, wall: float) -> None:
     first :data:`FIRST_RUNS`), and a kernel well under a hand-off's cost was sent to the pool
     meanwhile. So the second run's time replaces the first's where it is smaller; the
     average starts from there.
+
+    After that a run counts as at most :data:`OUTLIER` times the estimate. A sampled run of a
+    1 us op that a 5 ms preemption (or a full garbage collection) fell into used to lift its
+    estimate past the inline threshold at once; the next call then went to the pool, every
+    later op of a chain waited for it, and a chain of tiny ops ran on a worker through the
+    full task path, 10x slower, from then on (seen after ~94k ops of a 3M chain).
     """
     runs = sig.runs
     if runs > 1:
-        sig.seconds += (wall - sig.seconds) * EWMA
+        seconds = sig.seconds
+        # Noise only adds time: one run slowed by a preemption or a garbage collection
+        # counts as at most OUTLIER times the estimate (a real change still shows within a
+        # few samples: each moves the estimate up to 1.75x).
+        if wall > seconds * OUTLIER:
+            wall = seconds * OUTLIER
+        sig.seconds = seconds + (wall - seconds) * EWMA
     elif runs == 1:
         if wall < sig.seconds:
             sig.seconds = wall
