@@ -28,8 +28,9 @@
     caches), is replaced by its second where that is faster, so such a kernel is not
     taken for a slow one for hundreds of calls (``_placement.note_seconds``); after that one
     run counts as at most 4x the estimate (``_placement.OUTLIER``: noise only adds time, and
-    one preempted sample of a 1 us op had sent a chain of tiny ops to the pool for good). Once the loop
-    has run four tasks of a signature in a row this way (``_placement.AWAITED_AT_ONCE``:
+    one preempted sample of a 1 us op had sent a chain of tiny ops to the pool for good).
+    Once the loop has run four tasks of a signature in a row this way
+    (``_placement.AWAITED_AT_ONCE``:
     the program awaits that op at once), its next calls under 1 ms run inline at dispatch,
     on the small ops' lean path; one call in 256 takes the usual way, and a worker running
     it (the program went on without awaiting it) unlearns the pattern. Measured, the single
