@@ -22,6 +22,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,36 @@ def input_ids(field: Any) -> tuple[int, ...]:
 
 # Outcome flags of a task record.
 OK, FAILED_RUN = 0, 1
+_FIELDS = 8
+
+
+class FlatRecords:
+    """The task records of an unbounded recorder, kept flat: the fields of every record one
+    after the other in one list, so the scheduler's ``list.extend(record)`` keeps no tuple
+    per task (a kept tuple was the largest part of what a profile cost a tiny op: the
+    memory, and the collector's passes until the tuple is untracked). Reads as a sequence
+    of record tuples: ``len``, iteration (of the records there when it began), ``append``.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.data) // _FIELDS
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        data = self.data
+        stop = len(data) - len(data) % _FIELDS  # (extend is atomic: never a part record)
+        return (tuple(data[i : i + _FIELDS]) for i in range(0, stop, _FIELDS))
+
+    def append(self, record: tuple[Any, ...]) -> None:
+        """Add one record (a tuple of the 8 fields)."""
+        self.data.extend(record)
+
+    def __repr__(self) -> str:
+        return f"<FlatRecords {len(self)}>"
 
 
 class Recorder:
@@ -107,7 +138,15 @@ class Recorder:
         self.max_spans = max_spans
         self.max_seconds = max_seconds
         self._window = None if max_seconds is None else int(max_seconds * 1e9)
-        self.tasks: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=max_spans)
+        # Unbounded: flat (FlatRecords); bounded: a deque of tuples (a ring buffer, or
+        # trimmed by age). ``_sink`` adds one record: what the scheduler calls per task.
+        self.tasks: collections.deque[tuple[Any, ...]] | FlatRecords
+        if max_spans is None and max_seconds is None:
+            self.tasks = FlatRecords()
+            self._sink: Callable[[tuple[Any, ...]], None] = self.tasks.data.extend
+        else:
+            self.tasks = collections.deque(maxlen=max_spans)
+            self._sink = self.tasks.append
         self.spans: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=max_spans)
         self.unrun_failed = 0
         self.unrun_cancelled = 0
@@ -157,7 +196,7 @@ class Recorder:
         if native is None:
             native = self.thread()
         sig = task.sig
-        self.tasks.append(
+        self._sink(
             (
                 task.id,
                 sig.rid or name_signature(sig),
@@ -192,6 +231,7 @@ class Recorder:
         assert self._window is not None
         oldest = now - self._window
         tasks = self.tasks
+        assert isinstance(tasks, collections.deque)  # (windowed: never flat)
         while tasks and tasks[0][END] < oldest:
             tasks.popleft()
         spans = self.spans

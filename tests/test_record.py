@@ -13,6 +13,7 @@ import pytest
 import dataflow
 import ops
 from dataflow._instrument import PROCESS
+from dataflow._record import FlatRecords
 
 Array = np.ndarray[Any, Any]
 
@@ -35,9 +36,9 @@ def _fail(x: Any) -> Any:
 _failing = dataflow.op("failing", meta=ops.spec_of, handle=ops.Tensor, inline=False)(_fail)
 # Inline whatever their measured time (the lean path is what the test is about).
 _inc = dataflow.op("inc", meta=ops.spec_of, handle=ops.Tensor, inline=True)(lambda x: x + 1.0)
-_square = dataflow.op(
-    "square", meta=lambda x, y: ops.spec_of(x), handle=ops.Tensor, inline=True
-)(np.multiply)
+_square = dataflow.op("square", meta=lambda x, y: ops.spec_of(x), handle=ops.Tensor, inline=True)(
+    np.multiply
+)
 _failing_inline = dataflow.op("failing_inline", meta=ops.spec_of, handle=ops.Tensor, inline=True)(
     _fail
 )
@@ -124,9 +125,11 @@ class TestRecorder:
         np.testing.assert_array_equal(value, (np.arange(4.0) + 3) ** 2)
         gc.collect()  # (a record is untracked once its inputs' tuple is: at most two passes)
         gc.collect()
-        records = list(rec.tasks)
-        assert len(records) >= 5
-        assert not any(gc.is_tracked(r) for r in records)
+        # An unbounded recorder keeps its records flat: no tuple per record, and no field
+        # the collector walks (the inputs' tuples are untracked too).
+        assert isinstance(rec.tasks, FlatRecords) and len(rec.tasks) >= 5
+        assert len(rec.tasks.data) == 8 * len(rec.tasks)
+        assert not any(gc.is_tracked(v) for v in rec.tasks.data)
         trace = rec.trace()
         adds = [t for t in trace.tasks if t.op == "add"]
         assert len(adds) == 3
@@ -352,3 +355,41 @@ class TestObserversNeverBreakARun:
                 return inst in rt._sched.scope.instruments
 
         assert dataflow.run(main) is False
+
+
+class TestFlatRecords:
+    """An unbounded recorder's task records, kept flat (8 fields each, one list)."""
+
+    def test_reads_as_a_sequence_of_record_tuples(self) -> None:
+        flat = FlatRecords()
+        flat.append((1, "a", (), 7, 10, 11, 12, False))
+        flat.data.extend((2, "b", 1, 7, 12, 13, 15, True))  # what the scheduler calls
+        assert len(flat) == 2
+        assert list(flat) == [(1, "a", (), 7, 10, 11, 12, False), (2, "b", 1, 7, 12, 13, 15, True)]
+
+    def test_iteration_sees_the_records_there_when_it_began(self) -> None:
+        flat = FlatRecords()
+        flat.append((1, "a", (), 7, 10, 11, 12, False))
+        it = iter(flat)
+        flat.append((2, "b", 1, 7, 12, 13, 15, False))
+        assert [r[0] for r in it] == [1]
+
+    def test_only_unbounded_recorders_keep_them_flat(self) -> None:
+        assert isinstance(dataflow.Recorder().tasks, FlatRecords)
+        assert not isinstance(dataflow.Recorder(max_spans=10).tasks, FlatRecords)
+        assert not isinstance(dataflow.Recorder(max_seconds=5).tasks, FlatRecords)
+
+    def test_a_bounded_recorder_still_keeps_the_last_spans(self) -> None:
+        rec = dataflow.Recorder(max_spans=3)
+
+        async def main() -> Any:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            rt.add_instrument(rec)
+            y: Any = ops.asarray(np.arange(4.0))
+            for _ in range(10):
+                y = ops.add(y, 1.0)
+            return await y
+
+        dataflow.run(main)
+        assert len(rec.tasks) == 3 and len(rec.trace().tasks) == 3

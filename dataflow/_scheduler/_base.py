@@ -95,6 +95,10 @@ class SchedulerBase:
         self._overriding: tuple[tuple[Scope, Any], ...] = ()
         self._more_sinks = False  # a recorder is windowed or overrides Recorder.task
         self._sinks_gen = -1
+        # The generation the inline path's own span record is good for (-1: the general
+        # case, ``_record_inline``), and the one recorder it goes to when there is one.
+        self._fast_gen = -1
+        self._append1: Callable[[Any], None] | None = None
         self._recorded = 0
         self._natives: dict[int, int] = {}  # threading.get_ident() -> native thread id
 
@@ -128,7 +132,7 @@ class SchedulerBase:
             self._sinks = pairs
             # A recorder that overrides ``task`` gets the call (``_inline_recorded``).
             self._appends = tuple(
-                rec.tasks.append for _, rec in pairs if type(rec).task is Recorder.task
+                rec._sink for _, rec in pairs if type(rec).task is Recorder.task
             )
             self._overriding = tuple(
                 (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
@@ -136,6 +140,8 @@ class SchedulerBase:
             self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
             self._more_sinks = bool(self._overriding or self._windowed)
             self._sinks_gen = gen
+            self._fast_gen = -1 if self._more_sinks else gen
+            self._append1 = self._appends[0] if len(self._appends) == 1 else None
         return self._sinks
 
     def emit(self, hook: str, *args: Any) -> None:

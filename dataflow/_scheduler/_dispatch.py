@@ -136,7 +136,7 @@ class Scheduler(Execution):
                     # appended to every plain recorder (no Python call per recorder): the
                     # price of leaving a profile on, so every step counts here.
                     end = _now()
-                    if GENERATION[0] != self._sinks_gen or self._more_sinks:
+                    if GENERATION[0] != self._fast_gen:  # recorders changed, or not plain ones
                         self._record_inline(task, inputs, start, end)
                         return task
                     native = self._natives.get(get_ident())
@@ -154,8 +154,12 @@ class Scheduler(Execution):
                         end,
                         False,
                     )
-                    for append in self._appends:
-                        append(record)
+                    append1 = self._append1
+                    if append1 is not None:
+                        append1(record)
+                    else:
+                        for append in self._appends:
+                            append(record)
                 return task
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
