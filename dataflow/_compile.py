@@ -246,6 +246,9 @@ class Compiled(Generic[R]):
     async def __call__(self, *args: Any) -> R:
         self.calls += 1
         arrays, statics, key = self._split(args)
+        if any(type(a) is not _ndarray for a in arrays):
+            # A Tensor input is awaited first: the plan's kernels take its value.
+            arrays = [(await a) if isinstance(a, Pending) else a for a in arrays]
         if self.batch_axis is not None and arrays:
             return await self._batched(arrays, statics, key)  # type: ignore[no-any-return]
         k = tuple(key)

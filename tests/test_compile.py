@@ -72,6 +72,25 @@ class TestCompile:
 
         dataflow.run(main)
 
+    def test_a_tensor_input_is_awaited_first(self) -> None:
+        """A Tensor argument, done or still pending (a big op on the pool), gives its value
+        to the plan's kernels (they used to get the Tensor object itself)."""
+        m = Mlp()
+        forward = dataflow.compile(m)
+        x = _x(4, 6)
+
+        async def main() -> list[Any]:
+            outs = []
+            for _ in range(3):  # the first call traces; the later ones launch or run here
+                done = ops.multiply(x, 1.0)  # tiny: inline, done at dispatch
+                pending = ops.matmul(_x(4, 300, seed=3), ops.multiply(_x(300, 6, seed=4), 0.0))
+                pending = ops.add(pending, x)  # still pending: its inputs are on the pool
+                outs += [await forward(done), await forward(pending)]
+            return outs
+
+        for out in dataflow.run(main, interop_threads=2):
+            np.testing.assert_allclose(out, _reference(m, x), rtol=1e-4, atol=1e-5)
+
     def test_another_dtype_compiles_anew(self) -> None:
         """The same shape in another dtype is another signature."""
 
