@@ -45,10 +45,12 @@ import anyio
 import numpy as np
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
+from ._instrument import ACTIVE
 from ._runtime import Runtime, get_runtime
 from ._task import Pending
 from ._walk import replace
 from .graph._launch import launch
+from .graph._lean import run_here
 
 __all__ = ["Compiled", "compile"]
 
@@ -264,6 +266,19 @@ class Compiled(Generic[R]):
         # so awaiting the outputs costs no second trip through the scheduler.
         host = rt.host
         assert host is not None
+        sched = rt._sched
+        if (
+            self.batch_axis is None
+            and prog.ordered
+            and not (ACTIVE or sched.watching)
+            and sched.pool is not None
+            and sched._inline_ok
+            and prog.runs_here(sched.inline_threshold)
+            and all(type(a) is _ndarray for a in arrays)  # (no pending input to wait for)
+        ):
+            # A short plan of small kernels, unobserved: run it whole here, now, without
+            # the launch's tasks and waiter (``graph._lean.run_here``).
+            return run_here(prog, rt, arrays)
         waiter = host.waiter()
         # A batch must run elsewhere: the next batch gathers the calls made meanwhile.
         gather = launch(rt, prog, arrays, None, waiter, self.batch_axis is None)

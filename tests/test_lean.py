@@ -383,200 +383,126 @@ async def _double(a: Any) -> Any:
     return ops.multiply(a, 2.0)
 
 
-class TestRequests:
-    def test_a_cancelled_request_drops_the_nodes_not_started(self) -> None:
-        """Cancelling the caller stops its run at the next node: the rest never run."""
+def _small(forward: Any) -> Any:
+    """The forward's one program, its kernels taken as measured small (a loaded machine's
+    samples must not decide) and its next launch deciding again where it runs."""
+    (program,) = forward.programs.values()
+    for sig in program.sigs:
+        sig.seconds = 5e-6
+    program._launches = 0
+    return program
+
+
+class TestRunHere:
+    """A short plan of small kernels, unobserved, runs whole on the calling thread without a
+    launch (``_lean.run_here``): no gather or runner task, no waiter."""
+
+    def test_it_runs_the_nodes_here_without_a_launch(self, monkeypatch: pytest.MonkeyPatch) -> None:
         log = _Log()
-        forward = _chain_of(log.op("step", 0.002), 100)
+        mark = log.op("direct", 0.0)
+        launched: list[Any] = []
+        real_launch = dataflow._compile.launch  # type: ignore[attr-defined]
 
-        async def main() -> tuple[int, int]:
-            rt = await _cancel_midway(forward, 0.03)
-            return rt._sched.dropped, len(log.entries)
-
-        dropped, ran = dataflow.run(main, interop_threads=2)
-        assert ran < 60 and dropped >= 100 - ran
-
-    def test_the_oldest_request_goes_first_even_mid_run(self) -> None:
-        """A younger request's plan running on the only worker gives it up, between nodes,
-        to work an older request dispatched meanwhile."""
-        log = _Log()
-        mark = log.op("old", 0.0)
-        mark = dataflow.op("old_mark", meta=lambda x, tag: ops.spec_of(x), handle=ops.Tensor,
-                           inline=False)(mark.kernel)  # fmt: skip
-        forward = _chain_of(log.op("young", 0.002), 40)
-
-        async def main() -> None:
-            go = asyncio.Event()
-
-            async def old() -> None:
-                await mark(np.zeros(1), 0)  # it is a request now, the older one
-                await go.wait()
-                await mark(np.zeros(1), 1)  # dispatched while the young plan runs
-
-            async def young() -> None:
-                await forward(_x(2))
-
-            o = asyncio.ensure_future(old())
-            await asyncio.sleep(0.01)
-            y = asyncio.ensure_future(young())
-            await asyncio.sleep(0.02)  # the young plan is running on the only worker
-            go.set()
-            await asyncio.gather(o, y)
-
-        dataflow.run(main, interop_threads=1)
-        names = log.names()
-        assert names.index("old1") < names.index("young39")
-
-    def test_closing_the_runtime_fails_a_queued_run(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """A run still queued when its runtime's body fails is not run, and nothing hangs."""
-        monkeypatch.setattr(_launch, "PLAN_HERE_SECONDS", 0.0)  # a queued run, not one here
-        gate = threading.Event()
-        hold = dataflow.op("hold_lean", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
-            lambda x: (gate.wait(10), x)[1]
-        )
-        forward = dataflow.compile(_double)
-        runs: list[Any] = []
-
-        async def main() -> None:
-            hold(np.zeros(1))  # the only worker is busy
-            runs.append(asyncio.ensure_future(forward(np.ones(2))))
-            await asyncio.sleep(0.01)
-            gate.set()
-            raise KeyError("body failed")
-
-        with pytest.raises(KeyError):
-            dataflow.run(main, interop_threads=1)
-        assert isinstance(runs[0].exception(), dataflow.CancelledTaskError)
-
-
-class TestBackpressure:
-    def test_the_loop_helping_under_backpressure_never_takes_a_plan(self) -> None:
-        """Past max_pending the dispatching thread helps run queued tasks; a queued plan
-        runner is left to the workers (it would run the whole plan on the event loop)."""
-        log = _Log()
-        node = log.op("bp_node", 0.0)
-        gate = threading.Event()
-        hold = dataflow.op("bp_hold", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
-            lambda x: (gate.wait(10), x)[1]
-        )
-        slow = dataflow.op("bp_slow", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
-            np.negative
-        )
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            launched.append(args[1])
+            return real_launch(*args, **kwargs)
 
         async def prog(a: Any) -> Any:
-            return node(node(a, 0), 1)
+            return ops.sum(ops.stack([mark(a, k) for k in range(6)]), axis=0)
 
         forward = dataflow.compile(prog, check=False)
 
-        async def main() -> int:
-            await forward(_x(2))
-            hold(np.zeros(1))  # the only worker waits for the gate
-            run = asyncio.ensure_future(forward(_x(2)))  # the older request: its runner first
-            await asyncio.sleep(0.01)
-
-            async def younger() -> None:
-                handles = [slow(np.ones(2)) for _ in range(12)]  # past max_pending: it helps
-                for h in handles:
-                    await h
-
-            threading.Timer(0.05, gate.set).start()
-            await asyncio.gather(run, younger())
-            return threading.get_ident()
-
-        loop_thread = dataflow.run(main, interop_threads=1, max_pending=4)
-        assert len(log.entries) == 4 and all(e[1] != loop_thread for e in log.entries)
-
-
-class TestObserved:
-    @pytest.mark.parametrize("here", [False, True])
-    def test_a_profile_gets_a_span_per_node_with_its_inputs(
-        self, here: bool, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """Recorders only: the lean executor writes each node's span record (not the runner's),
-        with the ids of the nodes it read, on a labelled thread: a pool thread, or the loop's
-        for a short plan run where it was launched."""
-        if not here:
-            monkeypatch.setattr(_launch, "PLAN_HERE_SECONDS", 0.0)
-        forward = dataflow.compile(_two_chains, optimize=False)  # (no fusion: five nodes)
-
-        async def main() -> Any:
-            await forward(_x(4))  # compiled outside the profile
-            with dataflow.profile() as prof:
-                out = await forward(_x(4))
-            return out, prof.trace()
-
-        out, trace = dataflow.run(main, interop_threads=2)
-        x = _x(4)
-        np.testing.assert_allclose(out, np.tanh(x * 2.0) + np.exp(x + 1.0), rtol=1e-5)
-        ops_seen = sorted(t.op for t in trace.tasks)
-        assert ops_seen == ["add", "add", "exp", "multiply", "tanh"]
-        assert not any(t.op.startswith("run ") for t in trace.tasks)
-        by_op = {t.op: t for t in trace.tasks if t.op != "add"}
-        last = [t for t in trace.tasks if t.op == "add" and len(t.inputs) == 2]
-        assert len(last) == 1
-        assert set(last[0].inputs) == {by_op["tanh"].name, by_op["exp"].name}
-        lane = "loop" if here else "interop"
-        assert all(trace.threads[t.thread].startswith(lane) for t in trace.tasks)
-
-    def test_a_profile_counts_the_nodes_a_cancelled_request_dropped(self) -> None:
-        log = _Log()
-        forward = _chain_of(log.op("rstep", 0.002), 50)
-
-        async def main() -> Any:
-            with dataflow.profile() as prof:
-                await _cancel_midway(forward, 0.02)
-            return prof.trace()
-
-        trace = dataflow.run(main, interop_threads=2)
-        ran = len([t for t in trace.tasks if t.op == "rstep"])
-        assert ran == len(log.entries) and 0 < ran < 50
-        assert trace.unrun_cancelled == 50 - ran + 1  # (+1: the outputs, never gathered)
-
-    def test_a_windowed_recorder_forgets_old_nodes(self) -> None:
-        async def chain(a: Any) -> Any:
-            for _ in range(600):
-                a = ops.add(a, 1.0)
-            return a
-
-        forward = dataflow.compile(chain, optimize=False, check=False)
-        rec = dataflow.Recorder(max_seconds=0.005)
-
-        async def main() -> Any:
-            await forward(_x(2))
+        async def main() -> tuple[int, Any, int]:
+            await forward(_x(3))
+            program = _small(forward)
             rt = dataflow.current_runtime()
             assert rt is not None
-            rt.add_instrument(rec)
+            before = rt._sched.inline_run
+            monkeypatch.setattr(dataflow._compile, "launch", spy)
+            log.entries.clear()
+            out = await forward(_x(3))
+            return threading.get_ident(), out, rt._sched.inline_run - before - program.size
+
+        loop_thread, out, extra = dataflow.run(main, interop_threads=2)
+        assert launched == [] and extra == 0
+        assert len(log.entries) == 6 and {e[1] for e in log.entries} == {loop_thread}
+        np.testing.assert_allclose(out, 6 * (_x(3) + 1.0), rtol=1e-6)
+
+    def test_a_failing_node_fails_the_call_observed(self) -> None:
+        """The call raises the TaskError a launched run gives (the node named, its type
+        kept), recorded in the runtime's failures as observed: the run ends without an
+        UnobservedTaskError, and the runtime goes on."""
+        calls = [0]
+
+        def kernel(x: Any) -> Any:
+            calls[0] += 1
+            if calls[0] > 1:
+                raise ZeroDivisionError("second time")
+            return x
+
+        bad = dataflow.op("bad_here", meta=ops.spec_of, handle=ops.Tensor)(kernel)
+
+        async def prog(a: Any) -> Any:
+            return ops.tanh(bad(ops.add(a, 1.0)))
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> tuple[Any, list[BaseException]]:
             await forward(_x(2))
-            await asyncio.sleep(0.02)
-            return await forward(_x(2))
-
-        np.testing.assert_allclose(dataflow.run(main), _x(2) + 600.0, rtol=1e-5)
-        assert 0 < len(rec.tasks) < 1200  # the first recorded launch's spans were dropped
-
-    def test_an_instrument_with_hooks_sees_a_task_per_node(self) -> None:
-        forward = dataflow.compile(_two_chains, optimize=False)
-        started: list[str] = []
-
-        class Starts(dataflow.Instrument):
-            def task_started(self, ts: int, task: Any) -> None:
-                started.append(task.op)
-
-        async def main() -> Any:
-            await forward(_x(4))
+            _small(forward)
+            with pytest.raises(ZeroDivisionError, match="second time") as info:
+                await forward(_x(2))
+            assert isinstance(info.value, dataflow.TaskError)
+            assert "bad_here (node %1 of" in str(info.value) and "test_lean.py" in str(info.value)
+            assert isinstance(info.value.__cause__, ZeroDivisionError)
             rt = dataflow.current_runtime()
             assert rt is not None
-            rt.add_instrument(Starts())
-            return await forward(_x(4))
+            return await dataflow.compile(_double)(np.ones(2)), rt.failures
 
-        dataflow.run(main, interop_threads=2)
-        assert sorted(op for op in started if not op.startswith(("launch", "_two"))) == [
-            "add",
-            "add",
-            "exp",
-            "multiply",
-            "tanh",
-        ]
+        out, failures = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(out, [2.0, 2.0])
+        assert len(failures) == 1 and getattr(failures[0], "observed", False)
 
+    def test_a_wrong_output_is_caught_on_the_sampled_runs(self) -> None:
+        """A kernel's value is checked against its meta rule on the runs that are timed
+        (the first ones, then one in SAMPLE), as on the lean executor."""
+        lie = [False]
+        liar = dataflow.op("liar_here", meta=ops.spec_of, handle=ops.Tensor)(
+            lambda x: x.astype(np.float64) if lie[0] else x
+        )
 
-async def _two_chains(a: Any) -> Any:
-    return ops.add(ops.tanh(ops.multiply(a, 2.0)), ops.exp(ops.add(a, 1.0)))
+        async def prog(a: Any) -> Any:
+            return liar(a)
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> None:
+            await forward(_x(2))
+            program = _small(forward)
+            program.sigs[0].calls = 0  # its next run is one of the first: checked
+            lie[0] = True
+            with pytest.raises(dataflow.OpOutputError, match="liar_here"):
+                await forward(_x(2))
+
+        dataflow.run(main)
+
+    def test_a_profile_takes_the_launch(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Observed, the nodes give the profile their span records: a launch."""
+        forward = dataflow.compile(_double)
+        launched: list[Any] = []
+        real_launch = dataflow._compile.launch  # type: ignore[attr-defined]
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            launched.append(args[1])
+            return real_launch(*args, **kwargs)
+
+        async def main() -> Any:
+            await forward(np.ones(2))
+            _small(forward)
+            monkeypatch.setattr(dataflow._compile, "launch", spy)
+            with dataflow.profile() as prof:
+                out = await forward(np.ones(2))
+            assert len(launched) == 1 and [t.op for t in prof.trace().tasks] == ["multiply"]
+            return out
+
+        np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [2.0, 2.0])

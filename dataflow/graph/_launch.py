@@ -12,8 +12,9 @@ event loop. A :class:`Program` is a graph prepared once for repeated launches:
 A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks and queues
 one; the *gather* task's value is the outputs, and awaiting it gives the arrays. (A short
 plan of small or GIL-bound kernels, under :data:`PLAN_HERE_SECONDS` in all, is run whole on
-the launching thread instead: ``Program.runs_here``.) How the nodes run depends on whether
-anything observes the runtime:
+the launching thread instead: ``Program.runs_here``; unobserved and called with arrays, a
+compiled forward runs such a plan without a launch at all, ``_lean.run_here``.) How the
+nodes run depends on whether anything observes the runtime:
 
 * **Unobserved or recorded** (the usual case): the queued task is a *runner* of the lean plan
   executor (``_lean``): a few runners run the nodes from per-run lists, well under a
@@ -125,6 +126,9 @@ class Program:
         # runs_here's last answer, and the launches so far (it is worked out every few).
         self._here = False
         self._launches = 0
+        # Whether every node reads only nodes before it (a traced graph's order): then a
+        # plan run here goes node after node (``_lean.run_here``).
+        self.ordered = all(j < i for i, read in enumerate(self.inputs) for j in read)
 
     def runs_here(self, inline_threshold: float) -> bool:
         """Whether a launch runs the whole plan on the launching thread, now.
