@@ -80,6 +80,12 @@ class SchedulerBase:
         self._drained: Any = None
         # A worker wake-up is posted to the loop for a task queued quietly (``submit``).
         self._wake_posted = False
+        # When the loop last dispatched a task that waits for inputs (perf_counter_ns), and
+        # the small ready tasks workers handed back to it meanwhile (``_placement``,
+        # HANDBACK_SECONDS: the loop runs them, in ``submit`` or a posted drain).
+        self._loop_pending_ns = 0
+        self._handback: list[Task] = []
+        self._drain_posted = False
         self._watchdog: Watchdog | None = None
         # Requests (tasks on the loop) that dispatched deferred work, by their loop task.
         self._owners: dict[Any, _Owner] = {}
@@ -131,9 +137,7 @@ class SchedulerBase:
                 rec.thread()  # names the calling thread (the loop's, usually) in its trace
             self._sinks = pairs
             # A recorder that overrides ``task`` gets the call (``_inline_recorded``).
-            self._appends = tuple(
-                rec._sink for _, rec in pairs if type(rec).task is Recorder.task
-            )
+            self._appends = tuple(rec._sink for _, rec in pairs if type(rec).task is Recorder.task)
             self._overriding = tuple(
                 (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
             )

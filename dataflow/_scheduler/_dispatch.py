@@ -163,6 +163,15 @@ class Scheduler(Execution):
                 return task
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
+        if not ready and get_ident() == self.host.thread_id:
+            # The loop dispatches work that waits: small tasks workers make ready meanwhile
+            # are handed back to it (HANDBACK_SECONDS). Run those first; if that finished
+            # this task's inputs, it takes the inline path after all.
+            self._loop_pending_ns = _now()
+            if self._handback:
+                self.drain()
+                if all(t.state == DONE for t in inputs):
+                    return self.submit(sig, fn, args, kwargs, inputs, True, priority, timeout)
         task = Task(sig, fn, args, kwargs, self.rt, inputs)
         if priority is not None:
             task.priority = priority
@@ -229,6 +238,34 @@ class Scheduler(Execution):
         if self.inflight > self._limit:
             self._throttle()
         return task
+
+    def hand_back_locked(self, task: Task) -> bool:
+        """A worker made the small READY ``task`` ready while the loop dispatches work that
+        waits (``_place_ready_locked``): leave it to the loop, which runs it at its next such
+        dispatch or in a drain posted now. False (the worker goes on with it) if the loop is
+        closed. Holds the lock."""
+        if not self._drain_posted:
+            try:
+                self.host.later(self.drain)
+            except RuntimeError:  # the loop is closed
+                return False
+            self._drain_posted = True
+        self._handback.append(task)
+        return True
+
+    def drain(self) -> None:
+        """Run, on the loop's thread, the small tasks workers handed back to it, and the
+        small ones they make ready (big ones are queued)."""
+        while True:
+            with GRAPH_LOCK:
+                tasks = self._handback
+                if not tasks:
+                    self._drain_posted = False
+                    return
+                self._handback = []
+            for t in tasks:
+                if self._take(t):
+                    self.execute(t, go_on=False, small_here=True)
 
     def _post_wake(self) -> None:
         """Wake a worker for a quietly queued task once the loop's current callback ends."""
@@ -519,6 +556,9 @@ class Scheduler(Execution):
                 if on_loop and self.host.cancel_requested():
                     self.host.raise_cancelled()
                     return
+                if on_loop and self._handback:
+                    self.drain()  # small work handed back to the loop: it is the one to run it
+                    continue
                 with GRAPH_LOCK:
                     if self.inflight <= self._low_water or self.cancelling or self.closed:
                         return

@@ -31,6 +31,7 @@ from .._threads import _cores
 from .._timeout import TimedKernel
 from ._placement import (
     FIRST_RUNS,
+    HANDBACK_SECONDS,
     MIN_MEASURED,
     PARALLEL_CORES,
     PARALLEL_OTHERS,
@@ -51,6 +52,8 @@ __all__ = ["Execution", "running_task"]
 
 _thread_time = time.thread_time
 _process_time = time.process_time
+_now_ns = time.perf_counter_ns
+HANDBACK_NS = int(HANDBACK_SECONDS * 1e9)
 # The cores this process may run on (the CPU affinity), for the GIL measurement.
 _CORES = _cores()
 
@@ -198,15 +201,18 @@ class Execution(Requests):
         pool.lane_task = None
         return None
 
-    def execute(self, task: Task, go_on: bool = True) -> None:
+    def execute(self, task: Task, go_on: bool = True, small_here: bool = False) -> None:
         """Run a RUNNING task's kernel here, publish it, and go on with what it made ready.
 
         ``go_on``: after the task, run the small dependents it made ready and the first big
         one on this thread (queue the rest); otherwise queue them all (the event loop's thread
-        helping an awaiting coroutine must return to it).
+        helping an awaiting coroutine must return to it). ``small_here``: on a thread outside
+        the pool (the loop's, running what workers handed back), run the small dependents
+        here and queue the big ones.
         """
         local: deque[Task] | None = None
         here = current_pool()
+        go_on = (go_on and here is not None) or small_here
         while True:
             sched = task.runtime._sched  # type: ignore[union-attr]
             mine = sched._execute_one(task, go_on, here)
@@ -277,7 +283,7 @@ class Execution(Requests):
             if nxt is not None:
                 mine = [nxt]
             if ready is not None:
-                more = self._place_ready_locked(ready, go_on and here is not None, here)
+                more = self._place_ready_locked(ready, go_on, here)
                 if more is not None:
                     if mine is None:
                         mine = more
@@ -321,6 +327,7 @@ class Execution(Requests):
         """
         mine: list[Task] = []
         big_taken = False
+        now = 0
         for d in ready:
             sched = d.runtime._sched  # type: ignore[union-attr]
             pool = sched.pool
@@ -336,6 +343,13 @@ class Execution(Requests):
                 else:
                     tiny = small = inline
                 small = small and sched._inline_ok
+                if tiny and small and here is not None:
+                    # The loop is dispatching work that waits (a chain of small ops behind
+                    # this one, likely): it runs this itself (HANDBACK_SECONDS).
+                    if not now:
+                        now = _now_ns()
+                    if now - sched._loop_pending_ns < HANDBACK_NS and sched.hand_back_locked(d):
+                        continue
                 if small or (not big_taken and pool is here):
                     if small and tiny:
                         sched.begin_locked(d)

@@ -51,6 +51,13 @@ AWAIT_HERE_SECONDS = 1e-3
 #: the usual way, to notice a program that stops awaiting it at once).
 AWAITED_AT_ONCE = 4
 
+#: A small task a worker makes ready while the loop is dispatching tasks that wait for
+#: inputs (the loop's last such dispatch under this long ago) is handed back to the loop
+#: rather than run on the worker: a chain of small ops dispatched behind a big one, run on a
+#: worker while the loop dispatches the rest of the chain, had the two threads take turns on
+#: the GIL and the graph lock at every op, and the chain never caught up (``submit``).
+HANDBACK_SECONDS = 50e-6
+
 #: The loop awaiting a task that waits for inputs runs the queued tasks it waits for itself
 #: (within AWAIT_HERE_SECONDS in all); it looks for them through at most this many pending
 #: tasks above the awaited one.
