@@ -134,6 +134,7 @@ class _RNNBase(Module):
     """What LSTM and GRU share: parameters, validation, and the layer/direction loop."""
 
     _gates: ClassVar[int]
+    _fold_bias: ClassVar[bool]  # b_ih + b_hh computed per forward (the LSTM's projection)
 
     if TYPE_CHECKING:
         # Parameters are set by name (weight_ih_l0, ...): let type checkers read them.
@@ -226,7 +227,8 @@ class _RNNBase(Module):
             return _Weights(w_ih, w_hh, None, None, None)
         b_ih: Array = getattr(self, names[2])
         b_hh: Array = getattr(self, names[3])
-        return _Weights(w_ih, w_hh, b_ih, b_hh, b_ih + b_hh)
+        # The LSTM adds both biases once, to the projection; the GRU keeps them apart.
+        return _Weights(w_ih, w_hh, b_ih, b_hh, b_ih + b_hh if self._fold_bias else None)
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -443,6 +445,7 @@ class LSTM(_RNNBase):
     """
 
     _gates = 4
+    _fold_bias = True
 
     async def forward(
         self, x: Value, hx: tuple[Value, Value] | None = None
@@ -497,6 +500,7 @@ class GRU(_RNNBase):
     """
 
     _gates = 3
+    _fold_bias = False
 
     async def forward(self, x: Value, hx: Value | None = None) -> tuple[Tensor, Tensor]:
         """``(output, h_n)`` for x (steps, batch, input_size) and optional h0."""
