@@ -118,6 +118,12 @@ def dask_missing() -> str | None:
     return None if importlib.util.find_spec("dask") else "dask not installed"
 
 
+def numba_missing() -> str | None:
+    if importlib.util.find_spec("numba") is None:
+        return "numba not installed (pip install 'numpy-dataflow[numba]')"
+    return None
+
+
 class Workload:
     """One size: weights, input, the reference output, and contender factories."""
 
@@ -130,6 +136,7 @@ class Workload:
         repeats: int | None = None,
     ) -> None:
         self.size = size
+        self.quick = quick
         t, b, c = size
         self.weights = ref.make_weights(c)
         self.x = ref.make_input(t, b, c)
@@ -233,6 +240,31 @@ class Workload:
             return run_dataflow(forward, ens, self.x, interop, k)
 
         return self.contender(name, f"inter-op {interop}, BLAS {blas}", run, blas=blas, skip=skip)
+
+    def numba_engine(self) -> Contender:
+        """dataflow automatic with small directions on the compiled loops that release the
+        GIL (``ops.set_recurrent_engine("numba")``; other sizes keep numpy's kernels)."""
+        n = cores()
+        skip = numba_missing() or _models.unavailable()
+        ens: Any = None
+        if skip is None:
+            ens = _models.build_ensemble(self.weights)
+
+        def run(k: int) -> tuple[float, Any]:
+            import ops
+
+            # The engine is process-wide: set for this contender's runs only (a child process
+            # runs no other; in one process, as the quick check does, the others keep numpy).
+            ops.set_recurrent_engine("numba")
+            try:
+                return run_dataflow(_models.forward_auto, ens, self.x, n, k)
+            finally:
+                if self.quick:
+                    ops.set_recurrent_engine("numpy")
+
+        return self.contender(
+            "dataflow, numba engine", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip
+        )
 
     def torch(
         self,
@@ -362,6 +394,7 @@ class Workload:
                 True,
                 lambda: self.dataflow("dataflow, automatic", n, 1, forked=False),
             ),
+            "dataflow, numba engine": (f"inter-op {n}, BLAS 1", True, self.numba_engine),
             "dataflow, traced graph": (f"inter-op {n}, BLAS 1", True, self.traced),
             "dataflow, compiled": (f"inter-op {n}, BLAS 1", True, self.compiled),
             "dataflow, manual fork": (
@@ -430,6 +463,7 @@ SKIPS: dict[str, Callable[[], str | None]] = {
     "script + fork members": torch_missing,
     "JAX jit": jax_missing,
     "dask threaded": dask_missing,
+    "dataflow, numba engine": numba_missing,
 }
 
 

@@ -8,7 +8,9 @@ about:
 * **numpy sequential** (BLAS on every core: the same numpy code run plainly) and
   **numpy sequential, BLAS 1**;
 * **dataflow, automatic** (inter-op threads on every core, BLAS 1), **dataflow, 1 inter-op
-  thread** (BLAS 1) and **dataflow, compiled** (``dataflow.compile``, inter-op on every core).
+  thread** (BLAS 1), **dataflow, compiled** (``dataflow.compile``, inter-op on every core) and
+  **dataflow, numba engine** (automatic, with ``ops.set_recurrent_engine("numba")``: skipped
+  without numba).
 
 Every contender's round runs in a fresh process, as in ``ensemble`` (the same child command,
 ``python -m benchmarks.ensemble --child``), rounds interleaved with the order rotated, every
@@ -21,7 +23,7 @@ about:
 * ``1 thread / numpy 1``: one inter-op thread against numpy with one BLAS thread (the
   invariant: within 5%);
 * ``auto / 1 thread``: more inter-op threads against one (the invariant: never slower);
-* ``compiled / best numpy``.
+* ``compiled / best numpy``, ``numba engine / best numpy``.
 
 Run: ``python -m benchmarks --only sizes [--rounds 3]`` (about 4 minutes at 3 rounds on 2
 cores); ``--quick`` measures one tiny size once, in this process.
@@ -62,6 +64,7 @@ CONTENDERS = (
     "dataflow, automatic",
     "dataflow, 1 inter-op thread",
     "dataflow, compiled",
+    "dataflow, numba engine",
 )
 #: Summary columns: (name, numerator contender, denominator contenders: the best of them).
 RATIOS = (
@@ -72,6 +75,11 @@ RATIOS = (
     (
         "compiled / best numpy",
         "dataflow, compiled",
+        ("numpy sequential", "numpy sequential, BLAS 1"),
+    ),
+    (
+        "numba engine / best numpy",
+        "dataflow, numba engine",
         ("numpy sequential", "numpy sequential, BLAS 1"),
     ),
 )

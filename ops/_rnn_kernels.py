@@ -62,15 +62,22 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from dataflow import DataflowRuntimeError, OpInputError, OpTypeError
+
+from . import _rnn_numba
+
 __all__ = [
     "CHUNK_BYTES",
+    "ENGINES",
     "SMALL_GATES_MAX",
     "SMALL_WEIGHTS_PER_STEP",
     "TANH_DIRECT_MAX",
     "chunk_steps",
+    "get_recurrent_engine",
     "gru_sequence_kernel",
     "lay_out",
     "lstm_sequence_kernel",
+    "set_recurrent_engine",
 ]
 
 Array: TypeAlias = "np.ndarray[Any, Any]"
@@ -86,6 +93,48 @@ TANH_DIRECT_MAX = 8192
 
 _LSTM_GATES = 4
 _GRU_GATES = 3
+
+#: The recurrent engines (``set_recurrent_engine``).
+ENGINES = ("numpy", "numba")
+_engine = ["numpy"]
+
+
+def set_recurrent_engine(name: str) -> None:
+    """Run small recurrent models' sequence kernels on ``name``: ``"numpy"`` (the default) or
+    ``"numba"`` (compiled loops that release the GIL, so a model's directions run side by side:
+    an optional extra, ``pip install 'numpy-dataflow[numba]'``; see ``ops._rnn_numba``).
+
+    It applies where the numpy kernel would be the small one (weights of at most
+    SMALL_WEIGHTS_PER_STEP elements a step, a gate array of at most SMALL_GATES_MAX) and to
+    float32 models; others keep the numpy kernels. Process-wide: set it before running a
+    model. The sequence ops' learnt kernel times and GIL estimates start over.
+    """
+    if type(name) is not str:
+        raise OpTypeError(
+            f"set_recurrent_engine(name): a str, one of {', '.join(map(repr, ENGINES))}; got "
+            f"{type(name).__name__}: {name!r}"
+        )
+    if name not in ENGINES:
+        raise OpInputError(
+            f"set_recurrent_engine(name): one of {', '.join(map(repr, ENGINES))}, got {name!r}"
+        )
+    if name == "numba" and not _rnn_numba.available():
+        raise DataflowRuntimeError(
+            "set_recurrent_engine('numba') needs numba: pip install 'numpy-dataflow[numba]'"
+        )
+    if name != _engine[0]:
+        _engine[0] = name
+        for forget in _on_engine_change:
+            forget()
+
+
+def get_recurrent_engine() -> str:
+    """The recurrent engine in use (see :func:`set_recurrent_engine`)."""
+    return _engine[0]
+
+
+# Called when the engine changes (the sequence ops register theirs: ``_rnn_ops``).
+_on_engine_change: list[Callable[[], None]] = []
 
 
 def chunk_steps(steps: int, batch: int, width: int, itemsize: int) -> int:
@@ -440,6 +489,8 @@ def lstm_sequence_kernel(
     steps = x.shape[1] if batch_first else x.shape[0]
     weights = width * (w_ih.shape[1] + hidden)
     if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= SMALL_GATES_MAX:
+        if _engine[0] == "numba" and w_hh.dtype == np.float32:
+            return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     if w_hh.flags.c_contiguous and _transposed_is_faster(batch, hidden, _LSTM_GATES, w_hh.dtype):
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
@@ -672,6 +723,8 @@ def gru_sequence_kernel(
     width = _GRU_GATES * hidden
     weights = width * (w_ih.shape[1] + hidden)
     if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= SMALL_GATES_MAX:
+        if _engine[0] == "numba" and w_hh.dtype == np.float32:
+            return _rnn_numba.gru_sequence(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
         return _gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     dtype = w_hh.dtype
     out = _output(steps, batch, hidden, dtype, batch_first)

@@ -14,6 +14,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
+from . import _rnn_kernels
 from ._recurrent import _common_dtype, _describe, _specs
 from ._rnn_kernels import chunk_steps, gru_sequence_kernel, lstm_sequence_kernel
 from ._tensor import Tensor, TensorSpec, define_multi, spec_of
@@ -182,6 +183,17 @@ _lstm_sequence = define_multi(
 _gru_sequence = define_multi(
     "gru_sequence", _gru_sequence_kernel, _gru_sequence_meta, _gru_sequence_cost
 )
+
+
+def _forget_learnt() -> None:
+    """The recurrent engine changed: the sequence ops' signatures (kernel times, GIL
+    estimates) start over."""
+    for op in (_lstm_sequence, _gru_sequence):
+        op._sigs.clear()
+        op._outcomes.clear()
+
+
+_rnn_kernels._on_engine_change.append(_forget_learnt)
 
 
 def lstm_sequence(

@@ -1,0 +1,218 @@
+"""Recurrent sequence kernels compiled with numba: the ``"numba"`` recurrent engine.
+
+An optional extra (``pip install 'numpy-dataflow[numba]'``), chosen with
+``ops.set_recurrent_engine("numba")``. A small model's numpy kernel spends its steps in numpy's
+per-call overhead, under the GIL: two directions on two threads only take turns. These
+kernels run the whole time loop as compiled code without the GIL (``nogil=True``), so the
+scheduler measures them GIL-free and runs a model's directions side by side.
+
+Only where the numpy kernel is the small one (``_rnn_kernels.SMALL_WEIGHTS_PER_STEP`` and
+``SMALL_GATES_MAX``) and only for float32: past those bounds BLAS's own products win, and a
+float64 model keeps numpy's exact functions. The input projection is one BLAS product, as in
+the numpy kernels; the step runs the recurrent product and the gate math in loops compiled
+for this machine. ``tanh`` (and the sigmoids, as ``(tanh(x / 2) + 1) / 2``) is a rational
+approximation (Eigen's float ``ptanh``) accurate to 3.3e-7 absolute, against numpy's float32
+``tanh`` 6e-8: both agree with torch's LSTM and GRU within 1e-5.
+
+The weights are read where they are at each call: nothing is cached, so a parameter written
+in place takes effect at the next call. (A recurrent weight that ``lay_out`` stored in
+Fortran order is copied to C order for the call.) The first call of a
+process compiles the loops (about a second; numba caches them on disk for the next process).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from dataflow import DataflowRuntimeError
+
+Array: TypeAlias = "np.ndarray[Any, Any]"
+
+__all__ = ["available", "gru_sequence", "lstm_sequence"]
+
+
+numba: Any
+try:
+    import numba
+except ImportError:  # the extra is not installed: ``available()`` says so
+    numba = None
+
+
+def available() -> bool:
+    """Whether numba can be imported (the ``"numba"`` engine can run)."""
+    return numba is not None
+
+
+# Eigen's float tanh: x * p(x^2) / q(x^2) on x clamped to +-7.9 (where float32 tanh is +-1).
+_F32 = np.float32
+_CLAMP = _F32(7.90531110763549805)
+_A13, _A11 = _F32(-2.76076847742355e-16), _F32(2.00018790482477e-13)
+_A9, _A7 = _F32(-8.60467152213735e-11), _F32(5.12229709037114e-08)
+_A5, _A3, _A1 = _F32(1.48572235717979e-05), _F32(6.37261928875436e-04), _F32(4.89352455891786e-03)
+_B6, _B4, _B2 = _F32(1.19825839466702e-06), _F32(1.18534705686654e-04), _F32(2.26843463243900e-03)
+_B0 = _F32(4.89352518554385e-03)
+_HALF = _F32(0.5)
+
+
+def _tanh(v: Any) -> Any:
+    x = v if v < _CLAMP else _CLAMP
+    x = x if x > -_CLAMP else -_CLAMP
+    x2 = x * x
+    p = x2 * _A13 + _A11
+    p = x2 * p + _A9
+    p = x2 * p + _A7
+    p = x2 * p + _A5
+    p = x2 * p + _A3
+    p = x2 * p + _A1
+    q = x2 * _B6 + _B4
+    q = x2 * q + _B2
+    q = x2 * q + _B0
+    return x * p / q
+
+
+def _sigmoid(v: Any) -> Any:
+    return _HALF * _tanh(_HALF * v) + _HALF
+
+
+def _lstm_loop(xp: Any, w_hh: Any, h: Any, c: Any, out: Any, reverse: bool) -> None:
+    """The time loop: ``xp`` (T, B, 4H) the projected input, ``w_hh`` (4H, H); ``h`` and ``c``
+    (B, H) are the running states (updated in place), ``out`` (T, B, H) the output. The
+    recurrent product runs a row of ``w_hh`` at a time (no transposed copy to make)."""
+    steps, batch, width = xp.shape
+    hidden = width // 4
+    gates = np.empty(width, dtype=np.float32)
+    for s in range(steps):
+        t = steps - 1 - s if reverse else s
+        for b in range(batch):
+            for g in range(width):
+                acc = xp[t, b, g]
+                for k in range(hidden):
+                    acc += w_hh[g, k] * h[b, k]
+                gates[g] = acc
+            for j in range(hidden):
+                i = _sigmoid(gates[j])
+                f = _sigmoid(gates[hidden + j])
+                gg = _tanh(gates[2 * hidden + j])
+                o = _sigmoid(gates[3 * hidden + j])
+                cj = f * c[b, j] + i * gg
+                c[b, j] = cj
+                out[t, b, j] = o * _tanh(cj)
+            for j in range(hidden):
+                h[b, j] = out[t, b, j]
+
+
+def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) -> None:
+    """The time loop: ``xp`` (T, B, 3H) the projected input with ``b_ih`` and ``b_hh``'s r
+    and z parts, ``w_hh`` (3H, H), ``b_hn`` (H,); ``h`` (B, H) the running state."""
+    steps, batch, width = xp.shape
+    hidden = width // 3
+    gh = np.empty(width, dtype=np.float32)
+    for s in range(steps):
+        t = steps - 1 - s if reverse else s
+        for b in range(batch):
+            for g in range(width):
+                acc = np.float32(0)
+                for k in range(hidden):
+                    acc += w_hh[g, k] * h[b, k]
+                gh[g] = acc
+            for j in range(hidden):
+                r = _sigmoid(xp[t, b, j] + gh[j])
+                z = _sigmoid(xp[t, b, hidden + j] + gh[hidden + j])
+                n = _tanh(xp[t, b, 2 * hidden + j] + r * (gh[2 * hidden + j] + b_hn[j]))
+                out[t, b, j] = n + z * (h[b, j] - n)
+            for j in range(hidden):
+                h[b, j] = out[t, b, j]
+
+
+if numba is not None:
+    _tanh = numba.njit(inline="always", fastmath=True)(_tanh)
+    _sigmoid = numba.njit(inline="always", fastmath=True)(_sigmoid)
+    _lstm_loop = numba.njit(nogil=True, cache=True, fastmath=True)(_lstm_loop)
+    _gru_loop = numba.njit(nogil=True, cache=True, fastmath=True)(_gru_loop)
+
+
+def _require() -> None:
+    if numba is None:
+        raise DataflowRuntimeError(
+            "the 'numba' recurrent engine needs numba: pip install 'numpy-dataflow[numba]'"
+        )
+
+
+def _project(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
+    """``x @ w_ih.T + bias`` as a (T, B, G) float32 array (one BLAS product)."""
+    xs = x.swapaxes(0, 1) if batch_first else x
+    steps, batch = xs.shape[0], xs.shape[1]
+    rows = np.ascontiguousarray(xs, dtype=np.float32).reshape(steps * batch, xs.shape[2])
+    xp = rows @ w_ih.T
+    if bias is not None:
+        xp += bias
+    out: Array = xp.reshape(steps, batch, w_ih.shape[0])
+    return out
+
+
+def _state(s: Array | None, batch: int, hidden: int) -> Array:
+    """A fresh (B, H) float32 state: zeros, or a copy of ``s`` (the kernel writes it)."""
+    if s is None:
+        return np.zeros((batch, hidden), dtype=np.float32)
+    return np.array(s, dtype=np.float32, order="C")
+
+
+def _c32(w: Array) -> Array:
+    """``w`` as a C-ordered float32 array (itself when it is one: the usual case)."""
+    return np.ascontiguousarray(w, dtype=np.float32)
+
+
+def _layout(out: Array, batch_first: bool) -> Array:
+    return np.ascontiguousarray(out.swapaxes(0, 1)) if batch_first else out
+
+
+def lstm_sequence(
+    x: Array,
+    w_ih: Array,
+    bias: Array | None,
+    w_hh: Array,
+    h0: Array | None,
+    c0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array, Array]:
+    """``_rnn_kernels.lstm_sequence_kernel`` on the compiled loop: (output, h_n, c_n)."""
+    _require()
+    xp = _project(x, w_ih, bias, batch_first)
+    steps, batch = xp.shape[0], xp.shape[1]
+    hidden = w_hh.shape[1]
+    h, c = _state(h0, batch, hidden), _state(c0, batch, hidden)
+    out = np.empty((steps, batch, hidden), dtype=np.float32)
+    _lstm_loop(xp, _c32(w_hh), h, c, out, bool(reverse))
+    return _layout(out, batch_first), h, c
+
+
+def gru_sequence(
+    x: Array,
+    w_ih: Array,
+    b_ih: Array | None,
+    w_hh: Array,
+    b_hh: Array | None,
+    h0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array]:
+    """``_rnn_kernels.gru_sequence_kernel`` on the compiled loop: (output, h_n). ``b_hh``'s
+    r and z parts are folded into the projection's bias; its n part stays in the step."""
+    _require()
+    hidden = w_hh.shape[1]
+    bias = None if b_ih is None else np.array(b_ih, dtype=np.float32)
+    b_hn = np.zeros(hidden, dtype=np.float32)
+    if b_hh is not None:
+        if bias is None:
+            bias = np.zeros(3 * hidden, dtype=np.float32)
+        bias[: 2 * hidden] += b_hh[: 2 * hidden]
+        b_hn[:] = b_hh[2 * hidden :]
+    xp = _project(x, w_ih, bias, batch_first)
+    steps, batch = xp.shape[0], xp.shape[1]
+    h = _state(h0, batch, hidden)
+    out = np.empty((steps, batch, hidden), dtype=np.float32)
+    _gru_loop(xp, _c32(w_hh), b_hn, h, out, bool(reverse))
+    return _layout(out, batch_first), h

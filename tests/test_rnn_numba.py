@@ -1,0 +1,267 @@
+"""The ``"numba"`` recurrent engine (``ops._rnn_numba``): compiled sequence loops that release
+the GIL, for small float32 models. Exact against the numpy kernels and torch; chosen only where
+it applies; the API's errors; the GIL really released."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from ops import _rnn_kernels, _rnn_numba, nn
+from tests.test_nn import ref_rnn
+
+needs_numba = pytest.mark.skipif(not _rnn_numba.available(), reason="numba not installed")
+
+Array = np.ndarray[Any, Any]
+TOL = 2e-5
+
+
+def _rand(seed: int, *shape: int) -> Array:
+    a: Array = np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
+    return a
+
+
+@pytest.fixture(autouse=True)
+def _numpy_engine_after() -> Iterator[None]:
+    yield
+    ops.set_recurrent_engine("numpy")
+
+
+def _plain_lstm(*args: Any) -> Any:
+    return _rnn_kernels._lstm_sequence_plain(*args)
+
+
+def _plain_gru(monkeypatch: pytest.MonkeyPatch, *args: Any) -> Any:
+    with monkeypatch.context() as m:
+        m.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        return _rnn_kernels.gru_sequence_kernel(*args)
+
+
+@needs_numba
+class TestTanh:
+    def test_the_rational_tanh_is_within_4e7_of_tanh(self) -> None:
+        """Over a dense grid of [-20, 20] (past the clamp) and random points: 3.3e-7 at most,
+        against float64 tanh (numpy's float32 tanh: 6e-8)."""
+        tanh = _rnn_numba.numba.njit(lambda a: np.array([_rnn_numba._tanh(v) for v in a]))
+        for x in (
+            np.linspace(-20, 20, 400_001, dtype=np.float32),
+            np.random.default_rng(0).standard_normal(100_000).astype(np.float32) * 4,
+        ):
+            err = np.abs(tanh(x).astype(np.float64) - np.tanh(x.astype(np.float64)))
+            assert err.max() < 4e-7
+        assert tanh(np.array([0.0, 50.0, -50.0], dtype=np.float32)).tolist() == [0.0, 1.0, -1.0]
+
+
+@needs_numba
+class TestKernels:
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state", "bias"),
+        list(itertools.product((False, True), repeat=4)),
+    )
+    def test_lstm_equals_the_numpy_kernel(
+        self, reverse: bool, batch_first: bool, with_state: bool, bias: bool
+    ) -> None:
+        steps, batch, inp, hid = 9, 2, 5, 7
+        w_ih, w_hh = _rand(1, 4 * hid, inp), _rand(2, 4 * hid, hid)
+        b = _rand(3, 4 * hid) if bias else None
+        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
+        h0 = _rand(5, batch, hid) if with_state else None
+        c0 = _rand(6, batch, hid) if with_state else None
+        args = (x, w_ih, b, w_hh, h0, c0, reverse, batch_first)
+        for got, want in zip(_rnn_numba.lstm_sequence(*args), _plain_lstm(*args), strict=True):
+            assert got.shape == want.shape and got.dtype == np.float32
+            np.testing.assert_allclose(got, want, atol=2e-6)
+        if with_state:  # the caller's states are left alone
+            np.testing.assert_array_equal(h0, _rand(5, batch, hid))
+
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state", "biases"),
+        list(
+            itertools.product(
+                (False, True), (False, True), (False, True), ("both", "ih", "hh", "none")
+            )
+        ),
+    )
+    def test_gru_equals_the_numpy_kernel(
+        self,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        biases: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        steps, batch, inp, hid = 9, 2, 5, 7
+        w_ih, w_hh = _rand(1, 3 * hid, inp), _rand(2, 3 * hid, hid)
+        b_ih = _rand(3, 3 * hid) if biases in ("both", "ih") else None
+        b_hh = _rand(8, 3 * hid) if biases in ("both", "hh") else None
+        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
+        h0 = _rand(5, batch, hid) if with_state else None
+        args = (x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+        want = _plain_gru(monkeypatch, *args)
+        for got, exp in zip(_rnn_numba.gru_sequence(*args), want, strict=True):
+            np.testing.assert_allclose(got, exp, atol=2e-6)
+        if b_hh is not None:
+            np.testing.assert_array_equal(b_hh, _rand(8, 3 * hid))
+
+    def test_a_fortran_ordered_weight_gives_the_same_values(self) -> None:
+        """``lay_out`` may store the recurrent weight in Fortran order."""
+        w_ih, w_hh, x = _rand(1, 24, 5), _rand(2, 24, 6), _rand(3, 7, 2, 5)
+        c_order = _rnn_numba.lstm_sequence(x, w_ih, None, w_hh, None, None, False, False)
+        f_order = _rnn_numba.lstm_sequence(
+            x, w_ih, None, np.asfortranarray(w_hh), None, None, False, False
+        )
+        for a, b in zip(c_order, f_order, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+    def test_the_kernel_releases_the_gil(self) -> None:
+        """Two long runs on two threads overlap in time, with a switch interval no GIL-bound
+        kernel could be preempted within."""
+        w_ih, w_hh, x = _rand(1, 512, 128), _rand(2, 512, 128) * 0.1, _rand(3, 3000, 1, 128)
+        _rnn_numba.lstm_sequence(x[:2], w_ih, None, w_hh, None, None, False, False)  # compiled
+        spans: list[tuple[float, float]] = []
+        start = threading.Barrier(2)
+
+        def run() -> None:
+            start.wait()
+            t0 = time.perf_counter()
+            _rnn_numba.lstm_sequence(x, w_ih, None, w_hh, None, None, False, False)
+            spans.append((t0, time.perf_counter()))
+
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(5.0)
+        try:
+            threads = [threading.Thread(target=run) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(before)
+        (_, a1), (b0, _) = sorted(spans)
+        assert b0 < a1  # the second started before the first ended
+
+
+@needs_numba
+class TestEngine:
+    def test_small_float32_models_take_it_and_others_keep_numpy(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        used: list[tuple[int, ...]] = []
+        real = _rnn_numba.lstm_sequence
+
+        def spy(*args: Any) -> Any:
+            used.append(args[3].shape)
+            return real(*args)
+
+        monkeypatch.setattr(_rnn_numba, "lstm_sequence", spy)
+        ops.set_recurrent_engine("numba")
+        assert ops.get_recurrent_engine() == "numba"
+        small_w = (_rand(1, 24, 6), _rand(2, 24, 6))
+        _rnn_kernels.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
+                                          None, None, False, False)  # fmt: skip
+        _rnn_kernels.lstm_sequence_kernel(  # float64: numpy's exact functions
+            _rand(3, 7, 1, 6).astype(np.float64),
+            small_w[0].astype(np.float64), None, small_w[1].astype(np.float64),
+            None, None, False, False,
+        )  # fmt: skip
+        big = _rand(4, 256, 64), _rand(5, 256, 64)  # past the small bounds: BLAS wins there
+        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 1, 64), big[0], None, big[1], None, None,
+                                          False, False)  # fmt: skip
+        assert used == [(24, 6)]
+        ops.set_recurrent_engine("numpy")
+        _rnn_kernels.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
+                                          None, None, False, False)  # fmt: skip
+        assert used == [(24, 6)]
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_modules_match_the_reference(self, mode: str) -> None:
+        """A bidirectional two-layer module on the engine: the reference loop's values."""
+        ops.set_recurrent_engine("numba")
+        cls = nn.LSTM if mode == "LSTM" else nn.GRU
+        m = cls(8, 16, num_layers=2, bidirectional=True, seed=0)
+        x = _rand(1, 12, 2, 8)
+
+        async def main() -> Any:
+            return await m(x)
+
+        got = dataflow.run(main)
+        out_ref, h_ref, _ = ref_rnn(mode, m.state_dict(), x, None, None, 2, True, False)
+        np.testing.assert_allclose(got[0], out_ref, atol=TOL)
+        h_n = got[1][0] if mode == "LSTM" else got[1]
+        np.testing.assert_allclose(h_n, h_ref, atol=TOL)
+
+    @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_modules_match_torch(self, mode: str) -> None:
+        import torch
+
+        ops.set_recurrent_engine("numba")
+        torch.manual_seed(0)
+        tm = getattr(torch.nn, mode)(16, 24, bidirectional=True)
+        cls = nn.LSTM if mode == "LSTM" else nn.GRU
+        m = cls(16, 24, bidirectional=True)
+        m.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        x = _rand(3, 20, 3, 16)
+        with torch.no_grad():
+            expected = tm(torch.from_numpy(x))
+
+        async def main() -> Any:
+            return await m(x)
+
+        got = dataflow.run(main)
+        np.testing.assert_allclose(got[0], expected[0].numpy(), atol=TOL, rtol=1e-4)
+
+    def test_parameters_written_in_place_take_effect(self) -> None:
+        ops.set_recurrent_engine("numba")
+        m = nn.LSTM(4, 5, seed=3)
+        x = _rand(1, 6, 2, 4)
+
+        async def main() -> Any:
+            return await m(x)
+
+        before = dataflow.run(main)[0]
+        w_hh: Array = getattr(m, "weight_hh_l0")  # noqa: B009 - set by name
+        w_hh *= np.float32(0.5)
+        after = dataflow.run(main)[0]
+        out_ref, _, _ = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
+        np.testing.assert_allclose(after, out_ref, atol=TOL)
+        assert not np.allclose(after, before, atol=1e-3)
+
+    def test_changing_the_engine_forgets_what_the_sequence_ops_learnt(self) -> None:
+        m = nn.GRU(4, 5, bidirectional=True, seed=1)
+
+        async def main() -> Any:
+            return await m(_rand(1, 6, 2, 4))
+
+        dataflow.run(main)
+        assert ops._rnn_ops._gru_sequence._sigs
+        ops.set_recurrent_engine("numba")
+        assert not ops._rnn_ops._gru_sequence._sigs
+        assert not ops._rnn_ops._lstm_sequence._sigs
+
+
+class TestErrors:
+    """Bad engine names fail at the call, whether numba is installed or not."""
+
+    def test_unknown_or_mistyped_names(self) -> None:
+        with pytest.raises(dataflow.OpInputError, match="one of 'numpy', 'numba', got 'cuda'"):
+            ops.set_recurrent_engine("cuda")
+        with pytest.raises(dataflow.OpTypeError, match="got int: 5"):
+            ops.set_recurrent_engine(5)  # type: ignore[arg-type]
+        assert ops.get_recurrent_engine() == "numpy"
+
+    def test_numba_missing_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_rnn_numba, "numba", None)
+        with pytest.raises(dataflow.DataflowRuntimeError, match=r"numpy-dataflow\[numba\]"):
+            ops.set_recurrent_engine("numba")
+        assert ops.get_recurrent_engine() == "numpy"
