@@ -22,6 +22,8 @@ process compiles the loops (about a second; numba caches them on disk for the ne
 
 from __future__ import annotations
 
+import importlib.util
+import threading
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -33,16 +35,10 @@ Array: TypeAlias = "np.ndarray[Any, Any]"
 __all__ = ["available", "gru_sequence", "lstm_sequence"]
 
 
-numba: Any
-try:
-    import numba
-except ImportError:  # the extra is not installed: ``available()`` says so
-    numba = None
-
-
 def available() -> bool:
-    """Whether numba can be imported (the ``"numba"`` engine can run)."""
-    return numba is not None
+    """Whether numba is installed (the ``"numba"`` engine can run). numba itself is imported,
+    and the loops compiled, only when a kernel first runs (importing it takes ~0.2 s)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 # Eigen's float tanh: x * p(x^2) / q(x^2) on x clamped to +-7.9 (where float32 tanh is +-1).
@@ -126,18 +122,37 @@ def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) ->
                 h[b, j] = out[t, b, j]
 
 
-if numba is not None:
-    _tanh = numba.njit(inline="always", fastmath=True)(_tanh)
-    _sigmoid = numba.njit(inline="always", fastmath=True)(_sigmoid)
-    _lstm_loop = numba.njit(nogil=True, cache=True, fastmath=True)(_lstm_loop)
-    _gru_loop = numba.njit(nogil=True, cache=True, fastmath=True)(_gru_loop)
+_compile_lock = threading.Lock()
+_loops: tuple[Any, Any] | None = None
+# The Python functions the loops are compiled from (the module's globals ``_tanh`` and
+# ``_sigmoid`` become their jitted versions, which the loops call).
+_PY = {"_tanh": _tanh, "_sigmoid": _sigmoid}
 
 
-def _require() -> None:
-    if numba is None:
-        raise DataflowRuntimeError(
-            "the 'numba' recurrent engine needs numba: pip install 'numpy-dataflow[numba]'"
-        )
+def _compiled() -> tuple[Any, Any]:
+    """The compiled loops: numba imported and the functions above jitted on first use, once
+    (two threads may run their first kernels at the same time)."""
+    global _loops
+    loops = _loops
+    if loops is not None:
+        return loops
+    with _compile_lock:
+        if _loops is None:
+            try:
+                import numba
+            except ImportError:
+                raise DataflowRuntimeError(
+                    "the 'numba' recurrent engine needs numba: "
+                    "pip install 'numpy-dataflow[numba]'"
+                ) from None
+            g = globals()
+            for name, fn in _PY.items():
+                g[name] = numba.njit(inline="always", fastmath=True)(fn)
+            _loops = (
+                numba.njit(nogil=True, cache=True, fastmath=True)(_lstm_loop),
+                numba.njit(nogil=True, cache=True, fastmath=True)(_gru_loop),
+            )
+        return _loops
 
 
 def _project(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
@@ -179,13 +194,13 @@ def lstm_sequence(
     batch_first: bool,
 ) -> tuple[Array, Array, Array]:
     """``_rnn_kernels.lstm_sequence_kernel`` on the compiled loop: (output, h_n, c_n)."""
-    _require()
+    lstm_loop, _ = _compiled()
     xp = _project(x, w_ih, bias, batch_first)
     steps, batch = xp.shape[0], xp.shape[1]
     hidden = w_hh.shape[1]
     h, c = _state(h0, batch, hidden), _state(c0, batch, hidden)
     out = np.empty((steps, batch, hidden), dtype=np.float32)
-    _lstm_loop(xp, _c32(w_hh), h, c, out, bool(reverse))
+    lstm_loop(xp, _c32(w_hh), h, c, out, bool(reverse))
     return _layout(out, batch_first), h, c
 
 
@@ -201,7 +216,7 @@ def gru_sequence(
 ) -> tuple[Array, Array]:
     """``_rnn_kernels.gru_sequence_kernel`` on the compiled loop: (output, h_n). ``b_hh``'s
     r and z parts are folded into the projection's bias; its n part stays in the step."""
-    _require()
+    _, gru_loop = _compiled()
     hidden = w_hh.shape[1]
     bias = None if b_ih is None else np.array(b_ih, dtype=np.float32)
     b_hn = np.zeros(hidden, dtype=np.float32)
@@ -214,5 +229,5 @@ def gru_sequence(
     steps, batch = xp.shape[0], xp.shape[1]
     h = _state(h0, batch, hidden)
     out = np.empty((steps, batch, hidden), dtype=np.float32)
-    _gru_loop(xp, _c32(w_hh), b_hn, h, out, bool(reverse))
+    gru_loop(xp, _c32(w_hh), b_hn, h, out, bool(reverse))
     return _layout(out, batch_first), h

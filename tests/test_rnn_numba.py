@@ -52,7 +52,10 @@ class TestTanh:
     def test_the_rational_tanh_is_within_4e7_of_tanh(self) -> None:
         """Over a dense grid of [-20, 20] (past the clamp) and random points: 3.3e-7 at most,
         against float64 tanh (numpy's float32 tanh: 6e-8)."""
-        tanh = _rnn_numba.numba.njit(lambda a: np.array([_rnn_numba._tanh(v) for v in a]))
+        import numba
+
+        _rnn_numba._compiled()  # (jits the module's _tanh)
+        tanh = numba.njit(lambda a: np.array([_rnn_numba._tanh(v) for v in a]))
         for x in (
             np.linspace(-20, 20, 400_001, dtype=np.float32),
             np.random.default_rng(0).standard_normal(100_000).astype(np.float32) * 4,
@@ -122,6 +125,30 @@ class TestKernels:
         )
         for a, b in zip(c_order, f_order, strict=True):
             np.testing.assert_array_equal(a, b)
+
+    def test_first_use_from_two_threads_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Two directions' first kernels on two workers compile the loops once (a race there
+        jitted an already jitted helper: TypeError)."""
+        monkeypatch.setattr(_rnn_numba, "_loops", None)
+        for name, fn in _rnn_numba._PY.items():
+            monkeypatch.setattr(_rnn_numba, name, fn)
+        w_ih, w_hh, x = _rand(1, 24, 5), _rand(2, 24, 6), _rand(3, 7, 2, 5)
+        start = threading.Barrier(4)
+        outs: list[Any] = []
+
+        def run() -> None:
+            start.wait()
+            outs.append(_rnn_numba.lstm_sequence(x, w_ih, None, w_hh, None, None, False, False))
+
+        threads = [threading.Thread(target=run) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(outs) == 4
+        want = _plain_lstm(x, w_ih, None, w_hh, None, None, False, False)
+        for out in outs:
+            np.testing.assert_allclose(out[0], want[0], atol=2e-6)
 
     def test_the_kernel_releases_the_gil(self) -> None:
         """Two long runs on two threads overlap in time, with a switch interval no GIL-bound
@@ -261,7 +288,7 @@ class TestErrors:
         assert ops.get_recurrent_engine() == "numpy"
 
     def test_numba_missing_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(_rnn_numba, "numba", None)
+        monkeypatch.setattr(_rnn_numba, "available", lambda: False)
         with pytest.raises(dataflow.DataflowRuntimeError, match=r"numpy-dataflow\[numba\]"):
             ops.set_recurrent_engine("numba")
         assert ops.get_recurrent_engine() == "numpy"

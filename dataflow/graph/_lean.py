@@ -461,7 +461,7 @@ def run_here(prog: Program, rt: Runtime, inputs: Sequence[Any]) -> Any:
             err.observed = True
             with GRAPH_LOCK:
                 sched.failures.append(err)
-                sched.tasks_run += i
+            sched.inline_run += i
             raise err from exc
         values[i] = value
     sched.inline_run += n
