@@ -24,6 +24,7 @@ from dataflow._scheduler._placement import (
     AWAIT_HERE_SECONDS,
     AWAITED_AT_ONCE,
     EWMA,
+    FIRST_RUNS,
     OUTLIER,
     PROBE,
     SAMPLE,
@@ -188,6 +189,9 @@ class TestHandBack:
         input done and runs inline: the chain has caught up."""
 
         async def main() -> tuple[bool, int, Any]:
+            for _ in range(2 * FIRST_RUNS):  # its time settled (a slow first run is no clue)
+                await tiny_step(np.zeros(1, dtype=np.int64))
+            _ran_on.clear()
             await _workers_parked()
             gate = threading.Event()
             y: Any = gated(np.zeros(1, dtype=np.int64), gate)
@@ -211,6 +215,9 @@ class TestHandBack:
         """A drain is posted to the loop: the step runs though nothing of it is awaited."""
 
         async def main() -> tuple[bool, int]:
+            for _ in range(2 * FIRST_RUNS):
+                await tiny_step(np.zeros(1, dtype=np.int64))
+            _ran_on.clear()
             await _workers_parked()
             gate = threading.Event()
             y = tiny_step(gated(np.zeros(1, dtype=np.int64), gate))
@@ -220,6 +227,31 @@ class TestHandBack:
 
         ok, value = dataflow.run(main, interop_threads=2)
         assert ok and value == 1 and _ran_on == [threading.get_ident()]
+
+    def test_the_loop_goes_on_with_tiny_work_only(self) -> None:
+        """Running what was handed back, the loop queues a GIL-bound kernel it makes ready
+        rather than run it (up to a switch interval on the loop: a server's lag)."""
+
+        # Its own op: a signature marked serial here must not leak into other tests.
+        serial_mid = dataflow.op(
+            "serial_mid",
+            meta=_ident_meta,
+            handle=Arr,
+            cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0),
+        )(_spin_thread)
+
+        async def main() -> int:
+            for _ in range(2 * FIRST_RUNS):
+                await tiny_step(np.zeros(1, dtype=np.int64))
+            await _workers_parked()
+            gate = threading.Event()
+            m = serial_mid(tiny_step(gated(np.zeros(1, dtype=np.int64), gate)))
+            m.task.sig.serial = True  # GIL-bound and short: "small", but not tiny
+            gate.set()
+            await asyncio.sleep(0.05)  # the posted drain runs the step on the loop
+            return int((await m)[0])
+
+        assert dataflow.run(main, interop_threads=2) != threading.get_ident()
 
     def test_a_failed_input_fails_the_handed_back_chain(self) -> None:
         async def main() -> None:
@@ -456,6 +488,24 @@ class TestAwaitingHelps:
 
         where = dataflow.run(main, interop_threads=2)
         assert where[:2] == [threading.get_ident()] * 2
+
+    def test_with_two_requests_in_flight_the_loop_does_not_help(self) -> None:
+        """Two tasks on the loop with deferred work (a server's requests): the loop helping
+        one would delay the other (loop lag max 159 ms at 32 clients), so the workers run
+        the inputs."""
+
+        async def request(k: int) -> list[int]:
+            a = mid_where(np.full(1, k))
+            b = mid_where(np.full(1, k + 1))
+            await asyncio.sleep(0)  # both requests have dispatched before either awaits
+            return [int(v) for v in await tiny_gather(a, b)][:2]
+
+        async def main() -> list[list[int]]:
+            await _workers_parked()
+            return list(await asyncio.gather(request(0), request(10)))
+
+        for where in dataflow.run(main, interop_threads=2):
+            assert threading.get_ident() not in where
 
     def test_it_runs_no_more_than_the_bound_holds(self) -> None:
         """Twelve kernels of 150 us (1.8 ms): the loop runs those that fit in

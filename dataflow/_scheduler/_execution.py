@@ -343,7 +343,12 @@ class Execution(Requests):
                 else:
                     tiny = small = inline
                 small = small and sched._inline_ok
-                if tiny and small and here is not None:
+                if here is None:
+                    # The loop running what workers handed back (``drain``) goes on with tiny
+                    # work only: a GIL-bound kernel of up to a switch interval would hold the
+                    # loop (a server's requests) that long.
+                    small = small and tiny
+                elif tiny and small:
                     # The loop is dispatching work that waits (a chain of small ops behind
                     # this one, likely): it runs this itself (HANDBACK_SECONDS).
                     if not now:
