@@ -274,10 +274,10 @@ class Compiled(Generic[R]):
             and sched.pool is not None
             and sched._inline_ok
             and prog.runs_here(sched.inline_threshold)
-            and all(type(a) is _ndarray for a in arrays)  # (no pending input to wait for)
         ):
             # A short plan of small kernels, unobserved: run it whole here, now, without
-            # the launch's tasks and waiter (``graph._lean.run_here``).
+            # the launch's tasks and waiter (``graph._lean.run_here``; the inputs are arrays:
+            # ``__call__`` awaited any Tensor).
             return run_here(prog, rt, arrays)
         waiter = host.waiter()
         # A batch must run elsewhere: the next batch gathers the calls made meanwhile.
