@@ -53,8 +53,9 @@ _HALF = _F32(0.5)
 
 
 def _tanh(v: Any) -> Any:
-    x = v if v < _CLAMP else _CLAMP
-    x = x if x > -_CLAMP else -_CLAMP
+    # (Written so that NaN passes through, as numpy's tanh lets it: NaN > c is false.)
+    x = _CLAMP if v > _CLAMP else v
+    x = -_CLAMP if x < -_CLAMP else x
     x2 = x * x
     p = x2 * _A13 + _A11
     p = x2 * p + _A9
@@ -122,6 +123,9 @@ def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) ->
                 h[b, j] = out[t, b, j]
 
 
+# LLVM may contract multiply-adds, reassociate sums and use reciprocals; not assume there is
+# no NaN or inf ("fast" would): those propagate as numpy's kernels let them.
+_FASTMATH = {"contract", "reassoc", "arcp"}
 _compile_lock = threading.Lock()
 _loops: tuple[Any, Any] | None = None
 # The Python functions the loops are compiled from (the module's globals ``_tanh`` and
@@ -147,10 +151,10 @@ def _compiled() -> tuple[Any, Any]:
                 ) from None
             g = globals()
             for name, fn in _PY.items():
-                g[name] = numba.njit(inline="always", fastmath=True)(fn)
+                g[name] = numba.njit(inline="always", fastmath=_FASTMATH)(fn)
             _loops = (
-                numba.njit(nogil=True, cache=True, fastmath=True)(_lstm_loop),
-                numba.njit(nogil=True, cache=True, fastmath=True)(_gru_loop),
+                numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(_lstm_loop),
+                numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(_gru_loop),
             )
         return _loops
 

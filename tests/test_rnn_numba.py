@@ -116,6 +116,22 @@ class TestKernels:
         if b_hh is not None:
             np.testing.assert_array_equal(b_hh, _rand(8, 3 * hid))
 
+    def test_nan_and_inf_propagate_as_in_numpy(self) -> None:
+        """A NaN in the input gives NaN where the numpy kernel gives NaN (not a clamped 1);
+        infinities saturate the gates as tanh does."""
+        w_ih, w_hh = _rand(1, 24, 5), _rand(2, 24, 6)
+        for bad in (np.nan, np.inf, -np.inf):
+            x = _rand(3, 7, 2, 5)
+            x[3, 1, 2] = bad
+            args = (x, w_ih, None, w_hh, None, None, False, False)
+            with np.errstate(invalid="ignore", over="ignore"):
+                want = _plain_lstm(*args)
+            got = _rnn_numba.lstm_sequence(*args)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+                ok = ~np.isnan(w)
+                np.testing.assert_allclose(g[ok], w[ok], atol=2e-6)
+
     def test_a_fortran_ordered_weight_gives_the_same_values(self) -> None:
         """``lay_out`` may store the recurrent weight in Fortran order."""
         w_ih, w_hh, x = _rand(1, 24, 5), _rand(2, 24, 6), _rand(3, 7, 2, 5)
