@@ -99,7 +99,6 @@ class SchedulerBase:
         self._appends: tuple[Callable[[Any], None], ...] = ()
         self._windowed: tuple[Any, ...] = ()
         self._overriding: tuple[tuple[Scope, Any], ...] = ()
-        self._more_sinks = False  # a recorder is windowed or overrides Recorder.task
         self._sinks_gen = -1
         # The generation the inline path's own span record is good for (-1: the general
         # case, ``_record_inline``), and the one recorder it goes to when there is one.
@@ -142,9 +141,9 @@ class SchedulerBase:
                 (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
             )
             self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
-            self._more_sinks = bool(self._overriding or self._windowed)
             self._sinks_gen = gen
-            self._fast_gen = -1 if self._more_sinks else gen
+            # A windowed recorder or one that overrides Recorder.task: the general case.
+            self._fast_gen = -1 if self._overriding or self._windowed else gen
             self._append1 = self._appends[0] if len(self._appends) == 1 else None
         return self._sinks
 

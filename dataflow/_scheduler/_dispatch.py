@@ -255,7 +255,7 @@ class Scheduler(Execution):
 
     def drain(self) -> None:
         """Run, on the loop's thread, the small tasks workers handed back to it, and the
-        small ones they make ready (big ones are queued)."""
+        tiny ones they make ready (the others are queued)."""
         while True:
             with GRAPH_LOCK:
                 tasks = self._handback

@@ -207,8 +207,8 @@ class Execution(Requests):
         ``go_on``: after the task, run the small dependents it made ready and the first big
         one on this thread (queue the rest); otherwise queue them all (the event loop's thread
         helping an awaiting coroutine must return to it). ``small_here``: on a thread outside
-        the pool (the loop's, running what workers handed back), run the small dependents
-        here and queue the big ones.
+        the pool (the loop's, running what workers handed back), run the tiny dependents
+        (under the inline threshold) here and queue the others.
         """
         local: deque[Task] | None = None
         here = current_pool()
