@@ -463,6 +463,20 @@ def _output(steps: int, batch: int, hidden: int, dtype: Any, batch_first: bool) 
     return np.empty(shape, dtype=dtype)
 
 
+def _small_engine(x: Array, w_ih: Array, w_hh: Array, gates: int, batch_first: bool) -> str | None:
+    """Which engine runs this direction's small kernel ("numpy", or "numba" where it is set
+    and the model is float32), or None when the model is not small (SMALL_WEIGHTS_PER_STEP,
+    SMALL_GATES_MAX)."""
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = gates * hidden
+    if width * (w_ih.shape[1] + hidden) > steps * SMALL_WEIGHTS_PER_STEP:
+        return None
+    if batch * width > SMALL_GATES_MAX:
+        return None
+    return "numba" if _engine[0] == "numba" and w_hh.dtype == np.float32 else "numpy"
+
+
 # -- LSTM ---------------------------------------------------------------------------------------
 
 
@@ -485,12 +499,10 @@ def lstm_sequence_kernel(
     """
     batch = x.shape[0] if batch_first else x.shape[1]
     hidden = w_hh.shape[1]
-    width = _LSTM_GATES * hidden
-    steps = x.shape[1] if batch_first else x.shape[0]
-    weights = width * (w_ih.shape[1] + hidden)
-    if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= SMALL_GATES_MAX:
-        if _engine[0] == "numba" and w_hh.dtype == np.float32:
-            return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+    small = _small_engine(x, w_ih, w_hh, _LSTM_GATES, batch_first)
+    if small == "numba":
+        return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+    if small == "numpy":
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     if w_hh.flags.c_contiguous and _transposed_is_faster(batch, hidden, _LSTM_GATES, w_hh.dtype):
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
@@ -721,10 +733,10 @@ def gru_sequence_kernel(
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = _GRU_GATES * hidden
-    weights = width * (w_ih.shape[1] + hidden)
-    if weights <= steps * SMALL_WEIGHTS_PER_STEP and batch * width <= SMALL_GATES_MAX:
-        if _engine[0] == "numba" and w_hh.dtype == np.float32:
-            return _rnn_numba.gru_sequence(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+    small = _small_engine(x, w_ih, w_hh, _GRU_GATES, batch_first)
+    if small == "numba":
+        return _rnn_numba.gru_sequence(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+    if small == "numpy":
         return _gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     dtype = w_hh.dtype
     out = _output(steps, batch, hidden, dtype, batch_first)
