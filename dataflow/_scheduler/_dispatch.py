@@ -393,9 +393,7 @@ class Scheduler(Execution):
             # Helping (running ancestors) only while one request at most has deferred work:
             # in a server the loop helping one request delays all the others (loop lag
             # max 159 ms at 32 clients against 21 ms without it: benchmarks.serving).
-            spent = (
-                self._help(task) if task.state == PENDING and len(self._owners) <= 1 else 0.0
-            )
+            spent = self._help(task) if task.state == PENDING and len(self._owners) <= 1 else 0.0
             if (
                 task.state == READY
                 and type(task.fn) is not TimedKernel
