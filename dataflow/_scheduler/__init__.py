@@ -84,9 +84,13 @@
   reads low for kernels that only take turns (16 GIL-bound LSTM directions on 16 cores: g =
   0.1, each 20x slower than alone); so a run beside two or more others on a machine of four
   or more cores also reads the process's CPU time: GIL-bound kernels keep the process on
-  about one core however many run, and a run whose process used under 15% of the extra
-  cores it could have (and under half a core beyond one) counts as g 1.5 or more
-  (``_placement.parallel_gil``); the higher of the two estimates counts. With one inter-op
+  about one core however many run (1.4-2.3 measured on a 16-core VM, where taking turns
+  costs CPU time), and a run whose process used under 30% of the extra cores it could have
+  counts as g 1.5 or more (``_placement.parallel_gil``); the higher of the two estimates
+  counts. Only a wait for the GIL counts: the run's thread must have blocked (its voluntary
+  context switches; a GIL-free thread starved of cores by other processes is preempted
+  instead), run at least a quarter of an even share, and the process must have been busy
+  (kernels that sleep or wait for I/O beside each other are not GIL-bound). With one inter-op
   thread no kernel overlaps another, but the dispatching thread runs Python beside the lone
   worker, and a GIL-bound kernel waits for it off the CPU: there the share of a run the
   process's other threads were on a CPU while the worker was not is the overlap

@@ -52,6 +52,22 @@ __all__ = ["Execution", "running_task"]
 
 _thread_time = time.thread_time
 _process_time = time.process_time
+
+
+def _no_switches() -> int:  # pragma: no cover - where the OS keeps no per-thread count
+    return -1
+
+
+try:
+    from resource import RUSAGE_THREAD, getrusage  # Linux
+
+    def _switches() -> int:
+        """The calling thread's voluntary context switches so far (it blocked: a wait for
+        the GIL, a lock, I/O), or -1 where the OS does not count them per thread."""
+        return getrusage(RUSAGE_THREAD).ru_nvcsw
+
+except ImportError:  # pragma: no cover - not on Linux
+    _switches = _no_switches
 _now_ns = time.perf_counter_ns
 HANDBACK_NS = int(HANDBACK_SECONDS * 1e9)
 # The cores this process may run on (the CPU affinity), for the GIL measurement.
@@ -120,11 +136,14 @@ class Execution(Requests):
         # The thread's CPU time too (a system call, ~0.4 us), for kernels long enough that it
         # says something (``note_overlap``), and the process's (a system call over its
         # threads, ~1 us) where three or more kernels can run side by side on as many cores,
-        # or where a lone worker's only company is the dispatching thread.
+        # or where a lone worker's only company is the dispatching thread; with three or
+        # more, also whether the thread blocked in the run (its voluntary context switches,
+        # ~0.4 us: a wait for the GIL blocks, a thread starved of cores does not).
         cpu = sig.seconds >= MIN_MEASURED
         lone = cpu and pool.num_threads == 1
         many = cpu and _CORES >= PARALLEL_CORES and pool.num_threads > PARALLEL_OTHERS
         i0 = pool.busy_integral_now()
+        v0 = _switches() if many else 0
         c0 = _thread_time() if cpu else 0.0
         p0 = _process_time() if many or lone else 0.0
         t0 = time.perf_counter()
@@ -132,6 +151,7 @@ class Execution(Requests):
         t1 = time.perf_counter()
         p1 = _process_time() if many or lone else 0.0
         c1 = _thread_time() if cpu else 0.0
+        v1 = _switches() if many else 0
         i1 = pool.busy_integral_now()
         wall = t1 - t0
         note_seconds(sig, wall)
@@ -149,6 +169,7 @@ class Execution(Requests):
                 c1 - c0 if cpu else None,
                 p1 - p0 if many else None,
                 _CORES,
+                None if v0 < 0 else v1 > v0,
             )
         return value
 

@@ -26,6 +26,8 @@ __all__ = [
     "PROBE",
     "SAMPLE",
     "SPAWN_CPU_SHARE",
+    "BUSY_MIN",
+    "SHARE_MIN",
     "WARM_UP",
     "dispatcher_overlap",
     "get_inline_threshold",
@@ -91,14 +93,27 @@ MIN_MEASURED = 50e-6
 # Many cores: a run beside at least PARALLEL_OTHERS others on a machine of at least
 # PARALLEL_CORES cores also reads the process's CPU time (``parallel_gil``), which sees what
 # ``g`` misses once every run is contended. Below SERIAL_PARALLEL of the extra cores it could
-# have used, a run counts as GIL-bound (g past 1.5, the serial mark), but only if the process
-# used under SERIAL_EXTRA cores beyond one in all: one that used more (a GIL-free kernel on a
-# machine whose other processes, or a container's CPU quota, leave it only a few cores) is
-# left to ``g``.
+# have used, a run counts as GIL-bound (g past 1.5, the serial mark). Measured on a 16-core
+# VM (2026-11-27): seven or eight GIL-bound LSTM directions side by side kept the process on
+# 1.4-2.3 cores (taking turns on the GIL costs CPU time there: futex wake-ups of idle
+# vCPUs), 0.07-0.2 of the extra cores; GIL-free ones use nearly all. Three conditions keep
+# other waits from counting as the GIL's, each read for the run's own thread where the OS
+# tells (``blocked``: Linux's per-thread voluntary context switches):
+# * the thread blocked at least once (a waiter for the GIL sleeps on it; a GIL-free thread
+#   starved of cores by other processes, or a container's CPU quota, is preempted instead:
+#   measured, 8 BLAS threads on 2 cores, 0.01 voluntary switches a ms against 0.24-15 for
+#   GIL-bound ones); where that is not known, a run whose process used SERIAL_EXTRA cores or
+#   more beyond one is left to ``g``;
+# * the process was on a CPU at least BUSY_MIN of the run (someone held the GIL and ran; a
+#   kernel that sleeps or waits for I/O beside idle ones is not GIL-bound);
+# * the thread itself ran at least SHARE_MIN of an even share among the kernels side by side
+#   (GIL-bound ones measured 1.5-3x an even share; a sleeping kernel ~0).
 PARALLEL_OTHERS = 2.0
 PARALLEL_CORES = 4
-SERIAL_PARALLEL = 0.15
+SERIAL_PARALLEL = 0.3
 SERIAL_EXTRA = 0.5
+BUSY_MIN = 0.5
+SHARE_MIN = 0.25
 # A plan's runner adds a runner for ready work only when that work's kernels keep at least
 # this share of their wall time on a CPU while others run (``Signature.cpu_share``), and are
 # not serial. Measured: GIL-free kernels (an LSTM direction at batch 50) 0.98-1.0 side by
@@ -186,23 +201,45 @@ def get_inline_threshold() -> float:
     return _inline_threshold
 
 
-def parallel_gil(wall: float, others: float, process: float, cores: int) -> float:
+def parallel_gil(
+    wall: float,
+    others: float,
+    process: float,
+    cores: int,
+    cpu: float | None = None,
+    blocked: bool | None = None,
+) -> float:
     """The GIL fraction one run shows by the cores its process used (its CPU time over the
-    run's wall time, ``process``), on the scale of ``g`` (:func:`note_overlap`).
+    run's wall time, ``process``), on the scale of ``g`` (:func:`note_overlap`); 0 where the
+    run says nothing about the GIL.
 
     With ``others`` kernels beside it the process could have used ``min(1 + others, cores)``
     cores; GIL-bound kernels keep it near one, whatever their number (one holds the GIL, the
     rest wait off the CPU). The fraction of the extra cores it used maps to 0 (all: GIL-free)
-    .. about 1.76 (none), crossing the serial mark 1.5 at :data:`SERIAL_PARALLEL`; a run that
-    used :data:`SERIAL_EXTRA` extra cores or more reads at most 1.0, the free mark (whatever
-    held it back, it was not the GIL alone). Measured on 16 cores: sixteen GIL-bound LSTM
-    directions side by side each took 20x their time alone, yet read ``g`` = 0.1 (their best
-    time was contended too); their thread's CPU share was 0.05.
+    .. about 2.1 (none), crossing the serial mark 1.5 at :data:`SERIAL_PARALLEL`.
+
+    ``cpu`` (the run's thread CPU time) and ``blocked`` (whether the thread blocked in the
+    run: voluntary context switches) tell a wait for the GIL from other waits (the
+    constants' comment): a run whose process mostly idled, whose thread barely ran (it
+    slept), or that never blocked (it was preempted: other processes had the cores) says
+    nothing (0). Where ``blocked`` is not known, a run whose process used :data:`SERIAL_EXTRA`
+    cores or more beyond one reads at most 1.0, the free mark.
+
+    Measured on 16 cores: sixteen GIL-bound LSTM directions side by side each took 20x
+    their time alone, yet read ``g`` = 0.1 (their best time was contended too); their
+    thread's CPU share was 0.05. Seven or eight side by side on a 16-core VM kept the
+    process on 1.4-2.3 cores with ``g`` reading 1.0 or less, and the forward ran at twice
+    numpy's time until they were marked serial.
     """
+    busy = process / wall
+    if busy < BUSY_MIN or blocked is False:
+        return 0.0
+    if cpu is not None and cpu * (1.0 + others) < SHARE_MIN * wall:
+        return 0.0
     possible = min(1.0 + others, float(cores)) - 1.0
-    extra = max(0.0, process / wall - 1.0)
+    extra = max(0.0, busy - 1.0)
     g = SERIAL_ABOVE * (1.0 - min(1.0, extra / possible)) / (1.0 - SERIAL_PARALLEL)
-    return g if extra < SERIAL_EXTRA else min(g, FREE_BELOW)
+    return g if blocked or extra < SERIAL_EXTRA else min(g, FREE_BELOW)
 
 
 def dispatcher_overlap(wall: float, cpu: float, process: float) -> float:
@@ -235,6 +272,7 @@ def note_overlap(
     cpu: float | None = None,
     process: float | None = None,
     cores: int = 1,
+    blocked: bool | None = None,
 ) -> None:
     """Fold one pool run of ``wall`` seconds, overlapped by ``others`` kernels on average,
     into ``sig``'s GIL estimate, and mark it serial or not (``dataflow._scheduler``, "the
@@ -253,7 +291,8 @@ def note_overlap(
 
     ``process``, the process's CPU time during the run, on a machine of ``cores`` cores (at
     least :data:`PARALLEL_CORES`) with at least :data:`PARALLEL_OTHERS` others beside the
-    run, gives the run a second GIL estimate (:func:`parallel_gil`); the higher one counts.
+    run, gives the run a second GIL estimate (:func:`parallel_gil`, with ``cpu`` and
+    ``blocked``: whether the thread blocked in the run); the higher one counts.
     """
     if wall < MIN_MEASURED:
         return
@@ -266,7 +305,7 @@ def note_overlap(
     if others <= 0.3 or (sig.serial and sig.calls % PROBE):
         return
     by_cores = (
-        parallel_gil(wall, others, process, cores)
+        parallel_gil(wall, others, process, cores, cpu, blocked)
         if process is not None and others >= PARALLEL_OTHERS and cores >= PARALLEL_CORES
         else 0.0
     )
