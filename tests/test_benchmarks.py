@@ -300,3 +300,22 @@ class TestOverheadChildren:
 
         with pytest.raises(ChildError, match=r"'nope' failed in its child"):
             _fresh(Contender("nope", lambda: 0.0), self._spec()).measure()
+
+
+class TestSettle:
+    """benchmarks/bench_settle.py: the settling and settled lines per size and thread count."""
+
+    def test_quick_run_prints_both_lines(self, capsys: pytest.CaptureFixture[str]) -> None:
+        from benchmarks import bench_settle
+
+        assert bench_settle.main(["--quick"]) == 0
+        out = capsys.readouterr().out
+        assert "(4, 1, 8) inter-op  2" in out
+        assert "settling, per 10 forwards" in out and "/p" in out
+        assert "settled, best / numpy best: automatic " in out and "compiled " in out
+
+    def test_bad_arguments_are_refused(self) -> None:
+        from benchmarks import bench_settle
+
+        with pytest.raises(SystemExit):
+            bench_settle.main(["--rounds", "0"])
