@@ -146,8 +146,10 @@ The layers, each a module and a class built on the one before:
   transitions under the lock;
 * ``_requests``: ownership of work by requests, and dropping it on cancel;
 * ``_execution``: running kernels and placing what they made ready;
-* ``_dispatch``: :class:`Scheduler`: ``submit`` (the hot path), waiting, timeouts and
-  backpressure.
+* ``_awaiting``: what the loop runs when it awaits a task, and the work workers hand back
+  to it;
+* ``_limits``: op timeouts (the watchdog) and backpressure;
+* ``_dispatch``: :class:`Scheduler`: ``submit`` (the hot path) and closing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The top layer: dispatch (``submit``, with the inline hot path), waiting, timeouts and
-backpressure (:mod:`dataflow._scheduler`).
+"""The top layer: dispatch (``submit``, with the inline hot path) and closing
+(:mod:`dataflow._scheduler`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from .. import _graphstate as gs
 from .._args import resolve, resolve_kwargs
 from .._errors import (
     DataflowError,
-    OpTimeoutError,
     task_failed,
 )
 from .._instrument import ACTIVE, GENERATION, HOOKED
@@ -24,17 +23,15 @@ from .._protect import protect
 from .._record import name_signature
 from .._task import (
     DONE,
-    PENDING,
     READY,
     RUNNING,
     Signature,
     Task,
 )
-from .._timeout import TimedKernel, Watchdog
+from .._timeout import TimedKernel
 from ._placement import (
     AWAITED_AT_ONCE,
     FIRST_RUNS,
-    HELP_WALK,
     PROBE,
     SAMPLE,
     runs_inline,
@@ -42,17 +39,14 @@ from ._placement import (
 
 if TYPE_CHECKING:
     pass
-from ._execution import Execution
+from ._limits import Limits
 
 __all__ = ["Scheduler"]
 
 _now = time.perf_counter_ns
 
-# Set on a thread while it helps run tasks for backpressure (helping never nests).
-_helping = threading.local()
 
-
-class Scheduler(Execution):
+class Scheduler(Limits):
     """The local execution engine of one runtime (see :mod:`dataflow._scheduler`)."""
 
     # -- dispatch (the hot path) ---------------------------------------------------------------
@@ -239,34 +233,6 @@ class Scheduler(Execution):
             self._throttle()
         return task
 
-    def hand_back_locked(self, task: Task) -> bool:
-        """A worker made the small READY ``task`` ready while the loop dispatches work that
-        waits (``_place_ready_locked``): leave it to the loop, which runs it at its next such
-        dispatch or in a drain posted now. False (the worker goes on with it) if the loop is
-        closed. Holds the lock."""
-        if not self._drain_posted:
-            try:
-                self.host.later(self.drain)
-            except RuntimeError:  # the loop is closed
-                return False
-            self._drain_posted = True
-        self._handback.append(task)
-        return True
-
-    def drain(self) -> None:
-        """Run, on the loop's thread, the small tasks workers handed back to it, and the
-        tiny ones they make ready (the others are queued)."""
-        while True:
-            with GRAPH_LOCK:
-                tasks = self._handback
-                if not tasks:
-                    self._drain_posted = False
-                    return
-                self._handback = []
-            for t in tasks:
-                if self._take(t):
-                    self.execute(t, go_on=False, small_here=True)
-
     def _post_wake(self) -> None:
         """Wake a worker for a quietly queued task once the loop's current callback ends."""
         try:
@@ -370,134 +336,12 @@ class Scheduler(Execution):
                 self._fail_locked(task, failed.error)
         return task
 
-    # -- waiting and closing -------------------------------------------------------------------
+    # -- closing -------------------------------------------------------------------------
 
     def cancel_everything(self) -> None:
         """The body failed: queued kernels are dropped unrun (running ones finish)."""
         self.cancelling = True
         self._inline_ok = False
-
-    def completion(self, task: Task) -> Any:
-        """An awaitable that completes when ``task`` is done (``await handle``).
-
-        A small task that is queued and not started is run right here instead (see
-        ``dataflow._scheduler``).
-        """
-        host = self.host
-        if threading.get_ident() != host.thread_id:
-            raise DataflowError(
-                f"{task.name} belongs to a runtime on another event loop; await it there "
-                "(pending values cannot move between event loops or threads)"
-            )
-        if self.pool is not None and self._inline_ok:
-            # Helping (running ancestors) only while one request at most has deferred work:
-            # in a server the loop helping one request delays all the others (loop lag
-            # max 159 ms at 32 clients against 21 ms without it: benchmarks.serving).
-            spent = self._help(task) if task.state == PENDING and len(self._owners) <= 1 else 0.0
-            if (
-                task.state == READY
-                and type(task.fn) is not TimedKernel
-                and self._runs_here(task.sig, spent)
-                and self._take(task)
-            ):
-                task.sig.awaited += 1
-                self.execute(task, go_on=False)
-        return self.waiter(task)
-
-    def _runs_here(self, sig: Signature, spent: float) -> bool:
-        """Whether the loop, awaiting, runs a queued task of ``sig`` itself, having run
-        ``spent`` seconds of others for this await already: small or GIL-bound-and-short
-        as at dispatch, or short enough to hold the loop for (it would only wait here
-        meanwhile), within AWAIT_HERE_SECONDS for the whole await."""
-        inline = sig.inline
-        if inline is not None:
-            return inline
-        seconds = sig.seconds
-        return spent + seconds < self.await_here or (
-            not spent and runs_inline(sig, self.inline_threshold)
-        )
-
-    def _take(self, task: Task) -> bool:
-        """Start a READY task on this thread (a GIL-bound one through the GIL lane)."""
-        with GRAPH_LOCK:
-            if task.state != READY:
-                return False
-            if task.sig.serial and task.sig.inline is None:
-                return self.start_locked(task, self.pool)  # type: ignore[arg-type]
-            self.begin_locked(task)
-            return True
-
-    def _help(self, task: Task) -> float:
-        """The loop awaits ``task``, which waits for its inputs: run the queued, not yet
-        started tasks it waits for (its ancestors; the first issued first) here while they
-        fit in AWAIT_HERE_SECONDS together, rather than wait for a worker to start them.
-
-        Code that awaits each module's output as it goes (``await lstm(x)`` at the top
-        level, whose directions and their concatenation are dispatched and then awaited at
-        once) otherwise waited for a worker woken for small GIL-bound kernels, which then
-        ran them one after the other on that worker while the loop idled: never side by
-        side, so never measured GIL-bound either, and 2.3x numpy's time at (10, 1, 32).
-        Only while at most one request (a task on the loop: the program, or one server
-        request) has deferred work in flight (``completion``).
-
-        Returns the seconds (as estimated) of the tasks it ran.
-        """
-        spent = 0.0
-        while task.state == PENDING:
-            found = self._ready_ancestor(task)
-            if found is None or not self._runs_here(found.sig, spent) or not self._take(found):
-                break
-            spent += found.sig.seconds
-            self.execute(found, go_on=False)
-        return spent
-
-    def _ready_ancestor(self, task: Task) -> Task | None:
-        """The first issued of the queued (READY) tasks of this runtime that ``task`` waits
-        for, directly or through pending ones (a bounded walk: HELP_WALK pending tasks)."""
-        best: Task | None = None
-        stack = list(task.inputs)
-        seen: set[int] = set()
-        rt = self.rt
-        while stack:
-            t = stack.pop()
-            state = t.state
-            if state == READY:
-                if (
-                    t.runtime is rt
-                    and type(t.fn) is not TimedKernel
-                    and (best is None or t.priority < best.priority)
-                ):
-                    best = t
-            elif state == PENDING and id(t) not in seen:
-                if len(seen) >= HELP_WALK:
-                    break
-                seen.add(id(t))
-                stack.extend(t.inputs)
-        return best
-
-    def waiter(self, task: Task) -> Any:
-        """An awaitable that completes when ``task`` is done (nothing is run to help)."""
-        host = self.host
-        if task.state >= DONE:
-            return host.done_waiter()
-        waiter = host.waiter()
-        with GRAPH_LOCK:
-            if task.state >= DONE:
-                return host.done_waiter()
-            if task.waiters is None:
-                task.waiters = [waiter]
-            else:
-                task.waiters.append(waiter)
-        return waiter
-
-    async def join(self) -> None:
-        """Wait until every task submitted here has finished."""
-        while True:
-            with GRAPH_LOCK:
-                if self.inflight == 0:
-                    return
-                waiter = self._drained = self.host.waiter()
-            await waiter
 
     def close(self) -> None:
         """Stop taking tasks; stop the watchdog."""
@@ -506,80 +350,3 @@ class Scheduler(Execution):
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
-
-    # -- timeouts ------------------------------------------------------------------------------
-
-    def watchdog_arm(self, task: Task, seconds: float) -> list[Any]:
-        """Start ``task``'s deadline (called by its TimedKernel on the thread running it)."""
-        wd = self._watchdog
-        if wd is None:
-            with GRAPH_LOCK:
-                wd = self._watchdog
-                if wd is None:
-                    name = f"dataflow-watchdog-{id(self) & 0xFFFF:x}"
-                    wd = self._watchdog = Watchdog(self._timed_out, name)
-        return wd.arm(task, seconds)
-
-    def _timed_out(self, task: Task, seconds: float, thread: threading.Thread) -> None:
-        """``task``'s kernel outlived its timeout: fail it and its dependents (watchdog thread)."""
-        with GRAPH_LOCK:
-            if task.state != RUNNING:
-                return  # it finished in the meantime
-            err = OpTimeoutError(
-                f"{task.name} timed out: its kernel ran longer than the {seconds:g} s timeout "
-                f"of op {task.op!r}. A running kernel cannot be interrupted: its thread is "
-                "left to finish in the background (the pool starts a replacement) and its "
-                "result will be discarded. Raise the timeout (dataflow.op(..., timeout=) or "
-                "Runtime(op_timeout=)) if the op is just slow, or find out why it hangs.",
-                task=task.name,
-                op=task.op,
-            )
-            self.failures.append(err)
-            self._fail_locked(task, err)
-            if self.pool is not None:
-                self.pool.abandon_locked(thread)
-                # The stuck kernel may hold the GIL lane: hand it on from here.
-                self._lane_after_locked(task, None)
-
-    # -- backpressure --------------------------------------------------------------------------
-
-    def _throttle(self) -> None:
-        """Over ``max_pending``: help run queued tasks until 10% under it (see
-        ``dataflow._scheduler``, "Backpressure")."""
-        if getattr(_helping, "active", False):
-            return  # a task this thread runs as a helper dispatches: let it through
-        _helping.active = True
-        on_loop = threading.get_ident() == self.host.thread_id
-        pool = self.pool
-        assert pool is not None
-        if not on_loop:
-            with GRAPH_LOCK:
-                self._blocked += 1
-        try:
-            while True:
-                # Ctrl-C cancels the task that is dispatching (asyncio.Runner's handler runs
-                # between any two bytecodes): stop here, as it would at its next await.
-                if on_loop and self.host.cancel_requested():
-                    self.host.raise_cancelled()
-                    return
-                if on_loop and self._handback:
-                    self.drain()  # small work handed back to the loop: it is the one to run it
-                    continue
-                with GRAPH_LOCK:
-                    if self.inflight <= self._low_water or self.cancelling or self.closed:
-                        return
-                    task = pool.take_locked(TimedKernel)
-                    # Waiting is only useful while a kernel runs that is not itself a
-                    # dispatcher held back here (such as a plain fork dispatching ops).
-                    stuck = task is None and self.running <= self._blocked
-                if task is not None:
-                    task.runtime._sched.execute(task)  # type: ignore[union-attr]
-                    continue
-                if stuck:
-                    return
-                time.sleep(0.0005)
-        finally:
-            _helping.active = False
-            if not on_loop:
-                with GRAPH_LOCK:
-                    self._blocked -= 1
