@@ -52,6 +52,10 @@ __all__ = ["Execution", "running_task"]
 
 _thread_time = time.thread_time
 _process_time = time.process_time
+_now_ns = time.perf_counter_ns
+HANDBACK_NS = int(HANDBACK_SECONDS * 1e9)
+# The cores this process may run on (the CPU affinity), for the GIL measurement.
+_CORES = _cores()
 
 
 def _no_switches() -> int:  # pragma: no cover - where the OS keeps no per-thread count
@@ -68,10 +72,7 @@ try:
 
 except ImportError:  # pragma: no cover - not on Linux
     _switches = _no_switches
-_now_ns = time.perf_counter_ns
-HANDBACK_NS = int(HANDBACK_SECONDS * 1e9)
-# The cores this process may run on (the CPU affinity), for the GIL measurement.
-_CORES = _cores()
+
 
 # The task whose kernel the thread is running (off the dispatching thread's inline path).
 _running = threading.local()

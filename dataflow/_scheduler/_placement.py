@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AWAITED_AT_ONCE",
     "AWAIT_HERE_SECONDS",
+    "BUSY_MIN",
     "DEFAULT_INLINE_THRESHOLD",
     "EWMA",
     "FIRST_RUNS",
@@ -25,9 +26,8 @@ __all__ = [
     "HELP_WALK",
     "PROBE",
     "SAMPLE",
-    "SPAWN_CPU_SHARE",
-    "BUSY_MIN",
     "SHARE_MIN",
+    "SPAWN_CPU_SHARE",
     "WARM_UP",
     "dispatcher_overlap",
     "get_inline_threshold",
@@ -108,6 +108,10 @@ MIN_MEASURED = 50e-6
 #   kernel that sleeps or waits for I/O beside idle ones is not GIL-bound);
 # * the thread itself ran at least SHARE_MIN of an even share among the kernels side by side
 #   (GIL-bound ones measured 1.5-3x an even share; a sleeping kernel ~0).
+# What this cannot tell apart: GIL-free kernels that also block on the GIL (taking it back
+# after each BLAS call) on a machine whose other processes leave them under a third of the
+# cores they could use. They are marked serial while that lasts; probes (one run in PROBE)
+# lift the mark once they use the cores again.
 PARALLEL_OTHERS = 2.0
 PARALLEL_CORES = 4
 SERIAL_PARALLEL = 0.3
