@@ -773,6 +773,20 @@ class TestMeasuredSeconds:
         assert value == 8 * SAMPLE and all(done)
 
 
+def _pool_runs(name: str, kernel: Callable[[Any], Any], count: int) -> Signature:
+    """``count`` tasks of a new op ``name`` (``kernel``, never inline) dispatched at once on a
+    4-thread pool and awaited: the op's signature, as they left it."""
+    op = dataflow.op(name, meta=ops.spec_of, handle=ops.Tensor, inline=False)(kernel)
+
+    async def main() -> Signature:
+        handles = [op(np.zeros(1)) for _ in range(count)]
+        await dataflow.materialize(handles)
+        sig: Signature = handles[0].task.sig
+        return sig
+
+    return dataflow.run(main, interop_threads=4)
+
+
 class TestGilLane:
     def test_overlap_slowdown_decides(self) -> None:
         """Runs overlapped and 3x slower than the best mark a signature serial; 1.1x frees it."""
@@ -981,20 +995,13 @@ class TestGilLane:
                 pass
             return x
 
-        busy = dataflow.op("busy_gil", meta=ops.spec_of, handle=ops.Tensor, inline=False)(spin)
-
-        async def main() -> Signature:
-            handles = [busy(np.zeros(1)) for _ in range(60)]
-            await dataflow.materialize(handles)
-            return handles[0].task.sig
-
         # Preempted every 0.2 ms, the four workers' kernels take turns on the GIL all along;
         # at the default 5 ms each 2 ms kernel could run whole before the next one started,
         # and the runs then overlapped one other at times, not two (a flaky test).
         switch = sys.getswitchinterval()
         sys.setswitchinterval(2e-4)
         try:
-            sig = dataflow.run(main, interop_threads=4)
+            sig = _pool_runs("busy_gil", spin, 60)
         finally:
             sys.setswitchinterval(switch)
         estimates = [p for _, o, p in sig.overlaps if o >= 2.0]
@@ -1018,14 +1025,7 @@ class TestGilLane:
             time.sleep(0.002)
             return x
 
-        napping = dataflow.op("napping", meta=ops.spec_of, handle=ops.Tensor, inline=False)(nap)
-
-        async def main() -> Signature:
-            handles = [napping(np.zeros(1)) for _ in range(80)]
-            await dataflow.materialize(handles)
-            return handles[0].task.sig
-
-        sig = dataflow.run(main, interop_threads=4)
+        sig = _pool_runs("napping", nap, 80)
         measured = [p for _, o, p in sig.overlaps if o >= 2.0]
         assert measured and max(measured) == 0.0, sig.overlaps
         assert not sig.serial
