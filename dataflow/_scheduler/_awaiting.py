@@ -19,7 +19,7 @@ from .._task import (
 )
 from .._timeout import TimedKernel
 from ._execution import Execution
-from ._placement import HELP_WALK, runs_inline
+from ._placement import HELP_WALK, leave_to_pool, runs_inline
 
 __all__ = ["Awaiting"]
 
@@ -86,11 +86,15 @@ class Awaiting(Execution):
         """Whether the loop, awaiting, runs a queued task of ``sig`` itself, having run
         ``spent`` seconds of others for this await already: small or GIL-bound-and-short
         as at dispatch, or short enough to hold the loop for (it would only wait here
-        meanwhile), within AWAIT_HERE_SECONDS for the whole await."""
+        meanwhile), within AWAIT_HERE_SECONDS for the whole await; not a GIL-free one while
+        the pool has other work (``_placement.leave_to_pool``)."""
         inline = sig.inline
         if inline is not None:
             return inline
         seconds = sig.seconds
+        pool = self.pool
+        if pool is not None and leave_to_pool(sig, pool.queued, self.running):
+            return False
         return spent + seconds < self.await_here or (
             not spent and runs_inline(sig, self.inline_threshold)
         )
