@@ -241,14 +241,20 @@ class Workload:
 
         return self.contender(name, f"inter-op {interop}, BLAS {blas}", run, blas=blas, skip=skip)
 
-    def numba_engine(self) -> Contender:
-        """dataflow automatic with small directions on the compiled loops that release the
-        GIL (``ops.set_recurrent_engine("numba")``; other sizes keep numpy's kernels)."""
+    def numba_engine(self, compiled: bool = False) -> Contender:
+        """dataflow with small directions on the compiled loops that release the GIL
+        (``ops.set_recurrent_engine("numba")``; other sizes keep numpy's kernels): the model
+        as written (automatic), or ``dataflow.compile``'d (``compiled``)."""
         n = cores()
+        name = "dataflow, compiled, numba engine" if compiled else "dataflow, numba engine"
         skip = numba_missing() or _models.unavailable()
-        ens: Any = None
+        model: Any = None
         if skip is None:
             ens = _models.build_ensemble(self.weights)
+            model = dataflow.compile(ens) if compiled else ens
+
+        async def call(f: Any, x: Any) -> Any:
+            return await f(x)
 
         def run(k: int) -> tuple[float, Any]:
             import ops
@@ -257,14 +263,13 @@ class Workload:
             # runs no other; in one process, as the quick check does, the others keep numpy).
             ops.set_recurrent_engine("numba")
             try:
-                return run_dataflow(_models.forward_auto, ens, self.x, n, k)
+                forward = call if compiled else _models.forward_auto
+                return run_dataflow(forward, model, self.x, n, k)
             finally:
                 if self.quick:
                     ops.set_recurrent_engine("numpy")
 
-        return self.contender(
-            "dataflow, numba engine", f"inter-op {n}, BLAS 1", run, blas=1, skip=skip
-        )
+        return self.contender(name, f"inter-op {n}, BLAS 1", run, blas=1, skip=skip)
 
     def torch(
         self,
@@ -397,6 +402,11 @@ class Workload:
             "dataflow, numba engine": (f"inter-op {n}, BLAS 1", True, self.numba_engine),
             "dataflow, traced graph": (f"inter-op {n}, BLAS 1", True, self.traced),
             "dataflow, compiled": (f"inter-op {n}, BLAS 1", True, self.compiled),
+            "dataflow, compiled, numba engine": (
+                f"inter-op {n}, BLAS 1",
+                True,
+                lambda: self.numba_engine(compiled=True),
+            ),
             "dataflow, manual fork": (
                 f"inter-op {n}, BLAS 1",
                 True,
@@ -464,6 +474,7 @@ SKIPS: dict[str, Callable[[], str | None]] = {
     "JAX jit": jax_missing,
     "dask threaded": dask_missing,
     "dataflow, numba engine": numba_missing,
+    "dataflow, compiled, numba engine": numba_missing,
 }
 
 
