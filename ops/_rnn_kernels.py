@@ -454,6 +454,8 @@ def _project_chunk(
 
 def _chunks(steps: int, size: int, reverse: bool) -> list[tuple[int, int]]:
     """[t0, t1) chunks covering the steps, in the order the direction visits them."""
+    if size >= steps:
+        return [(0, steps)]
     bounds = [(t0, min(t0 + size, steps)) for t0 in range(0, steps, size)]
     return bounds[::-1] if reverse else bounds
 
@@ -563,9 +565,17 @@ def _lstm_sequence_small(
     dtype = w_hh.dtype
     perm, scale = _small_order(hidden, dtype)
     column = scale[:, None]
-    w_ih_s = np.multiply(w_ih[perm], column)
-    w_hh_t = np.multiply(w_hh[perm], column).T
-    bias_s = None if bias is None else np.multiply(bias[perm], scale)
+    # (take and an in-place multiply: a third less than indexing and multiplying into a new
+    # array, which is most of this kernel's fixed cost at the smallest sizes)
+    w_ih_s = w_ih.take(perm, axis=0)
+    w_ih_s *= column
+    w_hh_s = w_hh.take(perm, axis=0)
+    w_hh_s *= column
+    w_hh_t = w_hh_s.T
+    bias_s = None
+    if bias is not None:
+        bias_s = bias.take(perm)
+        bias_s *= scale
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     size = chunk_steps(steps, batch, width, dtype.itemsize)
