@@ -147,10 +147,16 @@ def _spin_thread(x: Any) -> Any:
     return np.array([threading.get_ident()], dtype=np.int64)
 
 
-# Its cost rule says 150 us too, so its very first call is placed as a 150 us kernel.
-mid_where = dataflow.op(
-    "mid_where", meta=_ident_meta, handle=Arr, cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0)
-)(_spin_thread)
+def _mid_op(name: str) -> Any:
+    """A new op ``name`` of a 150 us kernel that returns the thread it ran on. Its cost rule
+    says 150 us too, so its very first call is placed as a 150 us kernel. (Tests that set a
+    signature's state make their own: ops of equal outcome share a signature.)"""
+    return dataflow.op(
+        name, meta=_ident_meta, handle=Arr, cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0)
+    )(_spin_thread)
+
+
+mid_where = _mid_op("mid_where")
 
 
 _ran_on: list[int] = []
@@ -234,12 +240,7 @@ class TestHandBack:
         rather than run it (up to a switch interval on the loop: a server's lag)."""
 
         # Its own op: a signature marked serial here must not leak into other tests.
-        serial_mid = dataflow.op(
-            "serial_mid",
-            meta=_ident_meta,
-            handle=Arr,
-            cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0),
-        )(_spin_thread)
+        serial_mid = _mid_op("serial_mid")
 
         async def main() -> int:
             for _ in range(2 * FIRST_RUNS):
@@ -529,12 +530,7 @@ class TestAwaitingHelps:
 
         monkeypatch.setattr(_execution, "note_overlap", lambda *a, **k: None)
         monkeypatch.setattr(_execution, "note_seconds", lambda *a, **k: None)
-        free_where = dataflow.op(
-            "free_where",
-            meta=_ident_meta,
-            handle=Arr,
-            cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0),
-        )(_spin_thread)
+        free_where = _mid_op("free_where")
 
         def mark(sig: Signature) -> None:
             sig.seconds, sig.serial, sig.cpu_share = 150e-6, False, 1.0
