@@ -93,7 +93,7 @@ class Awaiting(Execution):
             return inline
         seconds = sig.seconds
         pool = self.pool
-        if pool is not None and leave_to_pool(sig, pool.queued, self.running):
+        if pool is not None and leave_to_pool(sig, pool, self.running):
             return False
         return spent + seconds < self.await_here or (
             not spent and runs_inline(sig, self.inline_threshold)

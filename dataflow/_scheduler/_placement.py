@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from .._errors import DataflowTypeError, DataflowValueError
 
 if TYPE_CHECKING:
+    from .._pool import InteropPool
     from .._task import Signature
 
 __all__ = [
@@ -143,18 +144,19 @@ LEAVE_FREE_SECONDS = 100e-6
 FREE_CPU_SHARE = 0.8
 
 
-def leave_to_pool(sig: Signature, queued: int, running: int) -> bool:
-    """Whether the loop, awaiting, leaves a queued task of ``sig`` to the pool rather than run
+def leave_to_pool(sig: Signature, pool: InteropPool, running: int) -> bool:
+    """Whether the loop, awaiting, leaves a queued task of ``sig`` to ``pool`` rather than run
     it itself: a GIL-free kernel (as measured) long enough to be worth a hand-off, while
-    ``queued`` other tasks wait for the pool or ``running`` kernels run (the workers keep the
-    cores busy; the loop would only add a thread to share them). A lone one (nothing else
-    queued or running) the loop still runs: it saves the hand-off."""
+    other tasks wait for the pool or ``running`` kernels run (the workers keep the cores
+    busy; the loop would only add a thread to share them). A lone one (nothing else queued
+    or running) the loop still runs: it saves the hand-off. (The signature's fields are
+    read first: most awaited tasks are short, and this is on every await.)"""
     return (
-        (queued > 1 or running > 0)
-        and sig.seconds >= LEAVE_FREE_SECONDS
+        sig.seconds >= LEAVE_FREE_SECONDS
         and not sig.serial
         and sig.cpu_share >= FREE_CPU_SHARE
         and len(sig.overlaps) >= GIL_DECIDE
+        and (running > 0 or pool.queued > 1)
     )
 
 
