@@ -167,13 +167,18 @@ def _step_kernel(x: Any) -> Any:
     return x + 1
 
 
-# A tiny op (its cost rule says so) that notes the thread it ran on in _ran_on.
-tiny_step = dataflow.op(
-    "tiny_step",
-    meta=lambda x: Spec((1,), np.dtype(np.int64)),
-    handle=Arr,
-    cost=lambda x: dataflow.Cost(1, 8),
-)(_step_kernel)
+def _tiny_step_op(name: str, kernel: Callable[[Any], Any]) -> Any:
+    """A new op ``name`` on a (1,) int64 array whose cost rule says it is tiny."""
+    return dataflow.op(
+        name,
+        meta=lambda x: Spec((1,), np.dtype(np.int64)),
+        handle=Arr,
+        cost=lambda x: dataflow.Cost(1, 8),
+    )(kernel)
+
+
+# A tiny op that notes the thread it ran on in _ran_on.
+tiny_step = _tiny_step_op("tiny_step", _step_kernel)
 
 
 class TestHandBack:
@@ -806,12 +811,7 @@ class TestMeasuredSeconds:
                 time.sleep(5e-3)
             return x + 1
 
-        step = dataflow.op(
-            "slow_once_step",
-            meta=lambda x: Spec((1,), np.dtype(np.int64)),
-            handle=Arr,
-            cost=lambda x: dataflow.Cost(1, 8),
-        )(kernel)
+        step = _tiny_step_op("slow_once_step", kernel)
 
         async def main() -> tuple[list[bool], int]:
             y: Any = np.zeros(1, dtype=np.int64)
