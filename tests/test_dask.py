@@ -97,9 +97,7 @@ def _pair_meta(p: Pair) -> ops.TensorSpec:
 
 gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=False)
 die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
-unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(
-    _unprintable_kernel
-)
+unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
 wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
 pair_sum = ops.define("pair_sum", _pair_sum_kernel, _pair_meta, inline=False)
@@ -479,7 +477,6 @@ class TestErrors:
                 await fut
             assert info.value.op == "boom"
 
-
     @pytest.mark.asyncio
     async def test_unprintable_kernel_error_keeps_the_original(self, address: str) -> None:
         """A kernel error whose __str__ raises is chained, as on the local backend (#17)."""
@@ -839,7 +836,10 @@ class TestClosing:
                 log.info("Batched Comm Closed %r", sender.comm)
                 log.info("Batched Comm Closed %r", other)
             log.info("Batched Comm Closed %r", sender.comm)
-        assert [r.args[0] for r in caplog.records] == [other, sender.comm]  # type: ignore[index]
+        # (Only this logger's records: a client an earlier test left closing may log on
+        # distributed.scheduler meanwhile.)
+        batched = [r for r in caplog.records if r.name == "distributed.batched"]
+        assert [r.args[0] for r in batched] == [other, sender.comm]  # type: ignore[index]
         assert sender.aborted, "what was still queued is dropped before the filter goes"
         assert _HangUpQuietly not in {type(f) for f in log.filters}
 
