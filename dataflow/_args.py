@@ -41,7 +41,7 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[tuple[Ta
     inputs: list[Task] = []
     for a in args if not kwargs else (*args, *kwargs.values()):
         if isinstance(a, Pending):
-            inputs.append(a._task)
+            inputs.append(a._t)
         elif is_container(a):
-            inputs.extend(v._task for v in leaves(a) if isinstance(v, Pending))
+            inputs.extend(v._t for v in leaves(a) if isinstance(v, Pending))
     return tuple(inputs), all(t.state == DONE for t in inputs)

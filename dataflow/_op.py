@@ -47,7 +47,7 @@ import numpy as np
 from ._args import resolve
 from ._errors import DataflowTypeError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
-from ._task import DONE, Cost, Pending, Signature, Task, checked_cost, spec_keys
+from ._task import DONE, LIGHT, Cost, Pending, Signature, Task, checked_cost, spec_keys
 from ._timeout import check_timeout
 from ._walk import is_container, items, leaves
 
@@ -75,7 +75,7 @@ def _nested_key(value: Any, inputs: list[Task], depth: int) -> tuple[Any, ...] |
     all collected (by the iterative walk), so dispatch stays right.
     """
     if depth > _MAX_KEY_DEPTH:
-        inputs.extend(v._task for v in leaves(value) if isinstance(v, Pending))
+        inputs.extend(v._t for v in leaves(value) if isinstance(v, Pending))
         return None
     out: list[Any] = [type(value)]
     if type(value) is dict:
@@ -83,8 +83,9 @@ def _nested_key(value: Any, inputs: list[Task], depth: int) -> tuple[Any, ...] |
     ok = True
     for v in items(value):
         if isinstance(v, Pending):
-            inputs.append(v._task)
-            k = v._task.sig.keys[v._index or 0]
+            pt = v._t
+            inputs.append(pt)
+            k = pt.sig.keys[v._index or 0]
             if k is None:
                 ok = False
             out.append(k)
@@ -238,15 +239,17 @@ class Op(Generic[P, R]):
                 keyed.append(a)
                 got.append(a)
             elif isinstance(a, Pending):
-                t = a._task
+                t = a._t
                 i = a._index
                 inputs.append(t)
                 if t.state != DONE:
                     ready = False
-                elif i is None:
-                    got.append(t.value)
                 else:
-                    got.append(t.value[i])
+                    v = t.value
+                    if v is LIGHT:  # the value is in the handle (see Pending)
+                        got.append(a._v)
+                    else:
+                        got.append(v if i is None else v[i])
                 k = t.sig.keys[i or 0]
                 if k is None:
                     general = True
@@ -288,10 +291,10 @@ class Op(Generic[P, R]):
                     sig = found
         rt = _current.get() or loop_runtime()
         if rt is None:
-            task = _run_eagerly(self, sig, args, kwargs)
+            out: Any = _run_eagerly(self, sig, args, kwargs)
         else:
             timeout = self.timeout
-            task = rt.dispatch(
+            out = rt.dispatch(
                 sig,
                 self.kernel,
                 args,
@@ -301,8 +304,20 @@ class Op(Generic[P, R]):
                 None,
                 timeout if timeout is not None else rt.op_timeout,
                 values if ready else None,
+                type(sig.spec) is not tuple,
             )
         spec = sig.spec
+        if type(out) is tuple:  # it ran now, unobserved: a light handle (see Pending)
+            light = sig.light
+            if light is None:
+                light = sig.light = Task.done(sig, LIGHT, None)
+            handle = self.handle(light, None, spec)
+            try:
+                handle._v = out[0]
+            except AttributeError:  # not a Pending (a factory of its own): a task of its own
+                handle = self.handle(Task.done(sig, out[0], rt), None, spec)
+            return handle  # type: ignore[no-any-return]
+        task: Task = out
         if type(spec) is tuple:
             make = self.handle
             handles = tuple([make(task, i, s) for i, s in enumerate(spec)])
@@ -326,12 +341,12 @@ class Op(Generic[P, R]):
         ready = True
         for a in args:
             if isinstance(a, Pending):
-                t = a._task
+                t = a._t
                 inputs.append(t)
                 if t.state != DONE:
                     ready = False
                 elif values is not None:
-                    values.append(t.value if a._index is None else t.value[a._index])
+                    values.append(a.result())
                 if key is not None:
                     k = t.sig.keys[a._index or 0]
                     if k is None:

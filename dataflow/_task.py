@@ -44,6 +44,20 @@ T_co = TypeVar("T_co", covariant=True)
 PENDING, READY, RUNNING, DONE, FAILED, CANCELLED = range(6)
 STATE_NAMES = ("pending", "ready", "running", "done", "failed", "cancelled")
 
+
+class _Light:
+    """The value of a signature's shared done task (:attr:`Signature.light`): the value is in
+    the handle."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<value in the handle>"
+
+
+#: ``Signature.light.value``: the handle carries the value itself (see :class:`Pending`).
+LIGHT: Any = _Light()
+
 # itertools.count.__next__ is atomic under the GIL, so ids are unique across threads.
 _next_id = itertools.count(1).__next__
 
@@ -182,6 +196,7 @@ class Signature:
         "gil",
         "inline",
         "keys",
+        "light",
         "name",
         "op",
         "overlaps",
@@ -229,6 +244,9 @@ class Signature:
         self.keys = spec_keys(spec)
         # The int that names it in span records (0 until first recorded: ``_record``).
         self.rid = 0
+        # The done task shared by the handles of its calls that ran at dispatch while
+        # nothing observed (their values are in the handles: see Pending). Made on first use.
+        self.light: Task | None = None
 
     def check_value(self, value: Any) -> None:
         """Raise OpOutputError when a kernel's value does not match the declared spec(s)."""
@@ -298,6 +316,8 @@ class Task:
         self.value: Any = None
         self.error: BaseException | None = None
         # Tasks whose value this one reads (released once it ran, so values can be freed).
+        # A done one may be its signature's shared ``light`` record: the value is then in
+        # the handle among the arguments (see Pending).
         self.inputs = inputs
         self.dependents: list[Task] | None = None
         self.waiters: list[Any] | None = None
@@ -425,11 +445,34 @@ class Pending(Future[T]):
     """
 
     # __weakref__: the scheduler tells whether a deferred task's value is still wanted.
-    __slots__ = ("__weakref__", "_index", "_task")
+    # _t: the task. _v: the value itself, when _t is its signature's shared ``light`` task.
+    __slots__ = ("__weakref__", "_index", "_t", "_v")
+    _index: int | None
+    _t: Task
+    _v: Any
+
+    # An op that ran at dispatch while nothing observed (no profile, trace or instrument)
+    # makes no task record of its own: its handle carries the value (``_v``) and points at
+    # the signature's shared done task (``Signature.light``, whose value is LIGHT). A small
+    # op's call then allocates one object the garbage collector tracks instead of two, which
+    # is what a program holding many small results pays most for. ``_task`` (and the public
+    # ``task``) makes the handle's own record on first use, so everything outside the
+    # dispatch hot path sees a task per handle as before.
 
     def __init__(self, task: Task, index: int | None = None) -> None:
-        self._task = task
+        self._t = task
         self._index = index
+
+    @property
+    def _task(self) -> Task:
+        t = self._t
+        if t.value is LIGHT:
+            t = self._t = Task.done(t.sig, self._v, None)
+        return t
+
+    @_task.setter
+    def _task(self, task: Task) -> None:
+        self._t = task
 
     @property
     def task(self) -> Task:
@@ -437,12 +480,14 @@ class Pending(Future[T]):
         return self._task
 
     def done(self) -> bool:
-        return self._task.state >= DONE
+        return self._t.state >= DONE
 
     def result(self) -> T:
-        task = self._task
+        task = self._t
         if task.state == DONE:
             value = task.value
+            if value is LIGHT:
+                return self._v  # type: ignore[no-any-return]
             return value if self._index is None else value[self._index]  # type: ignore[no-any-return]
         if task.state > DONE:
             task.raise_error()
@@ -452,7 +497,7 @@ class Pending(Future[T]):
         )
 
     def exception(self) -> BaseException | None:
-        task = self._task
+        task = self._t
         if task.state == DONE:
             return None
         if task.state > DONE:
@@ -463,11 +508,11 @@ class Pending(Future[T]):
         raise NotReadyError(f"{task.name} is still {STATE_NAMES[task.state]}: await it first")
 
     def cancel(self) -> bool:
-        rt = self._task.runtime
-        return rt is not None and rt.cancel_task(self._task)
+        rt = self._t.runtime  # (None for a light one: done, so nothing to cancel)
+        return rt is not None and rt.cancel_task(self._t)
 
     def __await__(self) -> Generator[Any, None, T]:
-        task = self._task
+        task = self._t
         if task.state < DONE:
             # Only a runtime's tasks can be unfinished (eager tasks complete at creation).
             assert task.runtime is not None

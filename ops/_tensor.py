@@ -68,7 +68,7 @@ class Tensor(Pending[np.ndarray]):
 
     def __init__(self, task: Task, index: int | None, spec: TensorSpec) -> None:
         # Pending's fields set here directly: a handle is made per op call (the hot path).
-        self._task = task
+        self._t = task
         self._index = index
         self.shape: tuple[int, ...] = spec[0]
         self.dtype: np.dtype[Any] = spec[1]

@@ -62,13 +62,18 @@ class Scheduler(Limits):
         priority: float | None = None,
         timeout: float | None = None,
         values: list[Any] | None = None,
-    ) -> Task:
+        light: bool = False,
+    ) -> Any:
         """Add a task: run it inline, queue it, or park it on its inputs (``dataflow._scheduler``).
 
         ``inputs`` are the tasks of the pending handles among the arguments, ``ready``
         whether all are done, and ``values`` (when the caller has them) the arguments with
         every handle replaced by its value. ``priority`` orders the task among ready tasks
         (smaller first; default: issue order). ``timeout`` bounds its kernel's run time.
+
+        Returns the task, or with ``light`` a 1-tuple of the value when the kernel ran here
+        and nothing observes (no task record made: the op's handle carries the value,
+        ``_task.Pending``).
         """
         if ready and timeout is None and self._inline_ok:
             inline = sig.inline
@@ -124,6 +129,8 @@ class Scheduler(Limits):
                         self.record(task, start, time.perf_counter_ns(), True)
                     return self._inline_failed(task)
                 self.inline_run += 1
+                if light and not start:
+                    return (value,)
                 task = Task.done(sig, value, self.rt)
                 if start:
                     # The span record, as Recorder.task would write it, built once and

@@ -454,7 +454,8 @@ class DaskBackend:
         priority: float | None = None,
         timeout: float | None = None,
         values: Any = None,
-    ) -> Task:
+        light: bool = False,
+    ) -> Any:
         """Place the task (see :func:`place`): on the client, or queue it for Dask.
 
         ``priority`` and ``timeout`` apply when the task stays on the client: Dask orders the
@@ -469,7 +470,9 @@ class DaskBackend:
                 if type(t.value) is _Remote and t.state < DONE:
                     self._call_on_loop(self._want, t)
             self.local_ops += 1
-            return sched.submit(sig, fn, args, kwargs, inputs, ready, priority, timeout, values)
+            return sched.submit(
+                sig, fn, args, kwargs, inputs, ready, priority, timeout, values, light
+            )
         return self._submit_remote(sig, fn, args, kwargs, inputs)
 
     def _submit_remote(
@@ -761,7 +764,7 @@ class DaskBackend:
 
         def leaf(v: Any) -> Any:
             if isinstance(v, Pending):
-                t = v._task
+                t = v._t
                 if t.state == DONE:  # on the client: ship the value
                     return replace(v.result(), leaf)
                 rem = t.value
@@ -1076,7 +1079,7 @@ def _arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]
     while stack:
         for v in leaves(stack.pop()):
             if isinstance(v, Pending):
-                if v._task.state == DONE:
+                if v._t.state == DONE:
                     stack.append(v.result())
             elif isinstance(v, np.ndarray) and v.nbytes >= threshold:
                 out.append(v)

@@ -171,6 +171,7 @@ class Tracer:
         priority: float | None = None,
         timeout: float | None = None,
         values: Any = None,
+        light: bool = False,
     ) -> Task:
         """Record an op call (or hold a forked plain function until its future is awaited)."""
         if sig.op is None:  # a forked plain function

@@ -1,0 +1,169 @@
+"""Light handles: an op that runs at dispatch while nothing observes makes no task record of
+its own; its handle carries the value and materializes a task only when asked
+(``dataflow._task.Pending``)."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+import ops
+from dataflow import Pending, Task
+from dataflow._task import DONE, LIGHT
+
+pytestmark = pytest.mark.asyncio
+
+
+def _lit(h: Pending[Any]) -> bool:
+    """Whether ``h`` is light (its value in the handle), without materializing its task."""
+    return h._t.value is LIGHT
+
+
+def _ident_meta(x: Any) -> Any:
+    return ops.spec_of(x)
+
+
+def _tiny(x: Any) -> dataflow.Cost:
+    return dataflow.Cost(flops=1.0, bytes=8.0)
+
+
+# A kernel forced onto the pool, to read light handles from a worker.
+pooled_neg = dataflow.op(
+    "light_pooled_neg", meta=_ident_meta, handle=ops.Tensor, cost=_tiny, inline=False
+)(np.negative)
+
+
+class _NotPending:
+    """A handle factory's own type (not a Pending): it has nowhere to put a value."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Task, index: int | None, spec: Any) -> None:
+        self.task = task
+
+
+plain_handle_op = dataflow.op(  # type: ignore[type-var]
+    "light_plain_handle", meta=_ident_meta, handle=_NotPending, cost=_tiny
+)(np.positive)
+
+
+class TestLightHandles:
+    async def test_a_small_op_at_dispatch_gives_a_light_handle_with_its_value(self) -> None:
+        x = np.arange(4.0)
+        async with dataflow.Runtime():
+            h = ops.add(x, 1.5)
+            assert _lit(h)
+            assert h.done()
+            np.testing.assert_array_equal(h.result(), x + 1.5)
+            np.testing.assert_array_equal(await h, x + 1.5)
+            assert h.exception() is None
+            assert h.cancel() is False  # done: nothing to cancel
+            assert "done" in repr(h)
+
+    async def test_its_task_is_made_on_first_use_one_per_handle(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            a, b = ops.add(x, 1.0), ops.add(x, 1.0)  # one signature, two values
+            assert a._t is b._t  # the signature's shared record...
+            ta, tb = a.task, b.task
+            assert ta is not tb  # ...and a task of its own for each, once asked
+            assert a.task is ta and not _lit(a)  # made once
+            assert ta.state == DONE and tb.state == DONE
+            assert ta.id != tb.id
+            np.testing.assert_array_equal(ta.value, x + 1.0)
+            np.testing.assert_array_equal(a.result(), x + 1.0)
+            np.testing.assert_array_equal(b.result(), x + 1.0)
+
+    async def test_light_values_feed_ops_inline_on_the_pool_and_in_containers(self) -> None:
+        rng = np.random.default_rng(5)
+        x, y = rng.standard_normal(6), rng.standard_normal(6)
+        async with dataflow.Runtime(interop_threads=2):
+            a = ops.multiply(x, 2.0)
+            b = ops.add(a, y)  # inline, reading a light input
+            c = pooled_neg(b)  # on a worker, reading a light input
+            d = ops.stack([a, b])  # a container of light handles
+            e = ops.add(c, a)
+            assert _lit(a) and _lit(b)
+            np.testing.assert_allclose(await c, -(x * 2.0 + y))
+            np.testing.assert_allclose(await d, np.stack([x * 2.0, x * 2.0 + y]))
+            np.testing.assert_allclose(await e, -(x * 2.0 + y) + x * 2.0)
+
+    async def test_ops_of_several_outputs_keep_their_task(self) -> None:
+        x = np.arange(12.0).reshape(3, 4)
+        async with dataflow.Runtime():
+            parts = ops.split(x, 2, axis=1)
+            assert not any(_lit(p) for p in parts)
+            for p, want in zip(parts, np.split(x, 2, axis=1), strict=True):
+                np.testing.assert_array_equal(await p, want)
+
+    async def test_a_factory_that_is_not_a_pending_gets_a_task_of_its_own(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            h = plain_handle_op(x)
+            assert type(h) is _NotPending
+            assert h.task.value is not LIGHT
+            np.testing.assert_array_equal(h.task.value, x)
+
+    async def test_nothing_is_light_while_a_profile_records(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            before = ops.add(x, 1.0)  # light: nothing observed it
+            with dataflow.profile() as prof:
+                during = ops.add(before, 1.0)
+                assert not _lit(during)
+                np.testing.assert_array_equal(await during, x + 2.0)
+            assert _lit(before)
+            trace = prof.trace()  # an input that was light is read like any other
+            assert any(t.op == "add" for t in trace.tasks)
+            assert "add" in prof.table()
+
+    async def test_tracing_takes_a_light_value_as_a_constant(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            outside = ops.add(x, 1.0)
+            assert _lit(outside)
+
+            async def program(v: Any) -> Any:
+                return ops.add(v, outside)
+
+            graph = await dataflow.graph.trace_async(program, x)
+            np.testing.assert_array_equal(await graph(x), x + x + 1.0)
+
+    async def test_a_handle_factory_setting_task_directly_still_works(self) -> None:
+        """A Pending subclass of a user's may set ``_task`` itself (as ops.Tensor did)."""
+
+        class Mine(Pending[Any]):
+            __slots__ = ()
+
+            def __init__(self, task: Task, index: int | None, spec: Any) -> None:
+                self._task = task
+                self._index = index
+
+        op = dataflow.op("light_mine", meta=_ident_meta, handle=Mine, cost=_tiny)(np.positive)
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            h = op(x)
+            assert type(h) is Mine and _lit(h)
+            np.testing.assert_array_equal(await h, x)
+            np.testing.assert_array_equal(h.task.value, x)
+
+    async def test_holding_small_results_costs_one_tracked_object_each(self) -> None:
+        """The point of light handles: the garbage collector tracks the handle only."""
+        x = np.arange(3.0)
+        n = 2000
+        async with dataflow.Runtime():
+            ops.add(x, 1.0)  # the signature and its shared record exist before counting
+            gc.collect()
+            gc.disable()
+            try:
+                before = len(gc.get_objects())
+                held = [ops.add(x, 1.0) for _ in range(n)]
+                grown = len(gc.get_objects()) - before
+            finally:
+                gc.enable()
+            assert all(_lit(h) for h in held)
+            assert grown < 1.2 * n, grown
