@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -97,6 +98,39 @@ _GRU_GATES = 3
 #: The recurrent engines (``set_recurrent_engine``).
 ENGINES = ("numpy", "numba")
 _engine = ["numpy"]
+
+# -- scratch buffers ----------------------------------------------------------------------------
+
+#: A thread keeps at most this many scratch buffers (``_scratch``); past it they start over.
+SCRATCH_MAX = 8
+_scratch_local = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: Any) -> Array:
+    """A buffer for a kernel's temporaries, kept by the calling thread between calls.
+
+    Only what a call writes before it reads and does not return goes here (the projection's
+    chunk, the gates, the small kernel's reordered weight copies): its contents are garbage
+    on entry. Allocating them at every call made the recurrent kernels bimodal. glibc
+    returns a freed block of that size to the system when it ends up at the top of the heap
+    or was mapped on its own, and the next call then faults every page in again: measured,
+    about 1,000 page faults a forward of the (50, 1, 128) ensemble (3.3 against 4.7-5.5 ms a
+    forward, in whichever processes the heap's layout did it), 1,600 at (50, 50, 256) (12%)
+    and 3,300 at the seed size. Kernels run one at a time on a thread, so one set a thread
+    serves them all; each pool thread's go with it when the pool closes.
+    """
+    cache: dict[tuple[str, tuple[int, ...], Any], Array] | None = getattr(
+        _scratch_local, "buffers", None
+    )
+    if cache is None:
+        cache = _scratch_local.buffers = {}
+    key = (name, shape, dtype)
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= SCRATCH_MAX:
+            cache.clear()
+        found = cache[key] = np.empty(shape, dtype=dtype)
+    return found
 
 
 def set_recurrent_engine(name: str) -> None:
@@ -424,7 +458,9 @@ def _projection_transposed_is_faster(rows: int, inputs: int, outputs: int, dtype
 def _project(rows: Array, w_ih: Array, out: Array, transposed: bool) -> None:
     """``out = rows @ w_ih.T``, directly or as the transpose of ``w_ih @ rows.T``."""
     if transposed:
-        np.copyto(out, np.matmul(w_ih, rows.T).T)
+        product = _scratch("projection", (w_ih.shape[0], rows.shape[0]), out.dtype)
+        np.matmul(w_ih, rows.T, out=product)
+        np.copyto(out, product.T)
     else:
         np.matmul(rows, w_ih.T, out=out)
 
@@ -567,9 +603,9 @@ def _lstm_sequence_small(
     column = scale[:, None]
     # (take and an in-place multiply: a third less than indexing and multiplying into a new
     # array, which is most of this kernel's fixed cost at the smallest sizes)
-    w_ih_s = w_ih.take(perm, axis=0)
+    w_ih_s = w_ih.take(perm, axis=0, out=_scratch("w_ih", w_ih.shape, w_ih.dtype), mode="clip")
     w_ih_s *= column
-    w_hh_s = w_hh.take(perm, axis=0)
+    w_hh_s = w_hh.take(perm, axis=0, out=_scratch("w_hh", w_hh.shape, dtype), mode="clip")
     w_hh_s *= column
     w_hh_t = w_hh_s.T
     bias_s = None
@@ -579,8 +615,8 @@ def _lstm_sequence_small(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = np.empty((size * batch, width), dtype=dtype)
-    gates = np.empty((batch, width), dtype=dtype)
+    buf = _scratch("chunk", (size * batch, width), dtype)
+    gates = _scratch("gates", (batch, width), dtype)
     c = np.zeros((batch, hidden), dtype=dtype) if c0 is None else np.array(c0, dtype=dtype)
     sig = gates[:, : 3 * hidden]
     i = gates[:, :hidden]
@@ -630,8 +666,8 @@ def _lstm_sequence_plain(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = np.empty((size * batch, width), dtype=dtype)
-    gates = np.empty((batch, width), dtype=dtype)
+    buf = _scratch("chunk", (size * batch, width), dtype)
+    gates = _scratch("gates", (batch, width), dtype)
     c = np.zeros((batch, hidden), dtype=dtype) if c0 is None else np.array(c0, dtype=dtype)
     i = gates[:, :hidden]
     f = gates[:, hidden : 2 * hidden]
@@ -679,12 +715,12 @@ def _lstm_sequence_transposed(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = np.empty(width * size * batch, dtype=dtype)  # one chunk's projection, transposed
-    gates = np.empty((width, batch), dtype=dtype)
+    buf = _scratch("chunk", (width * size * batch,), dtype)  # one chunk's projection, transposed
+    gates = _scratch("gates", (width, batch), dtype)
     c = np.zeros((hidden, batch), dtype=dtype)
     if c0 is not None:
         c[...] = np.asarray(c0).T
-    h = np.empty((hidden, batch), dtype=dtype)  # this step's h, transposed
+    h = _scratch("h", (hidden, batch), dtype)  # this step's h, transposed
     started = h0 is not None
     if started:
         h[...] = np.asarray(h0).T
@@ -752,8 +788,8 @@ def gru_sequence_kernel(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out
     size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = np.empty((size * batch, width), dtype=dtype)
-    gh = np.empty((batch, width), dtype=dtype)
+    buf = _scratch("chunk", (size * batch, width), dtype)
+    gh = _scratch("gh", (batch, width), dtype)
     rz = gh[:, : 2 * hidden]
     r = gh[:, :hidden]
     z = gh[:, hidden : 2 * hidden]
@@ -834,8 +870,8 @@ def _gru_sequence_small(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = np.empty((size * batch, width), dtype=dtype)
-    gh = np.empty((batch, width), dtype=dtype)
+    buf = _scratch("chunk", (size * batch, width), dtype)
+    gh = _scratch("gh", (batch, width), dtype)
     rz = gh[:, : 2 * hidden]
     r = gh[:, :hidden]
     z = gh[:, hidden : 2 * hidden]

@@ -1,0 +1,148 @@
+"""The recurrent kernels' scratch buffers (``ops._rnn_kernels._scratch``): temporaries kept by
+each thread between calls, never handed out, and no pages faulted in again per call."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ops import _rnn_kernels as K
+
+Array = np.ndarray
+
+
+def _lstm_args(seed: int, steps: int, batch: int, size: int) -> tuple[Array, ...]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((steps, batch, size)).astype(np.float32)
+    w_ih = (rng.standard_normal((4 * size, size)) / size**0.5).astype(np.float32)
+    w_hh = (rng.standard_normal((4 * size, size)) / size**0.5).astype(np.float32)
+    bias = rng.standard_normal(4 * size).astype(np.float32)
+    return x, w_ih, bias, w_hh
+
+
+def _gru_args(seed: int, steps: int, batch: int, size: int) -> tuple[Array, ...]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((steps, batch, size)).astype(np.float32)
+    w_ih = (rng.standard_normal((3 * size, size)) / size**0.5).astype(np.float32)
+    w_hh = (rng.standard_normal((3 * size, size)) / size**0.5).astype(np.float32)
+    b_ih = rng.standard_normal(3 * size).astype(np.float32)
+    b_hh = rng.standard_normal(3 * size).astype(np.float32)
+    return x, w_ih, b_ih, w_hh, b_hh
+
+
+def _lstm(args: tuple[Array, ...], reverse: bool = False) -> Any:
+    x, w_ih, bias, w_hh = args
+    return K.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, reverse, False)
+
+
+def _gru(args: tuple[Array, ...]) -> Any:
+    x, w_ih, b_ih, w_hh, b_hh = args
+    return K.gru_sequence_kernel(x, w_ih, b_ih, w_hh, b_hh, None, False, False)
+
+
+# Sizes that take each kernel form: the small one (few weights a step), and the general one
+# at a batch where the transposed form may be measured faster (both forms are exact).
+SIZES = [(12, 1, 16), (6, 3, 128), (5, 8, 256)]
+
+
+class TestScratch:
+    def test_a_thread_gets_its_buffer_back_and_another_thread_its_own(self) -> None:
+        a = K._scratch("test", (3, 4), np.dtype(np.float32))
+        assert K._scratch("test", (3, 4), np.dtype(np.float32)) is a
+        assert K._scratch("test", (3, 5), np.dtype(np.float32)) is not a
+        assert K._scratch("test", (3, 4), np.dtype(np.float64)) is not a
+        other: list[Array] = []
+        t = threading.Thread(
+            target=lambda: other.append(K._scratch("test", (3, 4), np.dtype(np.float32)))
+        )
+        t.start()
+        t.join()
+        assert other[0] is not a
+
+    def test_a_thread_keeps_a_bounded_number(self) -> None:
+        for n in range(3 * K.SCRATCH_MAX):
+            K._scratch("bounded", (n + 1,), np.dtype(np.float32))
+        assert len(K._scratch_local.buffers) <= K.SCRATCH_MAX
+
+    @pytest.mark.parametrize("size", SIZES, ids=str)
+    def test_results_never_share_memory_with_a_later_call(self, size: tuple[int, int, int]) -> None:
+        """Outputs are fresh arrays: the next call (other data, same shapes, so the same
+        scratch buffers) leaves the first call's results as they were."""
+        first = _lstm(_lstm_args(1, *size))
+        kept = [np.array(a) for a in first]
+        second = _lstm(_lstm_args(2, *size), reverse=True)
+        for a, b in zip(first, kept, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(first, second, strict=True):
+            assert not np.shares_memory(a, b)
+        g1 = _gru(_gru_args(3, *size))
+        g_kept = [np.array(a) for a in g1]
+        _gru(_gru_args(4, *size))
+        for a, b in zip(g1, g_kept, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+    @pytest.mark.parametrize("size", SIZES, ids=str)
+    def test_threads_side_by_side_match_one_thread(self, size: tuple[int, int, int]) -> None:
+        """Each thread writes its own temporaries: eight directions on four threads at once
+        give the results one thread gives them."""
+        args = [_lstm_args(10 + i, *size) for i in range(8)]
+        alone = [_lstm(a) for a in args]
+        results: list[Any] = [None] * len(args)
+        barrier = threading.Barrier(4)
+
+        def work(k: int) -> None:
+            barrier.wait()
+            for _ in range(3):
+                for i in range(k, len(args), 4):
+                    results[i] = _lstm(args[i])
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for got, want in zip(results, alone, strict=True):
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="glibc's malloc tunables and minor faults"
+)
+def test_repeated_calls_fault_no_pages_in() -> None:
+    """The point of the scratch buffers, with glibc's malloc forced to map every block of
+    64 KiB or more on its own (as it does in some processes of a real run): a small LSTM
+    direction faulted its ~130 pages of temporaries in again at every call; now only its
+    outputs' (a few pages) do."""
+    code = textwrap.dedent(
+        """
+        import resource
+        import numpy as np
+        from ops import _rnn_kernels as K
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((50, 1, 128)).astype(np.float32)
+        w_ih = (rng.standard_normal((512, 128)) / 128**0.5).astype(np.float32)
+        w_hh = (rng.standard_normal((512, 128)) / 128**0.5).astype(np.float32)
+        b = np.zeros(512, np.float32)
+        for _ in range(3):
+            K.lstm_sequence_kernel(x, w_ih, b, w_hh, None, None, False, False)
+        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(20):
+            K.lstm_sequence_kernel(x, w_ih, b, w_hh, None, None, False, False)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 20)
+        """
+    )
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, check=True
+    )
+    faults = float(out.stdout.strip().splitlines()[-1])
+    assert faults < 40, faults
