@@ -455,6 +455,19 @@ def _projection_transposed_is_faster(rows: int, inputs: int, outputs: int, dtype
     return transposed < _FORM_MARGIN * plain
 
 
+def _rows(part: Array) -> Array:
+    """A chunk of the input, (steps, batch, features), as contiguous (steps * batch, features)
+    rows: itself reshaped, or copied into a scratch buffer (a time-flipped or batch-first
+    input is not contiguous)."""
+    steps, batch, features = part.shape
+    if not part.flags.c_contiguous:
+        copy = _scratch("rows", part.shape, part.dtype)
+        np.copyto(copy, part)
+        part = copy
+    rows: Array = part.reshape(steps * batch, features)
+    return rows
+
+
 def _project(rows: Array, w_ih: Array, out: Array, transposed: bool) -> None:
     """``out = rows @ w_ih.T``, directly or as the transpose of ``w_ih @ rows.T``."""
     if transposed:
@@ -471,7 +484,7 @@ def _project_chunk(
     """``x[t0:t1] @ w_ih.T + bias`` into ``buf``'s first rows: a (t1 - t0, B, G) view."""
     part = x[:, t0:t1].swapaxes(0, 1) if batch_first else x[t0:t1]
     n, batch = part.shape[0], part.shape[1]
-    rows = np.ascontiguousarray(part).reshape(n * batch, part.shape[2])
+    rows = _rows(part)
     flat = buf[: n * batch]
     _project(
         rows,
@@ -734,7 +747,7 @@ def _lstm_sequence_transposed(
         for t0, t1 in _chunks(steps, size, reverse):
             part = x[:, t0:t1].swapaxes(0, 1) if batch_first else x[t0:t1]
             n = t1 - t0
-            rows = np.ascontiguousarray(part).reshape(n * batch, part.shape[2])
+            rows = _rows(part)
             proj = buf[: width * n * batch].reshape(width, n * batch)
             np.matmul(w_ih, rows.T, out=proj)
             if bias_col is not None:

@@ -146,3 +146,24 @@ def test_repeated_calls_fault_no_pages_in() -> None:
     )
     faults = float(out.stdout.strip().splitlines()[-1])
     assert faults < 40, faults
+
+
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_an_input_that_is_not_contiguous_is_copied_into_scratch_rows(
+    size: tuple[int, int, int],
+) -> None:
+    """A time-flipped view (as a bidirectional module passes) or a batch-first transpose is
+    copied into a scratch buffer for the projection: the same results as a contiguous copy."""
+    x, w_ih, bias, w_hh = _lstm_args(7, *size)
+    flipped = x[::-1]
+    assert not flipped.flags.c_contiguous
+    got = _lstm((flipped, w_ih, bias, w_hh))
+    want = _lstm((np.ascontiguousarray(flipped), w_ih, bias, w_hh))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    bf = np.ascontiguousarray(x.swapaxes(0, 1)).swapaxes(0, 1)  # (T, B, I) view, B-major
+    assert not bf.flags.c_contiguous or size[1] == 1  # (a batch of 1 is contiguous either way)
+    got = _lstm((bf, w_ih, bias, w_hh))
+    want = _lstm((x, w_ih, bias, w_hh))
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
