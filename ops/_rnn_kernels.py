@@ -103,6 +103,13 @@ _engine = ["numpy"]
 
 #: A thread keeps at most this many scratch buffers (``_scratch``); past it they start over.
 SCRATCH_MAX = 8
+#: Temporaries larger than this are allocated per call, as numpy would: kept, they stay
+#: allocated beside the outputs until the pool closes. Measured at the tutorial's size, where
+#: a direction's projection chunk is 8 MiB and its input rows 2 MiB: keeping every buffer
+#: raised the forward's peak from 575-585 to 590-606 MiB (1.16x to 1.20x numpy's), for page
+#: faults worth about 1% of a kernel that long. Small models, where faults cost most (a
+#: third of the (50, 1, 128) ensemble's time), have temporaries of a few hundred KiB.
+SCRATCH_BYTES_MAX = 1 << 20
 _scratch_local = threading.local()
 
 
@@ -117,7 +124,8 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: Any) -> Array:
     about 1,000 page faults a forward of the (50, 1, 128) ensemble (3.3 against 4.7-5.5 ms a
     forward, in whichever processes the heap's layout did it), 1,600 at (50, 50, 256) (12%)
     and 3,300 at the seed size. Kernels run one at a time on a thread, so one set a thread
-    serves them all; each pool thread's go with it when the pool closes.
+    serves them all; each pool thread's go with it when the pool closes. Buffers over
+    :data:`SCRATCH_BYTES_MAX` are not kept (a new array each call).
     """
     cache: dict[tuple[str, tuple[int, ...], Any], Array] | None = getattr(
         _scratch_local, "buffers", None
@@ -127,10 +135,18 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: Any) -> Array:
     key = (name, shape, dtype)
     found = cache.get(key)
     if found is None:
-        if len(cache) >= SCRATCH_MAX:
-            cache.clear()
-        found = cache[key] = np.empty(shape, dtype=dtype)
+        found = np.empty(shape, dtype=dtype)
+        if found.nbytes <= SCRATCH_BYTES_MAX:
+            if len(cache) >= SCRATCH_MAX:
+                cache.clear()
+            cache[key] = found
     return found
+
+
+def _drop_scratch() -> None:
+    """Forget the calling thread's scratch buffers (a kernel running on it keeps the ones it
+    holds; later calls allocate new ones)."""
+    _scratch_local.__dict__.pop("buffers", None)
 
 
 def set_recurrent_engine(name: str) -> None:
@@ -234,7 +250,11 @@ def _best_times(
 ) -> list[float]:
     """The best time of each of ``runs``, timed in turn (interleaved, so a slow moment of a
     shared machine hits them alike): at least ``fewest`` rounds, then more until they have
-    run ``budget`` seconds each on average (small kernels are noisy), at most ``most``."""
+    run ``budget`` seconds each on average (small kernels are noisy), at most ``most``.
+
+    The calling thread's scratch buffers are dropped afterwards (:func:`_drop_scratch`): the
+    runs fill them for shapes of their own (a short sequence), which would otherwise stay
+    allocated on the thread that built the model (30 MiB at the tutorial's size)."""
     best = [float("inf")] * len(runs)
     spent = 0.0
     for repeat in range(most):
@@ -246,6 +266,7 @@ def _best_times(
             dt = time.perf_counter() - t0
             spent += dt
             best[i] = min(best[i], dt)
+    _drop_scratch()
     return best
 
 

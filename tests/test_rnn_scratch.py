@@ -66,6 +66,16 @@ class TestScratch:
         t.join()
         assert other[0] is not a
 
+    def test_a_buffer_over_the_size_limit_is_not_kept(self) -> None:
+        """Big temporaries (a long chunk's projection) are allocated per call: kept, they
+        would stay beside the outputs until the pool closes."""
+        n = K.SCRATCH_BYTES_MAX // 4 + 1
+        a = K._scratch("big", (n,), np.dtype(np.float32))
+        assert a.shape == (n,)
+        assert K._scratch("big", (n,), np.dtype(np.float32)) is not a
+        small = K._scratch("big", (n - 1,), np.dtype(np.float32))
+        assert K._scratch("big", (n - 1,), np.dtype(np.float32)) is small
+
     def test_a_thread_keeps_a_bounded_number(self) -> None:
         for n in range(3 * K.SCRATCH_MAX):
             K._scratch("bounded", (n + 1,), np.dtype(np.float32))
