@@ -122,10 +122,11 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: Any) -> Array:
     returns a freed block of that size to the system when it ends up at the top of the heap
     or was mapped on its own, and the next call then faults every page in again: measured,
     about 1,000 page faults a forward of the (50, 1, 128) ensemble (3.3 against 4.7-5.5 ms a
-    forward, in whichever processes the heap's layout did it), 1,600 at (50, 50, 256) (12%)
-    and 3,300 at the seed size. Kernels run one at a time on a thread, so one set a thread
-    serves them all; each pool thread's go with it when the pool closes. Buffers over
-    :data:`SCRATCH_BYTES_MAX` are not kept (a new array each call).
+    forward, in whichever processes the heap's layout did it). Kernels run one at a time on
+    a thread, so one set a thread serves them all; each pool thread's go with it when the
+    pool closes. Buffers over :data:`SCRATCH_BYTES_MAX` are not kept (a new array each
+    call): at bigger sizes the faults weigh little against the kernel, and kept buffers
+    would add to the peak memory.
     """
     cache: dict[tuple[str, tuple[int, ...], Any], Array] | None = getattr(
         _scratch_local, "buffers", None
