@@ -892,8 +892,10 @@ def _gru_sequence_small(
     dtype = w_hh.dtype
     scale = _gru_small_scale(hidden, dtype)
     column = scale[:, None]
-    w_ih_s = np.multiply(w_ih, column)
-    w_hh_t = np.multiply(w_hh, column).T
+    w_ih_s = np.multiply(
+        w_ih, column, out=_scratch("w_ih", w_ih.shape, np.result_type(w_ih, column))
+    )
+    w_hh_t = np.multiply(w_hh, column, out=_scratch("w_hh", w_hh.shape, dtype)).T
     bias = None if b_ih is None else np.array(b_ih, dtype=dtype)
     b_hn = None
     if b_hh is not None:
