@@ -18,22 +18,23 @@ from ops import _rnn_kernels as K
 Array = np.ndarray
 
 
-def _lstm_args(seed: int, steps: int, batch: int, size: int) -> tuple[Array, ...]:
+def _direction(seed: int, gates: int, steps: int, batch: int, size: int) -> tuple[Array, ...]:
+    """Random input, weights and two biases of one direction with ``gates`` gates."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((steps, batch, size)).astype(np.float32)
-    w_ih = (rng.standard_normal((4 * size, size)) / size**0.5).astype(np.float32)
-    w_hh = (rng.standard_normal((4 * size, size)) / size**0.5).astype(np.float32)
-    bias = rng.standard_normal(4 * size).astype(np.float32)
+    w_ih, w_hh = ((rng.standard_normal((gates * size, size)) / size**0.5).astype(np.float32)
+                  for _ in range(2))  # fmt: skip
+    b_ih, b_hh = (rng.standard_normal(gates * size).astype(np.float32) for _ in range(2))
+    return x, w_ih, w_hh, b_ih, b_hh
+
+
+def _lstm_args(seed: int, steps: int, batch: int, size: int) -> tuple[Array, ...]:
+    x, w_ih, w_hh, bias, _ = _direction(seed, 4, steps, batch, size)
     return x, w_ih, bias, w_hh
 
 
 def _gru_args(seed: int, steps: int, batch: int, size: int) -> tuple[Array, ...]:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((steps, batch, size)).astype(np.float32)
-    w_ih = (rng.standard_normal((3 * size, size)) / size**0.5).astype(np.float32)
-    w_hh = (rng.standard_normal((3 * size, size)) / size**0.5).astype(np.float32)
-    b_ih = rng.standard_normal(3 * size).astype(np.float32)
-    b_hh = rng.standard_normal(3 * size).astype(np.float32)
+    x, w_ih, w_hh, b_ih, b_hh = _direction(seed, 3, steps, batch, size)
     return x, w_ih, b_ih, w_hh, b_hh
 
 
