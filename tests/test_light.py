@@ -167,3 +167,22 @@ class TestLightHandles:
                 gc.enable()
             assert all(_lit(h) for h in held)
             assert grown < 1.2 * n, grown
+
+    async def test_wait_materialize_and_fork_read_light_values(self) -> None:
+        rng = np.random.default_rng(11)
+        x = rng.standard_normal(5)
+        async with dataflow.Runtime(interop_threads=2):
+            a, b = ops.add(x, 1.0), ops.multiply(x, 3.0)
+            assert _lit(a) and _lit(b)
+            np.testing.assert_array_equal(await dataflow.wait(a), x + 1.0)
+            got = await dataflow.materialize({"a": a, "pair": (b, [a])})
+            np.testing.assert_array_equal(got["a"], x + 1.0)
+            np.testing.assert_array_equal(got["pair"][0], x * 3.0)
+            np.testing.assert_array_equal(got["pair"][1][0], x + 1.0)
+
+            def plain(v: Any) -> Any:  # a forked plain function gets a light handle's value
+                assert type(v) is np.ndarray
+                return v * 2.0
+
+            np.testing.assert_array_equal(await dataflow.fork(plain, b), x * 6.0)
+            assert _lit(a) and _lit(b)  # reading values made no task
