@@ -19,16 +19,12 @@ import dataflow
 import ops
 from ops import _rnn_kernels, _rnn_numba, nn
 from tests.test_nn import ref_rnn
+from tests.test_rnn_sequence import GRU_CASES, GRU_HIDDEN, _rand, gru_case
 
 needs_numba = pytest.mark.skipif(not _rnn_numba.available(), reason="numba not installed")
 
 Array = np.ndarray[Any, Any]
 TOL = 2e-5
-
-
-def _rand(seed: int, *shape: int) -> Array:
-    a: Array = np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
-    return a
 
 
 @pytest.fixture(autouse=True)
@@ -87,14 +83,7 @@ class TestKernels:
         if with_state:  # the caller's states are left alone
             np.testing.assert_array_equal(h0, _rand(5, batch, hid))
 
-    @pytest.mark.parametrize(
-        ("reverse", "batch_first", "with_state", "biases"),
-        list(
-            itertools.product(
-                (False, True), (False, True), (False, True), ("both", "ih", "hh", "none")
-            )
-        ),
-    )
+    @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
     def test_gru_equals_the_numpy_kernel(
         self,
         reverse: bool,
@@ -103,13 +92,8 @@ class TestKernels:
         biases: str,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        steps, batch, inp, hid = 9, 2, 5, 7
-        w_ih, w_hh = _rand(1, 3 * hid, inp), _rand(2, 3 * hid, hid)
-        b_ih = _rand(3, 3 * hid) if biases in ("both", "ih") else None
-        b_hh = _rand(8, 3 * hid) if biases in ("both", "hh") else None
-        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
-        h0 = _rand(5, batch, hid) if with_state else None
-        args = (x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+        args = gru_case(reverse, batch_first, with_state, biases)
+        hid, b_hh = GRU_HIDDEN, args[4]
         want = _plain_gru(monkeypatch, *args)
         for got, exp in zip(_rnn_numba.gru_sequence(*args), want, strict=True):
             np.testing.assert_allclose(got, exp, atol=2e-6)

@@ -26,6 +26,26 @@ def _rand(seed: int, *shape: int) -> Array:
     return a
 
 
+# A GRU direction's kernel arguments over every flag and either bias alone (random weights,
+# input and state), for the kernels that must agree (the small, plain and numba ones).
+GRU_CASES = list(
+    itertools.product((False, True), (False, True), (False, True), ("both", "ih", "hh", "none"))
+)
+GRU_HIDDEN = 7
+
+
+def gru_case(reverse: bool, batch_first: bool, with_state: bool, biases: str) -> tuple[Any, ...]:
+    """``(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)``: 9 steps, batch 2, 5 inputs,
+    hidden GRU_HIDDEN (``b_hh`` is ``_rand(8, 3 * hidden)`` when present)."""
+    steps, batch, inp, hid = 9, 2, 5, GRU_HIDDEN
+    w_ih, w_hh = _rand(1, 3 * hid, inp), _rand(2, 3 * hid, hid)
+    b_ih = _rand(3, 3 * hid) if biases in ("both", "ih") else None
+    b_hh = _rand(8, 3 * hid) if biases in ("both", "hh") else None
+    x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
+    h0 = _rand(5, batch, hid) if with_state else None
+    return (x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+
+
 def _module(mode: str, **kwargs: Any) -> nn.LSTM | nn.GRU:
     cls = nn.LSTM if mode == "LSTM" else nn.GRU
     return cls(**kwargs)
@@ -298,14 +318,7 @@ class TestSequenceOps:
             _rnn_kernels.gru_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
         assert used == [(18, 6)]  # not the big weights, nor the 64 x 18 gate array
 
-    @pytest.mark.parametrize(
-        ("reverse", "batch_first", "with_state", "biases"),
-        list(
-            itertools.product(
-                (False, True), (False, True), (False, True), ("both", "ih", "hh", "none")
-            )
-        ),
-    )
+    @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
     def test_the_small_gru_kernel_equals_the_plain_one(
         self,
         reverse: bool,
@@ -317,13 +330,9 @@ class TestSequenceOps:
         """Halved r and z rows, one tanh for both sigmoids, b_hh's r and z parts folded into
         the projection: the same values as the plain kernel, every flag and either bias
         alone (random weights, input and state; the projection in chunks of 3 steps)."""
-        steps, batch, inp, hid = 9, 2, 5, 7
-        w_ih, w_hh = _rand(1, 3 * hid, inp), _rand(2, 3 * hid, hid)
-        b_ih = _rand(3, 3 * hid) if biases in ("both", "ih") else None
-        b_hh = _rand(8, 3 * hid) if biases in ("both", "hh") else None
-        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
-        h0 = _rand(5, batch, hid) if with_state else None
-        args = (x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+        args = gru_case(reverse, batch_first, with_state, biases)
+        batch, hid = 2, GRU_HIDDEN
+        b_hh = args[4]
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
         small = _rnn_kernels._gru_sequence_small(*args)
         monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
