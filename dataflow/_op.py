@@ -317,6 +317,19 @@ class Op(Generic[P, R]):
             except AttributeError:  # not a Pending (a factory of its own): a task of its own
                 handle = self.handle(Task.done(sig, out[0], rt), None, spec)
             return handle  # type: ignore[no-any-return]
+        if type(out) is list:  # it ran now, and a profile recorded it: light, with its id
+            light = sig.light
+            if light is None:
+                light = sig.light = Task.done(sig, LIGHT, None)
+            handle = self.handle(light, None, spec)
+            try:
+                handle._v = out[0]
+                handle._id = out[1]
+            except AttributeError:  # not a Pending (a factory of its own): a task of its own
+                own = Task.done(sig, out[0], rt)
+                own.id = out[1]
+                handle = self.handle(own, None, spec)
+            return handle  # type: ignore[no-any-return]
         task: Task = out
         if type(spec) is tuple:
             make = self.handle

@@ -446,7 +446,9 @@ class Pending(Future[T]):
 
     # __weakref__: the scheduler tells whether a deferred task's value is still wanted.
     # _t: the task. _v: the value itself, when _t is its signature's shared ``light`` task.
-    __slots__ = ("__weakref__", "_index", "_t", "_v")
+    # _id: a light handle's task id, when a profile recorded its op (unset otherwise).
+    __slots__ = ("__weakref__", "_id", "_index", "_t", "_v")
+    _id: int
     _index: int | None
     _t: Task
     _v: Any
@@ -458,6 +460,11 @@ class Pending(Future[T]):
     # is what a program holding many small results pays most for. ``_task`` (and the public
     # ``task``) makes the handle's own record on first use, so everything outside the
     # dispatch hot path sees a task per handle as before.
+    #
+    # While recorders observe (a profile), an op run at dispatch gets a light handle too,
+    # with the id of its span record in ``_id``: the ops that read it name that id as their
+    # input in their own records (``_args.record_ids``), and the task ``_task`` makes takes
+    # it, so every edge of the trace still joins the right spans.
 
     def __init__(self, task: Task, index: int | None = None) -> None:
         self._t = task
@@ -467,7 +474,11 @@ class Pending(Future[T]):
     def _task(self) -> Task:
         t = self._t
         if t.value is LIGHT:
-            t = self._t = Task.done(t.sig, self._v, None)
+            t = Task.done(t.sig, self._v, None)
+            recorded = getattr(self, "_id", 0)
+            if recorded:  # a profile recorded its op: the id its span record has
+                t.id = recorded
+            self._t = t
         return t
 
     @_task.setter

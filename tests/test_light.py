@@ -37,6 +37,27 @@ pooled_neg = dataflow.op(
 )(np.negative)
 
 
+def _boom(x: Any) -> Any:
+    raise ValueError("boom")
+
+
+# A tiny kernel that raises: it fails at dispatch, inline.
+failing_op = dataflow.op("light_failing", meta=_ident_meta, handle=ops.Tensor, cost=_tiny)(_boom)
+
+
+def _scaled(x: Any, *, by: Any) -> Any:
+    return x * by
+
+
+# A tiny kernel that takes an array as a keyword.
+scaled = dataflow.op(
+    "light_scaled",
+    meta=lambda x, *, by: ops.spec_of(x),
+    handle=ops.Tensor,
+    cost=lambda x, *, by: _tiny(x),
+)(_scaled)
+
+
 class _NotPending:
     """A handle factory's own type (not a Pending): it has nowhere to put a value."""
 
@@ -108,19 +129,6 @@ class TestLightHandles:
             assert h.task.value is not LIGHT
             np.testing.assert_array_equal(h.task.value, x)
 
-    async def test_nothing_is_light_while_a_profile_records(self) -> None:
-        x = np.arange(3.0)
-        async with dataflow.Runtime():
-            before = ops.add(x, 1.0)  # light: nothing observed it
-            with dataflow.profile() as prof:
-                during = ops.add(before, 1.0)
-                assert not _lit(during)
-                np.testing.assert_array_equal(await during, x + 2.0)
-            assert _lit(before)
-            trace = prof.trace()  # an input that was light is read like any other
-            assert any(t.op == "add" for t in trace.tasks)
-            assert "add" in prof.table()
-
     async def test_tracing_takes_a_light_value_as_a_constant(self) -> None:
         x = np.arange(3.0)
         async with dataflow.Runtime():
@@ -186,3 +194,112 @@ class TestLightHandles:
 
             np.testing.assert_array_equal(await dataflow.fork(plain, b), x * 6.0)
             assert _lit(a) and _lit(b)  # reading values made no task
+
+
+def _by_name(trace: Any) -> dict[str, Any]:
+    return {t.name: t for t in trace.tasks}
+
+
+class TestRecordedLightHandles:
+    """While a profile records, an op run at dispatch still makes no task: its handle is light
+    and carries its span record's id (``Pending._id``), which the ops reading it name as their
+    input, so the trace's edges are those of full tasks."""
+
+    async def test_a_recorded_op_is_light_and_its_edges_join_the_right_spans(self) -> None:
+        rng = np.random.default_rng(3)
+        x, y, z = rng.standard_normal((3, 4))
+        async with dataflow.Runtime():
+            with dataflow.profile() as prof:
+                a = ops.multiply(x, y)
+                b = ops.multiply(x, z)  # the same signature as a: one shared light task
+                c = ops.add(a, b)
+                d = ops.negative(c)
+                assert all(_lit(h) for h in (a, b, c, d))
+                assert a._t is b._t and a._id != b._id
+                np.testing.assert_allclose(await d, -(x * y + x * z))
+            spans = _by_name(prof.trace())
+        name = {h: f"{op}#{h._id}" for h, op in ((a, "multiply"), (b, "multiply"),
+                                                 (c, "add"), (d, "negative"))}  # fmt: skip
+        assert set(name.values()) <= spans.keys()
+        assert spans[name[c]].inputs == (name[a], name[b])
+        assert spans[name[d]].inputs == (name[c],)
+        assert spans[name[a]].inputs == ()
+
+    async def test_a_recorded_handle_makes_its_task_with_its_records_id(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            with dataflow.profile():
+                a = ops.add(x, 1.0)
+                rid = a._id
+                assert _lit(a)
+                task = a.task  # made now, on first use
+            assert not _lit(a) and task.id == rid and a.task is task
+            np.testing.assert_array_equal(task.value, x + 1.0)
+
+    async def test_inputs_in_containers_keywords_and_queued_readers(self) -> None:
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((2, 3))
+        async with dataflow.Runtime(interop_threads=2):
+            with dataflow.profile() as prof:
+                a = ops.add(x, 1.0)
+                b = ops.add(x, 2.0)
+                assert _lit(a) and _lit(b)  # (their readers below make their tasks)
+                s = ops.stack([a, b])  # two light handles in a list
+                n = pooled_neg(a)  # read on a worker
+                k = scaled(x, by=b)  # as a keyword
+                np.testing.assert_allclose(await s, np.stack([x + 1.0, x + 2.0]))
+                np.testing.assert_allclose(await n, -(x + 1.0))
+                np.testing.assert_allclose(await k, x * (x + 2.0))
+            spans = _by_name(prof.trace())
+        an, bn = f"add#{a._id}", f"add#{b._id}"
+        assert an in spans and bn in spans
+        assert a.task.id == a._id and b.task.id == b._id
+        assert sorted(spans[s.task.name].inputs) == sorted([an, bn])
+        assert spans[n.task.name].inputs == (an,)
+        assert spans[k.task.name].inputs == (bn,)
+
+    async def test_a_bounded_recorder_and_an_instrument_see_the_same_ids(self) -> None:
+        seen: list[Any] = []
+
+        class Inputs(dataflow.Instrument):
+            def task_finished(self, ts: int, task: Any) -> None:
+                seen.append((task.op, tuple(t.id for t in task.inputs)))
+
+        x = np.arange(3.0)
+        rec = dataflow.Recorder(max_spans=100)  # the general record path (a ring buffer)
+        async with dataflow.Runtime() as rt:
+            rt.add_instrument(rec)
+            a = ops.add(x, 1.0)
+            b = ops.multiply(a, 2.0)
+            assert _lit(a) and _lit(b)
+            rt.add_instrument(Inputs())  # from now on a full task per op, with its events
+            c = ops.negative(b)
+            np.testing.assert_array_equal(await c, -(x + 1.0) * 2.0)
+        spans = _by_name(rec.trace())
+        assert spans[f"multiply#{b._id}"].inputs == (f"add#{a._id}",)
+        assert ("negative", (b._id,)) in seen
+        assert spans[c.task.name].inputs == (f"multiply#{b._id}",)
+
+    async def test_an_input_made_before_the_profile_is_read_as_before(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            before = ops.add(x, 1.0)  # light, unrecorded: no id of its own yet
+            assert _lit(before)
+            with dataflow.profile() as prof:
+                during = ops.add(before, 1.0)
+                assert _lit(during)
+                np.testing.assert_array_equal(await during, x + 2.0)
+            trace = prof.trace()  # its input ran before recording: a "?#id" edge
+            assert _by_name(trace)[f"add#{during._id}"].inputs == (f"?#{before.task.id}",)
+            assert "add" in prof.table()
+
+    async def test_a_failing_recorded_op_names_its_light_input(self) -> None:
+        x = np.arange(3.0)
+        async with dataflow.Runtime():
+            with dataflow.profile() as prof:
+                a = ops.add(x, 1.0)
+                assert _lit(a)
+                with pytest.raises(ValueError, match="boom"):
+                    await failing_op(a)
+            spans = [t for t in prof.trace().tasks if t.failed]
+        assert spans and spans[0].inputs == (f"add#{a._id}",)

@@ -12,7 +12,7 @@ from threading import get_ident, get_native_id
 from typing import TYPE_CHECKING, Any
 
 from .. import _graphstate as gs
-from .._args import resolve, resolve_kwargs
+from .._args import own_inputs, record_ids, resolve, resolve_kwargs
 from .._errors import (
     DataflowError,
     task_failed,
@@ -23,10 +23,12 @@ from .._protect import protect
 from .._record import name_signature
 from .._task import (
     DONE,
+    LIGHT,
     READY,
     RUNNING,
     Signature,
     Task,
+    _next_id,
 )
 from .._timeout import TimedKernel
 from ._placement import (
@@ -104,6 +106,8 @@ class Scheduler(Limits):
                 start = 0  # nonzero: recorders observe, and this is when the kernel began
                 if ACTIVE or self.watching:
                     if HOOKED or self.hooked:  # instruments: a full task, its events
+                        if inputs:
+                            inputs = own_inputs(args, kwargs, inputs)
                         return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
                     start = _now()  # recorders only: timed, one span record
                 # The hot path of small ops: no task record until the value exists.
@@ -124,43 +128,67 @@ class Scheduler(Limits):
                             sig.check_value(value)
                 except BaseException:
                     # Fail it the slow way, with a full task (which re-runs nothing).
+                    if start and inputs:
+                        inputs = own_inputs(args, kwargs, inputs)
                     task = Task(sig, fn, args, kwargs, self.rt, inputs)
                     if start:
                         self.record(task, start, time.perf_counter_ns(), True)
                     return self._inline_failed(task)
                 self.inline_run += 1
-                if light and not start:
-                    return (value,)
-                task = Task.done(sig, value, self.rt)
-                if start:
-                    # The span record, as Recorder.task would write it, built once and
-                    # appended to every plain recorder (no Python call per recorder): the
-                    # price of leaving a profile on, so every step counts here.
-                    end = _now()
-                    if GENERATION[0] != self._fast_gen:  # recorders changed, or not plain ones
+                if not start:
+                    return (value,) if light else Task.done(sig, value, self.rt)
+                # The span record, as Recorder.task would write it, built once and appended
+                # to every plain recorder (no Python call per recorder): the price of leaving
+                # a profile on, so every step counts here. A light handle again (no task
+                # record): its id, in the list returned, is the one its span record has.
+                end = _now()
+                if GENERATION[0] != self._fast_gen:  # recorders changed, or not plain ones
+                    if GENERATION[0] != self._sinks_gen:
+                        self.sinks()
+                    if GENERATION[0] != self._fast_gen:
+                        task = Task.done(sig, value, self.rt)
+                        if inputs:
+                            inputs = own_inputs(args, kwargs, inputs)
                         self._record_inline(task, inputs, start, end)
                         return task
-                    native = self._natives.get(get_ident())
-                    if native is None:
-                        native = self._native()
-                    record = (
-                        task.id,
-                        sig.rid or name_signature(sig),
-                        (inputs[0].id if len(inputs) == 1 else tuple([t.id for t in inputs]))
-                        if inputs
-                        else (),
-                        native,
-                        start,
-                        start,
-                        end,
-                        False,
-                    )
-                    append1 = self._append1
-                    if append1 is not None:
-                        append1(record)
-                    else:
-                        for append in self._appends:
-                            append(record)
+                native = self._natives.get(get_ident())
+                if native is None:
+                    native = self._native()
+                if not inputs:
+                    ins: Any = ()
+                elif len(inputs) == 1:
+                    ins = inputs[0]
+                    if ins.value is not LIGHT:
+                        ins = ins.id
+                    else:  # a light handle: most often the first argument, recorded
+                        try:
+                            a = args[0]
+                            ins = a._id if a._t is ins else record_ids(args, kwargs, inputs)
+                        except (IndexError, AttributeError):
+                            ins = record_ids(args, kwargs, inputs)
+                else:
+                    ins = record_ids(args, kwargs, inputs)
+                tid = _next_id()
+                record = (
+                    tid,
+                    sig.rid or name_signature(sig),
+                    ins,
+                    native,
+                    start,
+                    start,
+                    end,
+                    False,
+                )
+                append1 = self._append1
+                if append1 is not None:
+                    append1(record)
+                else:
+                    for append in self._appends:
+                        append(record)
+                if light:
+                    return [value, tid]
+                task = Task.done(sig, value, self.rt)
+                task.id = tid
                 return task
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
@@ -173,12 +201,14 @@ class Scheduler(Limits):
                 self.drain()
                 if all(t.state == DONE for t in inputs):
                     return self.submit(sig, fn, args, kwargs, inputs, True, priority, timeout)
+        watched = ACTIVE or self.watching
+        if watched and inputs:  # its record names its inputs: light handles' own tasks
+            inputs = own_inputs(args, kwargs, inputs)
         task = Task(sig, fn, args, kwargs, self.rt, inputs)
         if priority is not None:
             task.priority = priority
         if timeout is not None:
             task.fn = TimedKernel(fn, task, timeout)
-        watched = ACTIVE or self.watching
         if watched:
             self.emit("task_created", task)
         if self.pool is None:  # synchronous mode: a forked function or a timed op, run now
