@@ -33,8 +33,21 @@ code written the obvious way:
   (features x batch) for the whole sequence, computes the input projection transposed too
   (``W_ih @ x.T``), and writes each step's h into its output row with one small transposing
   copy. Its gate math then works on contiguous row blocks rather than strided column blocks,
-  which pays even where the GEMMs tie, so :func:`_transposed_is_faster` times the two whole
-  kernels on a short sequence, once per shape and dtype, and takes it where it is clearly faster.
+  which pays even where the GEMMs tie.
+* **Or in column blocks.** At most sizes below the tutorial's, both of those GEMMs lose to
+  16 or 32 small ones: ``h @ Wb[k]`` for each block of 32, 64 or 128 gate columns, with
+  ``W_hh`` copied for the call into ``(blocks, H, width)`` (row-major blocks of ``W.T``) and
+  run as one stacked ``np.matmul`` (numpy loops over the blocks in C). One step's GEMM at
+  (B, H) = (50, 256): 105 us against 136 transposed and 197 plain; (8, 512): 70 against 197.
+  The blocked kernel (:func:`_lstm_sequence_blocked`) keeps its gates, cell and hidden state
+  in that block layout (blocks x batch x width: each gate is whole blocks, contiguous) and
+  writes each step's h into its output row with one small transposing copy. Whole
+  directions on one thread: 0.89x the best of the other two forms at (50, 50, 256), 0.62x at
+  (50, 8, 512), 0.56x at (50, 4, 256), 0.86-0.96x from H = 64 to 512; none better at the
+  tutorial's (50, 50, 1024).
+* **Measured, not guessed.** :func:`_lstm_form` times the whole kernels (plain, transposed
+  and each block width) on a short sequence, once per shape and dtype, and takes the
+  fastest where it is clearly faster than the plain one.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
   numpy's per-call overhead (about 0.4 us a call) is most of it, the LSTM kernel
   (:func:`_lstm_sequence_small`, see :data:`SMALL_WEIGHTS_PER_STEP`) copies the weights for
@@ -234,9 +247,9 @@ def lay_out(w: Array) -> Array:
     if w.ndim != 2 or w.dtype.kind != "f":
         return w
     rows, cols = w.shape
-    # Where the transposed form (``W @ h.T``) wins, it wants W row-major.
-    transposed = rows % cols == 0 and _transposed_is_faster(
-        _LAYOUT_BATCH, cols, rows // cols, w.dtype
+    # Where the transposed or a blocked form wins, it wants W row-major.
+    transposed = (
+        rows % cols == 0 and _lstm_form(_LAYOUT_BATCH, cols, rows // cols, w.dtype) != "plain"
     )
     fortran = not transposed and _fortran_is_faster(rows, cols, w.dtype)
     if fortran and not w.flags.f_contiguous:
@@ -271,7 +284,7 @@ def _best_times(
     return best
 
 
-#: The short sequence :func:`_transposed_is_faster` runs each LSTM kernel form on: its steps
+#: The short sequence :func:`_lstm_form` runs each LSTM kernel form on: its steps
 #: (fewer let the input projection, the same work in both forms, weigh too much: at 4 steps
 #: the seed size's 10% gain measured 3-13%); runs of each form (the best counts): at least
 #: the first figure, then more until each form has run for ``_FORM_BUDGET`` seconds in all
@@ -280,37 +293,50 @@ def _best_times(
 _FORM_STEPS = 8
 _FORM_REPEATS = (1, 40)
 _FORM_BUDGET = 0.02
+#: Hidden sizes under this keep the plain form without measuring (a step's GEMM is a few
+#: microseconds; the forms differ by less than the noise of measuring them).
+_FORM_MIN_HIDDEN = 64
 #: Batches under this keep the plain form without measuring. At batch 1 a step is a few
 #: small numpy calls, mostly interpreter time under the GIL, and the transposed form makes a
 #: few more per step (views, a transposing copy): measured alone it was 10% faster at
 #: (20, 1, 256), yet a served ensemble of 8 such directions on 2 threads ran 15% slower with
 #: it. (At batch 2 it is 16-25% faster, served too: OpenBLAS's plain GEMM is slow there.)
 _FORM_MIN_BATCH = 2
-#: The transposed form must be this much faster to be taken: a close call (batch 1, where the
-#: two measure within a few percent of each other) keeps the plain form, which is the faster
-#: one there in a real workload (12% on a served (20, 1, 256) ensemble).
+#: Another form must be this much faster than the plain one to be taken: a close call
+#: (batch 1, where they measure within a few percent of each other) keeps the plain form,
+#: which is the faster one there in a real workload (12% on a served (20, 1, 256) ensemble).
 _FORM_MARGIN = 0.95
 
 
-@functools.lru_cache(maxsize=64)
-def _transposed_is_faster(batch: int, hidden: int, gates: int, dtype: np.dtype[Any]) -> bool:
-    """Whether the LSTM kernel is faster in its transposed form (``W @ h.T``, every per-step
-    array features x batch) than in the plain one (``h @ W.T``), measured once per shape.
+#: The block widths (gate columns per block) the blocked LSTM kernel is measured with
+#: (:func:`_lstm_form`): those that divide the hidden size.
+BLOCK_WIDTHS = (32, 64, 128)
 
-    Both whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
+#: The forms of the LSTM kernel (:func:`_lstm_form`): "plain", "transposed", or a block width.
+Form: TypeAlias = "str | int"
+
+
+@functools.lru_cache(maxsize=64)
+def _lstm_form(batch: int, hidden: int, gates: int, dtype: np.dtype[Any]) -> Form:
+    """Which form of the LSTM kernel is fastest for this shape, measured once per shape:
+    ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``, every per-step array features
+    x batch) or a block width from :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate
+    columns, :func:`_lstm_sequence_blocked`).
+
+    The whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
     real batch, width and dtype, interleaved, best of a few runs each (more for small kernels);
-    the plain form with its weight in the order its GEMM likes (:func:`_fortran_is_faster`);
-    the transposed form must win by :data:`_FORM_MARGIN`. Timing the GEMM alone
-    was not enough: the forms also differ in the gate math (contiguous row blocks against
-    strided column blocks), and with AVX2 kernels, where the two GEMMs tie, the transposed
-    kernel was still 7% faster at (50, 50, 256); and a GEMM-only decision from five ~3 ms runs
-    flipped between processes at the tutorial's size, costing 10% when it went wrong. Weights
-    too small to matter and batches under :data:`_FORM_MIN_BATCH` keep the plain form without
-    measuring; so does any gate count other than the LSTM's four (only the LSTM kernel has a
-    transposed form).
+    the plain form with its weight in the order its GEMM likes (:func:`_fortran_is_faster`).
+    The fastest other form is taken where it beats the plain one by :data:`_FORM_MARGIN`.
+    Timing the GEMMs alone was not enough: the forms also differ in the gate math (contiguous
+    row blocks against strided column blocks), and with AVX2 kernels, where the two GEMMs tie,
+    the transposed kernel was still 7% faster at (50, 50, 256); and a GEMM-only decision from
+    five ~3 ms runs flipped between processes at the tutorial's size, costing 10% when it went
+    wrong. Weights too small to matter (hidden under :data:`_FORM_MIN_HIDDEN`) and batches
+    under :data:`_FORM_MIN_BATCH` keep the plain form without measuring; so does any gate
+    count other than the LSTM's four (only the LSTM kernel has other forms).
     """
-    if gates != _LSTM_GATES or gates * hidden * hidden < 256 * 1024 or batch < _FORM_MIN_BATCH:
-        return False
+    if gates != _LSTM_GATES or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
+        return "plain"
     rng = np.random.default_rng(0)
     width = gates * hidden
 
@@ -323,15 +349,20 @@ def _transposed_is_faster(batch: int, hidden: int, gates: int, dtype: np.dtype[A
     w_ih, w_hh = weight(), weight()
     bias = np.zeros(width, dtype=dtype)
     w_hh_plain = np.asfortranarray(w_hh) if _fortran_is_faster(width, hidden, dtype) else w_hh
-    plain, transposed = _best_times(
-        (
-            lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False),
-            lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False),
-        ),
-        *_FORM_REPEATS,
-        _FORM_BUDGET,
-    )
-    return transposed < _FORM_MARGIN * plain
+    forms: list[Form] = ["plain", "transposed"]
+    forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
+
+    def run(form: Form) -> Callable[[], object]:
+        if form == "plain":
+            return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False)
+        if form == "transposed":
+            return lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False)
+        assert isinstance(form, int)
+        return lambda: _lstm_sequence_blocked(x, w_ih, bias, w_hh, None, None, False, False, form)
+
+    times = _best_times(tuple(run(f) for f in forms), *_FORM_REPEATS, _FORM_BUDGET)
+    best = min(range(1, len(forms)), key=times.__getitem__)
+    return forms[best] if times[best] < _FORM_MARGIN * times[0] else "plain"
 
 
 # -- shared pieces ------------------------------------------------------------------------------
@@ -577,7 +608,10 @@ def lstm_sequence_kernel(
         return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     if small == "numpy":
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-    if w_hh.flags.c_contiguous and _transposed_is_faster(batch, hidden, _LSTM_GATES, w_hh.dtype):
+    form = _lstm_form(batch, hidden, _LSTM_GATES, w_hh.dtype)
+    if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
+        return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
+    if form == "transposed" and w_hh.flags.c_contiguous:
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
 
@@ -791,6 +825,78 @@ def _lstm_sequence_transposed(
                 np.copyto(seq[t], h.T)
     h_n = np.array(seq[0] if reverse else seq[steps - 1])
     return out, h_n, np.ascontiguousarray(c.T)
+
+
+def _lstm_sequence_blocked(
+    x: Array,
+    w_ih: Array,
+    bias: Array | None,
+    w_hh: Array,
+    h0: Array | None,
+    c0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+    block: int,
+) -> tuple[Array, Array, Array]:
+    """:func:`lstm_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
+    columns (``block`` divides H; see the module docstring). Same results.
+
+    ``W_hh`` is copied for the call into ``wb`` (blocks, H, block), ``wb[k] = W[k*block :
+    (k+1)*block].T``, and each step's GEMM is one stacked ``np.matmul(h, wb)`` into the gates
+    (blocks, B, block). Gates, cell and hidden state stay in that layout; gate ``q``'s
+    columns are blocks ``q*H/block`` to ``(q+1)*H/block``, contiguous. Each step's h is
+    written into its output row (B, H) with one transposing copy, and read from there by the
+    next step's GEMM, as in the plain form.
+    """
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = _LSTM_GATES * hidden
+    dtype = w_hh.dtype
+    blocks, per_gate = width // block, hidden // block
+    out = _output(steps, batch, hidden, dtype, batch_first)
+    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
+    # (T, B, H / block, block): where each step's h goes, from its block layout.
+    seq_blocks = (
+        out.reshape(batch, steps, per_gate, block).swapaxes(0, 1)
+        if batch_first
+        else out.reshape(steps, batch, per_gate, block)
+    )
+    wb = _scratch("w_hh_blocks", (blocks, hidden, block), dtype)
+    np.copyto(wb, np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
+    size = chunk_steps(steps, batch, width, dtype.itemsize)
+    buf = _scratch("chunk", (size * batch, width), dtype)
+    gates = _scratch("gates", (blocks, batch, block), dtype)
+    flat = gates.reshape(blocks, batch * block)  # the gate math's view: gate q = row blocks q
+    c = np.zeros((per_gate, batch, block), dtype=dtype)
+    if c0 is not None:
+        c[...] = np.asarray(c0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
+    hb = _scratch("h", (per_gate, batch, block), dtype)  # this step's h, in blocks
+    i = gates[:per_gate]
+    f = gates[per_gate : 2 * per_gate]
+    g = gates[2 * per_gate : 3 * per_gate]
+    o = gates[3 * per_gate :]
+    nonlinear = _lstm_gates(flat, per_gate, True)
+    h: Array | None = h0
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
+        for t0, t1 in _chunks(steps, size, reverse):
+            xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
+            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+                col = xp[t - t0].reshape(batch, blocks, block).transpose(1, 0, 2)
+                if h is None:
+                    np.copyto(gates, col)
+                else:
+                    np.matmul(h, wb, out=gates)
+                    np.add(gates, col, out=gates)
+                nonlinear(flat)
+                np.multiply(i, g, out=i)
+                np.multiply(c, f, out=c)
+                np.add(c, i, out=c)
+                _tanh_into(c, hb)
+                np.multiply(hb, o, out=hb)
+                np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
+                h = seq[t]
+    h_n = np.array(seq[0] if reverse else seq[steps - 1])
+    return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
 
 
 # -- GRU ----------------------------------------------------------------------------------------

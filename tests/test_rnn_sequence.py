@@ -133,28 +133,97 @@ class TestSequenceOps:
             used.append(True)
             return transposed(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: "transposed")
         monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
         assert used
 
+    @pytest.mark.parametrize("block", [1, 2, 3, 6])
     @pytest.mark.parametrize(
-        ("tanh_form", "transposed"), list(itertools.product((False, True), repeat=2))
+        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
+    )
+    def test_blocked_form_against_reference(
+        self,
+        block: int,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
+    ) -> None:
+        """The LSTM kernel with its recurrent GEMM in column blocks (h @ Wb[k], one stacked
+        matmul: where that is faster) equals the reference loop, every flag and block width
+        (hidden 6: blocks of 1, 2, 3 and 6 gate columns), with the projection in chunks of 3
+        steps."""
+        used: list[int] = []
+        blocked = _rnn_kernels._lstm_sequence_blocked
+
+        def spy(*args: Any) -> Any:
+            used.append(args[-1])
+            return blocked(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: block)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_blocked", spy)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
+        self.test_against_reference("LSTM", reverse, batch_first, with_state)
+        assert used == [block]
+
+    @pytest.mark.parametrize("order", ["C", "F"])
+    def test_the_blocked_form_reads_either_weight_order_and_equals_the_others(
+        self, order: str
+    ) -> None:
+        """Its per-call block copy of W_hh reads a row-major or Fortran-ordered weight alike;
+        plain, transposed and blocked kernels agree on random data (hidden 64, batch 5)."""
+        steps, batch, inp, hid = 6, 5, 7, 64
+        w_ih, w_hh, bias = _rand(1, 4 * hid, inp), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
+        w_hh *= np.float32(0.2)
+        x, h0, c0 = _rand(4, steps, batch, inp), _rand(5, batch, hid), _rand(6, batch, hid)
+        args = (x, w_ih, bias, w_hh, h0, c0, True, False)
+        want = _rnn_kernels._lstm_sequence_plain(*args)
+        laid = np.asfortranarray(w_hh) if order == "F" else w_hh
+        for block in (32, 64, 16):
+            got = _rnn_kernels._lstm_sequence_blocked(
+                x, w_ih, bias, laid, h0, c0, True, False, block
+            )
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, atol=1e-5)
+        got = _rnn_kernels._lstm_sequence_transposed(*args)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+
+    def test_the_blocked_form_reads_weights_written_in_place(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """It copies W_hh into blocks at each call: an in-place write shows at the next one."""
+        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: 4)
+        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        m = nn.LSTM(4, 8, seed=3)
+        x = _rand(1, 6, 3, 4)
+        before = _forward(m, x, None, None)[0]
+        w_hh: Array = getattr(m, "weight_hh_l0")  # noqa: B009 - set by name
+        w_hh *= np.float32(0.5)
+        after = _forward(m, x, None, None)[0]
+        out_ref, _, _ = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, False, False)
+        np.testing.assert_allclose(after, out_ref, atol=TOL)
+        assert not np.allclose(after, before, atol=1e-3)
+
+    @pytest.mark.parametrize(
+        ("tanh_form", "form"), list(itertools.product((False, True), ("plain", "transposed", 3)))
     )
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_either_form_of_the_nonlinearities_against_reference(
         self,
         mode: str,
         tanh_form: bool,
-        transposed: bool,
+        form: str | int,
         monkeypatch: pytest.MonkeyPatch,
         no_small: None,
     ) -> None:
         """Gates through np.tanh (sigmoid = (tanh(x/2) + 1) / 2) or through np.exp, whichever
-        measures faster, in either GEMM form: the same results within float32 rounding."""
+        measures faster, in every GEMM form: the same results within float32 rounding."""
         monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
-        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: transposed)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: form)
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
 
@@ -172,7 +241,7 @@ class TestSequenceOps:
         monkeypatch.setattr(
             _rnn_kernels, "_projection_transposed_is_faster", lambda *a: projection_transposed
         )
-        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: False)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: "plain")
         for reverse, batch_first, with_state in ((False, False, False), (True, True, True)):
             self.test_against_reference(mode, reverse, batch_first, with_state)
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
@@ -201,52 +270,71 @@ class TestSequenceOps:
         assert ran == []  # not measured: nothing of that size ran
 
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
-        assert _rnn_kernels._transposed_is_faster(3, 16, 4, np.dtype(np.float32)) is False
-        assert _rnn_kernels._tanh_form_is_faster((3, 64), np.dtype(np.float32)) is False
-        big_gates = _rnn_kernels._tanh_form_is_faster((50, 1024), np.dtype(np.float32))
-        assert _rnn_kernels._tanh_form_is_faster((50, 1024), np.dtype(np.float32)) is big_gates
-        big = _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32))
-        assert isinstance(big, bool)
-        assert _rnn_kernels._transposed_is_faster(8, 512, 4, np.dtype(np.float32)) is big
+        f32 = np.dtype(np.float32)
+        assert _rnn_kernels._lstm_form(3, 16, 4, f32) == "plain"
+        assert _rnn_kernels._tanh_form_is_faster((3, 64), f32) is False
+        big_gates = _rnn_kernels._tanh_form_is_faster((50, 1024), f32)
+        assert _rnn_kernels._tanh_form_is_faster((50, 1024), f32) is big_gates
+        big = _rnn_kernels._lstm_form(8, 512, 4, f32)
+        assert big in ("plain", "transposed", *_rnn_kernels.BLOCK_WIDTHS)
+        assert _rnn_kernels._lstm_form(8, 512, 4, f32) == big
 
-    def test_the_form_is_decided_by_timing_both_whole_kernels(
+    def test_the_form_is_decided_by_timing_every_whole_kernel(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Both LSTM kernels run on a short sequence of the real shape; the transposed form is
-        taken only when it times at least 5% faster (the GEMM alone flipped between processes
-        and missed the gate math's difference). The timings are given here, not measured."""
-        ran: list[tuple[str, tuple[int, ...], bool]] = []
-        for name in ("plain", "transposed"):
+        """Every LSTM kernel form runs on a short sequence of the real shape (plain,
+        transposed, and the blocked one at each block width that divides the hidden size);
+        the fastest other form is taken only when it times at least 5% faster than the plain
+        one (the GEMM alone flipped between processes and missed the gate math's
+        difference). The timings are given here, not measured."""
+        ran: list[tuple[Any, tuple[int, ...], bool]] = []
+        for name in ("plain", "transposed", "blocked"):
             kernel = getattr(_rnn_kernels, f"_lstm_sequence_{name}")
 
             def spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
-                ran.append((name, args[0].shape, bool(args[3].flags.c_contiguous)))
+                form = args[8] if name == "blocked" else name
+                ran.append((form, args[0].shape, bool(args[3].flags.c_contiguous)))
                 return kernel(*args)
 
             monkeypatch.setattr(_rnn_kernels, f"_lstm_sequence_{name}", spy)
         times: list[float] = []
+        real = _rnn_kernels._best_times
 
-        def best_times(runs: Any, *_: Any) -> list[float]:
+        def best_times(runs: Any, *rest: Any) -> list[float]:
+            if len(runs) != len(times):  # another measurement (the projection's form)
+                return real(runs, *rest)
             for run in runs:
                 run()
             return times
 
         monkeypatch.setattr(_rnn_kernels, "_best_times", best_times)
-        decide = _rnn_kernels._transposed_is_faster.__wrapped__
-        for plain_s, transposed_s, expected in ((0.02, 0.01, True), (0.01, 0.02, False)):
+        decide = _rnn_kernels._lstm_form.__wrapped__
+        f32 = np.dtype(np.float32)
+        forms = ["plain", "transposed", 32, 64, 128]
+        for given, expected in (
+            ([0.02, 0.01, 0.015, 0.015, 0.015], "transposed"),
+            ([0.01, 0.02, 0.02, 0.02, 0.02], "plain"),
+            ([0.02, 0.015, 0.014, 0.01, 0.012], 64),
+        ):
             ran.clear()
-            times[:] = [plain_s, transposed_s]
-            assert decide(8, 256, 4, np.dtype(np.float32)) is expected
-            assert [name for name, _, _ in ran] == ["plain", "transposed"]
+            times[:] = given
+            assert decide(8, 256, 4, f32) == expected
+            assert [form for form, _, _ in ran] == forms
             assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 8, 256)}
-            # The transposed kernel wants its weight row-major.
-            assert all(c for name, _, c in ran if name == "transposed")
-        # A close call keeps the plain form (the transposed one must be clearly faster) ...
-        times[:] = [0.020, 0.0195]
-        assert decide(8, 256, 4, np.dtype(np.float32)) is False
-        # ... and so does a batch of one, without running either kernel.
+            # The transposed and blocked kernels are measured with the weight row-major.
+            assert all(c for form, _, c in ran if form != "plain")
+        # Only block widths that divide the hidden size are tried.
         ran.clear()
-        assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, np.dtype(np.float32)) is False
+        times[:] = [0.02, 0.03, 0.01]
+        assert decide(8, 96, 4, f32) == 32
+        assert [form for form, _, _ in ran] == ["plain", "transposed", 32]
+        # A close call keeps the plain form (another must be clearly faster) ...
+        times[:] = [0.020, 0.0195, 0.0196, 0.0197, 0.0198]
+        assert decide(8, 256, 4, f32) == "plain"
+        # ... and so do a batch of one and a small hidden size, without running any kernel.
+        ran.clear()
+        assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, f32) == "plain"
+        assert decide(8, _rnn_kernels._FORM_MIN_HIDDEN - 1, 4, f32) == "plain"
         assert ran == []
 
     def test_the_small_kernel_serves_small_models_only(
@@ -356,10 +444,10 @@ class TestSequenceOps:
         np.testing.assert_allclose(after, out_ref, atol=TOL)
         assert not np.allclose(after, before, atol=1e-3)
 
-    def test_only_the_lstm_kernel_has_a_transposed_form(self) -> None:
+    def test_only_the_lstm_kernel_has_other_forms(self) -> None:
         """Three gates (a GRU weight) never measure the LSTM kernels: lay_out then picks the
         order by the plain GEMM alone."""
-        assert _rnn_kernels._transposed_is_faster(50, 512, 3, np.dtype(np.float32)) is False
+        assert _rnn_kernels._lstm_form(50, 512, 3, np.dtype(np.float32)) == "plain"
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
         fortran = _rnn_kernels._fortran_is_faster(3 * 512, 512, np.dtype(np.float32))
         laid = _rnn_kernels.lay_out(w)
@@ -381,16 +469,16 @@ class TestSequenceOps:
             np.testing.assert_allclose(a, b, atol=1e-6)
 
     @pytest.mark.parametrize(
-        ("tanh_form", "transposed"), list(itertools.product((False, True), repeat=2))
+        ("tanh_form", "form"), list(itertools.product((False, True), ("plain", "transposed", 32)))
     )
     def test_a_large_state_in_every_form(
-        self, tanh_form: bool, transposed: bool, monkeypatch: pytest.MonkeyPatch
+        self, tanh_form: bool, form: str | int, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Above TANH_DIRECT_MAX elements (the state's tanh through np.tanh or through exp),
-        in either GEMM form (the plain one with Fortran-ordered weights): still exact."""
+        in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
         monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
-        monkeypatch.setattr(_rnn_kernels, "_transposed_is_faster", lambda *a: transposed)
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: not transposed)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: form)
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: form == "plain")
         hid = 96
         batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
         m = nn.LSTM(4, hid, seed=1)
