@@ -45,7 +45,7 @@ code written the obvious way:
   directions on one thread: 0.89x the best of the other two forms at (50, 50, 256), 0.62x at
   (50, 8, 512), 0.56x at (50, 4, 256), 0.86-0.96x from H = 64 to 512; none better at the
   tutorial's (50, 50, 1024).
-* **Measured, not guessed.** :func:`_lstm_form` times the whole kernels (plain, transposed
+* **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed
   and each block width) on a short sequence, once per shape and dtype, and takes the
   fastest where it is clearly faster than the plain one.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
@@ -247,9 +247,11 @@ def lay_out(w: Array) -> Array:
     if w.ndim != 2 or w.dtype.kind != "f":
         return w
     rows, cols = w.shape
-    # Where the transposed or a blocked form wins, it wants W row-major.
+    # Where the transposed or a blocked form wins, it wants W row-major (the LSTM's 4 gates,
+    # the GRU's 3).
     transposed = (
-        rows % cols == 0 and _lstm_form(_LAYOUT_BATCH, cols, rows // cols, w.dtype) != "plain"
+        rows % cols == 0
+        and _kernel_form(_LAYOUT_BATCH, cols, rows // cols, w.dtype, _blas_threads()) != "plain"
     )
     fortran = not transposed and _fortran_is_faster(rows, cols, w.dtype)
     if fortran and not w.flags.f_contiguous:
@@ -284,7 +286,7 @@ def _best_times(
     return best
 
 
-#: The short sequence :func:`_lstm_form` runs each LSTM kernel form on: its steps
+#: The short sequence :func:`_kernel_form` runs each LSTM kernel form on: its steps
 #: (fewer let the input projection, the same work in both forms, weigh too much: at 4 steps
 #: the seed size's 10% gain measured 3-13%); runs of each form (the best counts): at least
 #: the first figure, then more until each form has run for ``_FORM_BUDGET`` seconds in all
@@ -309,19 +311,40 @@ _FORM_MARGIN = 0.95
 
 
 #: The block widths (gate columns per block) the blocked LSTM kernel is measured with
-#: (:func:`_lstm_form`): those that divide the hidden size.
+#: (:func:`_kernel_form`): those that divide the hidden size.
 BLOCK_WIDTHS = (32, 64, 128)
 
-#: The forms of the LSTM kernel (:func:`_lstm_form`): "plain", "transposed", or a block width.
+#: The forms of the LSTM kernel (:func:`_kernel_form`): "plain", "transposed", or a block width.
 Form: TypeAlias = "str | int"
 
 
+_blas_libs: list[Any] = []  # threadpoolctl's controllers of the BLAS libraries (found once)
+
+
+def _blas_threads() -> int:
+    """The BLAS thread count now (about a microsecond: asks the library itself). The forms'
+    speeds depend on it (bigger products gain more from BLAS's threads), and a runtime sets
+    it for the whole process (BLAS 1 on inter-op threads), so kernel forms are measured per
+    count: a model built outside the runtime measures its weight layout under the process's
+    default."""
+    if not _blas_libs:
+        from threadpoolctl import ThreadpoolController
+
+        found = ThreadpoolController().select(user_api="blas").lib_controllers
+        _blas_libs.append(found)
+    return max((lib.get_num_threads() for lib in _blas_libs[0]), default=1)
+
+
 @functools.lru_cache(maxsize=64)
-def _lstm_form(batch: int, hidden: int, gates: int, dtype: np.dtype[Any]) -> Form:
-    """Which form of the LSTM kernel is fastest for this shape, measured once per shape:
-    ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``, every per-step array features
-    x batch) or a block width from :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate
-    columns, :func:`_lstm_sequence_blocked`).
+def _kernel_form(
+    batch: int, hidden: int, gates: int, dtype: np.dtype[Any], blas_threads: int = 1
+) -> Form:
+    """Which form of the LSTM kernel (``gates`` 4) or the GRU kernel (3) is fastest for this
+    shape and BLAS thread count (:func:`_blas_threads`, which the caller passes; the
+    measurement runs under it): ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``,
+    every per-step array features x batch: the LSTM only) or a block width from
+    :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate columns,
+    :func:`_lstm_sequence_blocked`, :func:`_gru_sequence_blocked`).
 
     The whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
     real batch, width and dtype, interleaved, best of a few runs each (more for small kernels);
@@ -333,9 +356,10 @@ def _lstm_form(batch: int, hidden: int, gates: int, dtype: np.dtype[Any]) -> For
     five ~3 ms runs flipped between processes at the tutorial's size, costing 10% when it went
     wrong. Weights too small to matter (hidden under :data:`_FORM_MIN_HIDDEN`) and batches
     under :data:`_FORM_MIN_BATCH` keep the plain form without measuring; so does any gate
-    count other than the LSTM's four (only the LSTM kernel has other forms).
+    count other than the LSTM's four and the GRU's three.
     """
-    if gates != _LSTM_GATES or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
+    lstm = gates == _LSTM_GATES
+    if not (lstm or gates == _GRU_GATES) or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
         return "plain"
     rng = np.random.default_rng(0)
     width = gates * hidden
@@ -349,10 +373,19 @@ def _lstm_form(batch: int, hidden: int, gates: int, dtype: np.dtype[Any]) -> For
     w_ih, w_hh = weight(), weight()
     bias = np.zeros(width, dtype=dtype)
     w_hh_plain = np.asfortranarray(w_hh) if _fortran_is_faster(width, hidden, dtype) else w_hh
-    forms: list[Form] = ["plain", "transposed"]
+    forms: list[Form] = ["plain", "transposed"] if lstm else ["plain"]
     forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
 
     def run(form: Form) -> Callable[[], object]:
+        if not lstm:
+            if form == "plain":
+                return lambda: _gru_sequence_plain(
+                    x, w_ih, bias, w_hh_plain, bias, None, False, False
+                )
+            assert isinstance(form, int)
+            return lambda: _gru_sequence_blocked(
+                x, w_ih, bias, w_hh, bias, None, False, False, form
+            )
         if form == "plain":
             return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False)
         if form == "transposed":
@@ -608,11 +641,15 @@ def lstm_sequence_kernel(
         return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     if small == "numpy":
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-    form = _lstm_form(batch, hidden, _LSTM_GATES, w_hh.dtype)
+    form = _kernel_form(batch, hidden, _LSTM_GATES, w_hh.dtype, _blas_threads())
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
-    if form == "transposed" and w_hh.flags.c_contiguous:
-        return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+    if form == "transposed":
+        # Row-major, as lay_out keeps it where this form won when the model was built; a
+        # weight laid out under another BLAS thread count is copied for the call (a few
+        # milliseconds at the tutorial's size, against a kernel of a quarter second).
+        w = w_hh if w_hh.flags.c_contiguous else np.ascontiguousarray(w_hh)
+        return _lstm_sequence_transposed(x, w_ih, bias, w, h0, c0, reverse, batch_first)
     return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
 
 
@@ -917,14 +954,34 @@ def gru_sequence_kernel(
     ``b_hh`` stays in the step (r multiplies ``W_hn h + b_hn``, so it cannot be folded into
     the projection as the LSTM's can).
     """
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    batch = x.shape[0] if batch_first else x.shape[1]
     hidden = w_hh.shape[1]
-    width = _GRU_GATES * hidden
     small = _small_engine(x, w_ih, w_hh, _GRU_GATES, batch_first)
     if small == "numba":
         return _rnn_numba.gru_sequence(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     if small == "numpy":
         return _gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+    form = _kernel_form(batch, hidden, _GRU_GATES, w_hh.dtype, _blas_threads())
+    if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
+        return _gru_sequence_blocked(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form)
+    return _gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+
+
+def _gru_sequence_plain(
+    x: Array,
+    w_ih: Array,
+    b_ih: Array | None,
+    w_hh: Array,
+    b_hh: Array | None,
+    h0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+) -> tuple[Array, Array]:
+    """:func:`gru_sequence_kernel` with the recurrent GEMM as ``h @ W_hh.T`` (the weight in
+    either memory order)."""
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = _GRU_GATES * hidden
     dtype = w_hh.dtype
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out
@@ -960,6 +1017,71 @@ def gru_sequence_kernel(
             h_new *= z
             h_new += n
             h = h_new
+    return out, np.array(h)
+
+
+def _gru_sequence_blocked(
+    x: Array,
+    w_ih: Array,
+    b_ih: Array | None,
+    w_hh: Array,
+    b_hh: Array | None,
+    h0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+    block: int,
+) -> tuple[Array, Array]:
+    """:func:`gru_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
+    columns, as :func:`_lstm_sequence_blocked` (``block`` divides H). Same results."""
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden = w_hh.shape[1]
+    width = _GRU_GATES * hidden
+    dtype = w_hh.dtype
+    blocks, per_gate = width // block, hidden // block
+    out = _output(steps, batch, hidden, dtype, batch_first)
+    seq = out.swapaxes(0, 1) if batch_first else out
+    seq_blocks = (
+        out.reshape(batch, steps, per_gate, block).swapaxes(0, 1)
+        if batch_first
+        else out.reshape(steps, batch, per_gate, block)
+    )
+    wb = _scratch("w_hh_blocks", (blocks, hidden, block), dtype)
+    np.copyto(wb, np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
+    bias_blocks = None if b_hh is None else np.asarray(b_hh).reshape(blocks, 1, block)
+    size = chunk_steps(steps, batch, width, dtype.itemsize)
+    buf = _scratch("chunk", (size * batch, width), dtype)
+    gh = _scratch("gh", (blocks, batch, block), dtype)
+    rz = gh[: 2 * per_gate]
+    r = gh[:per_gate]
+    z = gh[per_gate : 2 * per_gate]
+    n = gh[2 * per_gate :]
+    hb = np.zeros((per_gate, batch, block), dtype=dtype)  # h, in blocks
+    if h0 is not None:
+        hb[...] = np.asarray(h0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
+    h: Array = np.zeros((batch, hidden), dtype=dtype) if h0 is None else h0
+    one = dtype.type(1.0)
+    for t0, t1 in _chunks(steps, size, reverse):
+        xp = _project_chunk(x, t0, t1, w_ih, b_ih, batch_first, buf)
+        for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+            gi = xp[t - t0].reshape(batch, blocks, block).transpose(1, 0, 2)
+            np.matmul(h, wb, out=gh)
+            if bias_blocks is not None:
+                gh += bias_blocks
+            rz += gi[: 2 * per_gate]
+            np.negative(rz, out=rz)
+            with np.errstate(over="ignore"):
+                np.exp(rz, out=rz)
+            np.add(rz, one, out=rz)
+            np.reciprocal(rz, out=rz)  # sigmoid(r), sigmoid(z)
+            n *= r
+            n += gi[2 * per_gate :]
+            _tanh_into(n, n)
+            # h' = n + z * (h - n), in blocks, then into the output's row.
+            np.subtract(hb, n, out=hb)
+            hb *= z
+            hb += n
+            np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
+            h = seq[t]
     return out, np.array(h)
 
 

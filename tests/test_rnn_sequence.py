@@ -133,7 +133,7 @@ class TestSequenceOps:
             used.append(True)
             return transposed(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: "transposed")
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "transposed")
         monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
@@ -163,7 +163,7 @@ class TestSequenceOps:
             used.append(args[-1])
             return blocked(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: block)
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: block)
         monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_blocked", spy)
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
@@ -192,11 +192,49 @@ class TestSequenceOps:
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-5)
 
+    def test_forms_are_measured_per_blas_thread_count(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The kernels ask for the form at the BLAS thread count of the moment (a runtime
+        sets it for the process: a model built outside one measured its layout under
+        another), and a transposed form given a Fortran-ordered weight (laid out under
+        another count) runs on a row-major copy of it rather than falling back."""
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1, user_api="blas"):
+            assert _rnn_kernels._blas_threads() == 1
+        asked: list[tuple[Any, ...]] = []
+        ran: list[bool] = []
+        transposed = _rnn_kernels._lstm_sequence_transposed
+
+        def form(*args: Any) -> Any:
+            asked.append(args)
+            return "transposed"
+
+        def spy(*args: Any) -> Any:
+            ran.append(bool(args[3].flags.c_contiguous))
+            return transposed(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_blas_threads", lambda: 7)
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
+        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
+        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        hid = 8
+        w_ih, w_hh, bias = _rand(1, 4 * hid, 5), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
+        x = _rand(4, 6, 3, 5)
+        args = (x, w_ih, bias, np.asfortranarray(w_hh), None, None, False, False)
+        got = _rnn_kernels.lstm_sequence_kernel(*args)
+        assert asked == [(3, hid, 4, np.dtype(np.float32), 7)]
+        assert ran == [True]
+        want = _rnn_kernels._lstm_sequence_plain(*args)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-6)
+
     def test_the_blocked_form_reads_weights_written_in_place(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """It copies W_hh into blocks at each call: an in-place write shows at the next one."""
-        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: 4)
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: 4)
         monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
         m = nn.LSTM(4, 8, seed=3)
         x = _rand(1, 6, 3, 4)
@@ -223,7 +261,7 @@ class TestSequenceOps:
         """Gates through np.tanh (sigmoid = (tanh(x/2) + 1) / 2) or through np.exp, whichever
         measures faster, in every GEMM form: the same results within float32 rounding."""
         monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
-        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: form)
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
 
@@ -241,7 +279,7 @@ class TestSequenceOps:
         monkeypatch.setattr(
             _rnn_kernels, "_projection_transposed_is_faster", lambda *a: projection_transposed
         )
-        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: "plain")
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "plain")
         for reverse, batch_first, with_state in ((False, False, False), (True, True, True)):
             self.test_against_reference(mode, reverse, batch_first, with_state)
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
@@ -271,13 +309,13 @@ class TestSequenceOps:
 
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         f32 = np.dtype(np.float32)
-        assert _rnn_kernels._lstm_form(3, 16, 4, f32) == "plain"
+        assert _rnn_kernels._kernel_form(3, 16, 4, f32) == "plain"
         assert _rnn_kernels._tanh_form_is_faster((3, 64), f32) is False
         big_gates = _rnn_kernels._tanh_form_is_faster((50, 1024), f32)
         assert _rnn_kernels._tanh_form_is_faster((50, 1024), f32) is big_gates
-        big = _rnn_kernels._lstm_form(8, 512, 4, f32)
+        big = _rnn_kernels._kernel_form(8, 512, 4, f32)
         assert big in ("plain", "transposed", *_rnn_kernels.BLOCK_WIDTHS)
-        assert _rnn_kernels._lstm_form(8, 512, 4, f32) == big
+        assert _rnn_kernels._kernel_form(8, 512, 4, f32) == big
 
     def test_the_form_is_decided_by_timing_every_whole_kernel(
         self, monkeypatch: pytest.MonkeyPatch
@@ -308,7 +346,7 @@ class TestSequenceOps:
             return times
 
         monkeypatch.setattr(_rnn_kernels, "_best_times", best_times)
-        decide = _rnn_kernels._lstm_form.__wrapped__
+        decide = _rnn_kernels._kernel_form.__wrapped__
         f32 = np.dtype(np.float32)
         forms = ["plain", "transposed", 32, 64, 128]
         for given, expected in (
@@ -328,6 +366,19 @@ class TestSequenceOps:
         times[:] = [0.02, 0.03, 0.01]
         assert decide(8, 96, 4, f32) == 32
         assert [form for form, _, _ in ran] == ["plain", "transposed", 32]
+        # The GRU's kernel: plain and blocked forms only.
+        ran.clear()
+        for name in ("plain", "blocked"):
+            kernel = getattr(_rnn_kernels, f"_gru_sequence_{name}")
+
+            def gru_spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
+                ran.append((args[8] if name == "blocked" else "gru", args[0].shape, True))
+                return kernel(*args)
+
+            monkeypatch.setattr(_rnn_kernels, f"_gru_sequence_{name}", gru_spy)
+        times[:] = [0.02, 0.015, 0.01, 0.012]
+        assert decide(8, 256, 3, f32) == 64
+        assert [form for form, _, _ in ran] == ["gru", 32, 64, 128]
         # A close call keeps the plain form (another must be clearly faster) ...
         times[:] = [0.020, 0.0195, 0.0196, 0.0197, 0.0198]
         assert decide(8, 256, 4, f32) == "plain"
@@ -444,15 +495,65 @@ class TestSequenceOps:
         np.testing.assert_allclose(after, out_ref, atol=TOL)
         assert not np.allclose(after, before, atol=1e-3)
 
-    def test_only_the_lstm_kernel_has_other_forms(self) -> None:
-        """Three gates (a GRU weight) never measure the LSTM kernels: lay_out then picks the
-        order by the plain GEMM alone."""
-        assert _rnn_kernels._lstm_form(50, 512, 3, np.dtype(np.float32)) == "plain"
+    def test_the_gru_kernel_has_no_transposed_form(self) -> None:
+        """Three gates (a GRU weight) measure the GRU's plain and blocked kernels only;
+        lay_out keeps the weight row-major where a blocked form won, else picks the order by
+        the plain GEMM alone; two or five gates are never measured."""
+        f32 = np.dtype(np.float32)
+        form = _rnn_kernels._kernel_form(50, 512, 3, f32)
+        assert form in ("plain", *_rnn_kernels.BLOCK_WIDTHS)
+        assert _rnn_kernels._kernel_form(50, 512, 2, f32) == "plain"
+        assert _rnn_kernels._kernel_form(50, 512, 5, f32) == "plain"
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
-        fortran = _rnn_kernels._fortran_is_faster(3 * 512, 512, np.dtype(np.float32))
         laid = _rnn_kernels.lay_out(w)
         np.testing.assert_array_equal(laid, w)
+        layout = _rnn_kernels._kernel_form(_rnn_kernels._LAYOUT_BATCH, 512, 3, f32)
+        fortran = layout == "plain" and _rnn_kernels._fortran_is_faster(3 * 512, 512, f32)
         assert laid.flags.f_contiguous is fortran
+
+    @pytest.mark.parametrize("block", [1, 2, 3, 6])
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
+    )
+    def test_blocked_gru_against_reference(
+        self,
+        block: int,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
+    ) -> None:
+        """The GRU kernel with its recurrent GEMM in column blocks equals the reference loop,
+        every flag and block width (hidden 6), the projection in chunks of 3 steps."""
+        used: list[int] = []
+        blocked = _rnn_kernels._gru_sequence_blocked
+
+        def spy(*args: Any) -> Any:
+            used.append(args[-1])
+            return blocked(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: block)
+        monkeypatch.setattr(_rnn_kernels, "_gru_sequence_blocked", spy)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 3 * 6 * 4)
+        self.test_against_reference("GRU", reverse, batch_first, with_state)
+        assert used == [block]
+
+    @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
+    def test_the_blocked_gru_equals_the_plain_one(
+        self, reverse: bool, batch_first: bool, with_state: bool, biases: str
+    ) -> None:
+        """Blocked and plain GRU kernels agree on random data, every flag and either bias
+        alone, with the weight in either memory order (hidden 7: blocks of 1 and 7)."""
+        args = gru_case(reverse, batch_first, with_state, biases)
+        want = _rnn_kernels._gru_sequence_plain(*args)
+        x, w_ih, b_ih, w_hh, b_hh, h0 = args[:6]
+        for block, laid in ((1, w_hh), (GRU_HIDDEN, np.asfortranarray(w_hh))):
+            got = _rnn_kernels._gru_sequence_blocked(
+                x, w_ih, b_ih, laid, b_hh, h0, reverse, batch_first, block
+            )
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, atol=1e-6)
 
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_time_chunks_give_the_same_result(
@@ -477,7 +578,7 @@ class TestSequenceOps:
         """Above TANH_DIRECT_MAX elements (the state's tanh through np.tanh or through exp),
         in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
         monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
-        monkeypatch.setattr(_rnn_kernels, "_lstm_form", lambda *a: form)
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
         monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: form == "plain")
         hid = 96
         batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
