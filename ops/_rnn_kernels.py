@@ -286,14 +286,16 @@ def _best_times(
     return best
 
 
-#: The short sequence :func:`_kernel_form` runs each LSTM kernel form on: its steps
-#: (fewer let the input projection, the same work in both forms, weigh too much: at 4 steps
-#: the seed size's 10% gain measured 3-13%); runs of each form (the best counts): at least
-#: the first figure, then more until each form has run for ``_FORM_BUDGET`` seconds in all
-#: (small kernels are noisy), at most the second. About 0.15 s once per shape at
-#: (50, 50, 1024), 0.03 s at (50, 2, 256).
+#: The short sequence :func:`_kernel_form` runs each kernel form on: its steps (fewer let
+#: the input projection, the same work in every form, weigh too much: at 4 steps the seed
+#: size's 10% gain measured 3-13%); runs of each form (the best counts): at least the first
+#: figure, then more until each form has run for ``_FORM_BUDGET`` seconds in all (small
+#: kernels are noisy), at most the second. Two at least: a form's first run pays one-time
+#: costs (its buffers, measuring its gates' transcendental), which at the tutorial's size,
+#: where one run is all the budget allows, made the plain GRU kernel win against a blocked
+#: one 15% faster. About 0.8 s once per shape at (50, 50, 1024), 0.1 s at (50, 8, 256).
 _FORM_STEPS = 8
-_FORM_REPEATS = (1, 40)
+_FORM_REPEATS = (2, 40)
 _FORM_BUDGET = 0.02
 #: Hidden sizes under this keep the plain form without measuring (a step's GEMM is a few
 #: microseconds; the forms differ by less than the noise of measuring them).
