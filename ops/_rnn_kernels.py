@@ -337,8 +337,28 @@ def _blas_threads() -> int:
     return max((lib.get_num_threads() for lib in _blas_libs[0]), default=1)
 
 
-@functools.lru_cache(maxsize=64)
+_forms: dict[tuple[int, int, int, Any, int], Form] = {}
+_forms_lock = threading.Lock()
+
+
 def _kernel_form(
+    batch: int, hidden: int, gates: int, dtype: np.dtype[Any], blas_threads: int = 1
+) -> Form:
+    """:func:`_measure_form`'s answer for this shape, measured once per process: by one
+    thread at a time, so that the first calls of a model's directions on several threads
+    (an ensemble's, all at once) do not time their kernels against each other; the others
+    wait for the answer."""
+    key = (batch, hidden, gates, dtype, blas_threads)
+    form = _forms.get(key)
+    if form is None:
+        with _forms_lock:
+            form = _forms.get(key)
+            if form is None:
+                form = _forms[key] = _measure_form(batch, hidden, gates, dtype, blas_threads)
+    return form
+
+
+def _measure_form(
     batch: int, hidden: int, gates: int, dtype: np.dtype[Any], blas_threads: int = 1
 ) -> Form:
     """Which form of the LSTM kernel (``gates`` 4) or the GRU kernel (3) is fastest for this

@@ -192,6 +192,36 @@ class TestSequenceOps:
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-5)
 
+    def test_a_form_is_measured_by_one_thread_while_the_others_wait(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The first calls of a model's directions come on several threads at once: one
+        measures, the others wait for its answer instead of timing kernels side by side."""
+        import threading
+        import time
+
+        calls: list[tuple[Any, ...]] = []
+
+        def measure(*key: Any) -> Any:
+            calls.append(key)
+            time.sleep(0.05)
+            return 64
+
+        monkeypatch.setattr(_rnn_kernels, "_measure_form", measure)
+        monkeypatch.setattr(_rnn_kernels, "_forms", {})
+        got: list[Any] = []
+        key = (7, 192, 4, np.dtype(np.float32), 1)
+        threads = [
+            threading.Thread(target=lambda: got.append(_rnn_kernels._kernel_form(*key)))
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [64] * 4
+        assert calls == [key]
+
     def test_forms_are_measured_per_blas_thread_count(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -346,7 +376,7 @@ class TestSequenceOps:
             return times
 
         monkeypatch.setattr(_rnn_kernels, "_best_times", best_times)
-        decide = _rnn_kernels._kernel_form.__wrapped__
+        decide = _rnn_kernels._measure_form
         f32 = np.dtype(np.float32)
         forms = ["plain", "transposed", 32, 64, 128]
         for given, expected in (
@@ -507,7 +537,9 @@ class TestSequenceOps:
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
         laid = _rnn_kernels.lay_out(w)
         np.testing.assert_array_equal(laid, w)
-        layout = _rnn_kernels._kernel_form(_rnn_kernels._LAYOUT_BATCH, 512, 3, f32)
+        layout = _rnn_kernels._kernel_form(
+            _rnn_kernels._LAYOUT_BATCH, 512, 3, f32, _rnn_kernels._blas_threads()
+        )
         fortran = layout == "plain" and _rnn_kernels._fortran_is_faster(3 * 512, 512, f32)
         assert laid.flags.f_contiguous is fortran
 
