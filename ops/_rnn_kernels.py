@@ -312,9 +312,14 @@ _FORM_MIN_BATCH = 2
 _FORM_MARGIN = 0.95
 
 
-#: The block widths (gate columns per block) the blocked LSTM kernel is measured with
+#: The block widths (gate columns per block) the blocked kernels are measured with
 #: (:func:`_kernel_form`): those that divide the hidden size.
 BLOCK_WIDTHS = (32, 64, 128)
+#: The blocked forms copy ``W_hh`` at every call; past this many bytes they are not tried.
+#: At the tutorial's size (16 MiB) they were no faster than the transposed form (0.97-1.04x
+#: its time), and two directions' copies running at once raised the forward's peak memory
+#: from 1.16x to 1.21x numpy's.
+BLOCK_COPY_BYTES_MAX = 4 << 20
 
 #: The forms of the LSTM kernel (:func:`_kernel_form`): "plain", "transposed", or a block width.
 Form: TypeAlias = "str | int"
@@ -337,29 +342,39 @@ def _blas_threads() -> int:
     return max((lib.get_num_threads() for lib in _blas_libs[0]), default=1)
 
 
-_forms: dict[tuple[int, int, int, Any, int], Form] = {}
+_forms: dict[tuple[int, int, int, Any, int, bool], Form] = {}
 _forms_lock = threading.Lock()
 
 
 def _kernel_form(
-    batch: int, hidden: int, gates: int, dtype: np.dtype[Any], blas_threads: int = 1
+    batch: int,
+    hidden: int,
+    gates: int,
+    dtype: np.dtype[Any],
+    blas_threads: int = 1,
+    fortran: bool = False,
 ) -> Form:
     """:func:`_measure_form`'s answer for this shape, measured once per process: by one
     thread at a time, so that the first calls of a model's directions on several threads
     (an ensemble's, all at once) do not time their kernels against each other; the others
     wait for the answer."""
-    key = (batch, hidden, gates, dtype, blas_threads)
+    key = (batch, hidden, gates, dtype, blas_threads, fortran)
     form = _forms.get(key)
     if form is None:
         with _forms_lock:
             form = _forms.get(key)
             if form is None:
-                form = _forms[key] = _measure_form(batch, hidden, gates, dtype, blas_threads)
+                form = _forms[key] = _measure_form(*key)
     return form
 
 
 def _measure_form(
-    batch: int, hidden: int, gates: int, dtype: np.dtype[Any], blas_threads: int = 1
+    batch: int,
+    hidden: int,
+    gates: int,
+    dtype: np.dtype[Any],
+    blas_threads: int = 1,
+    fortran: bool = False,
 ) -> Form:
     """Which form of the LSTM kernel (``gates`` 4) or the GRU kernel (3) is fastest for this
     shape and BLAS thread count (:func:`_blas_threads`, which the caller passes; the
@@ -379,6 +394,12 @@ def _measure_form(
     wrong. Weights too small to matter (hidden under :data:`_FORM_MIN_HIDDEN`) and batches
     under :data:`_FORM_MIN_BATCH` keep the plain form without measuring; so does any gate
     count other than the LSTM's four and the GRU's three.
+
+    ``fortran``: the weight is stored in Fortran order (:func:`lay_out` found the plain form
+    fastest when the model was built, perhaps under another BLAS thread count). The
+    transposed form, which wants it row-major, is then not a candidate (a row-major copy of
+    the tutorial size's weight takes 16 ms a call, a Fortran-ordered operand costs its GEMM
+    12%); the plain and blocked forms are measured with the weight in that order.
     """
     lstm = gates == _LSTM_GATES
     if not (lstm or gates == _GRU_GATES) or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
@@ -394,9 +415,15 @@ def _measure_form(
     x: Array = rng.random((_FORM_STEPS, batch, hidden), dtype=np.float32).astype(dtype, copy=False)
     w_ih, w_hh = weight(), weight()
     bias = np.zeros(width, dtype=dtype)
-    w_hh_plain = np.asfortranarray(w_hh) if _fortran_is_faster(width, hidden, dtype) else w_hh
-    forms: list[Form] = ["plain", "transposed"] if lstm else ["plain"]
-    forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
+    if fortran:
+        w_hh = w_hh_plain = np.asfortranarray(w_hh)
+    elif _fortran_is_faster(width, hidden, dtype):
+        w_hh_plain = np.asfortranarray(w_hh)
+    else:
+        w_hh_plain = w_hh
+    forms: list[Form] = ["plain", "transposed"] if lstm and not fortran else ["plain"]
+    if width * hidden * dtype.itemsize <= BLOCK_COPY_BYTES_MAX:
+        forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
 
     def run(form: Form) -> Callable[[], object]:
         if not lstm:
@@ -663,15 +690,12 @@ def lstm_sequence_kernel(
         return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     if small == "numpy":
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-    form = _kernel_form(batch, hidden, _LSTM_GATES, w_hh.dtype, _blas_threads())
+    fortran = not w_hh.flags.c_contiguous
+    form = _kernel_form(batch, hidden, _LSTM_GATES, w_hh.dtype, _blas_threads(), fortran)
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
-    if form == "transposed":
-        # Row-major, as lay_out keeps it where this form won when the model was built; a
-        # weight laid out under another BLAS thread count is copied for the call (a few
-        # milliseconds at the tutorial's size, against a kernel of a quarter second).
-        w = w_hh if w_hh.flags.c_contiguous else np.ascontiguousarray(w_hh)
-        return _lstm_sequence_transposed(x, w_ih, bias, w, h0, c0, reverse, batch_first)
+    if form == "transposed" and not fortran:
+        return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
 
 
@@ -983,7 +1007,8 @@ def gru_sequence_kernel(
         return _rnn_numba.gru_sequence(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     if small == "numpy":
         return _gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
-    form = _kernel_form(batch, hidden, _GRU_GATES, w_hh.dtype, _blas_threads())
+    fortran = not w_hh.flags.c_contiguous
+    form = _kernel_form(batch, hidden, _GRU_GATES, w_hh.dtype, _blas_threads(), fortran)
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _gru_sequence_blocked(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form)
     return _gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)

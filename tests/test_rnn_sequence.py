@@ -210,7 +210,7 @@ class TestSequenceOps:
         monkeypatch.setattr(_rnn_kernels, "_measure_form", measure)
         monkeypatch.setattr(_rnn_kernels, "_forms", {})
         got: list[Any] = []
-        key = (7, 192, 4, np.dtype(np.float32), 1)
+        key = (7, 192, 4, np.dtype(np.float32), 1, False)
         threads = [
             threading.Thread(target=lambda: got.append(_rnn_kernels._kernel_form(*key)))
             for _ in range(4)
@@ -227,8 +227,9 @@ class TestSequenceOps:
     ) -> None:
         """The kernels ask for the form at the BLAS thread count of the moment (a runtime
         sets it for the process: a model built outside one measured its layout under
-        another), and a transposed form given a Fortran-ordered weight (laid out under
-        another count) runs on a row-major copy of it rather than falling back."""
+        another) and for the weight's order: a Fortran-ordered one (laid out for the plain
+        form, perhaps under another count) is measured without the transposed form, which
+        would need a row-major copy at every call; given it anyway, the kernel runs plain."""
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(1, user_api="blas"):
@@ -254,11 +255,13 @@ class TestSequenceOps:
         x = _rand(4, 6, 3, 5)
         args = (x, w_ih, bias, np.asfortranarray(w_hh), None, None, False, False)
         got = _rnn_kernels.lstm_sequence_kernel(*args)
-        assert asked == [(3, hid, 4, np.dtype(np.float32), 7)]
-        assert ran == [True]
-        want = _rnn_kernels._lstm_sequence_plain(*args)
+        assert asked == [(3, hid, 4, np.dtype(np.float32), 7, True)]
+        assert ran == []  # plain: the transposed form wants the weight row-major
+        want = transposed(x, w_ih, bias, w_hh, None, None, False, False)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-6)
+        _rnn_kernels.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, False, False)
+        assert asked[-1][-1] is False and ran == [True]
 
     def test_the_blocked_form_reads_weights_written_in_place(
         self, monkeypatch: pytest.MonkeyPatch
@@ -409,6 +412,20 @@ class TestSequenceOps:
         times[:] = [0.02, 0.015, 0.01, 0.012]
         assert decide(8, 256, 3, f32) == 64
         assert [form for form, _, _ in ran] == ["gru", 32, 64, 128]
+        # A weight over BLOCK_COPY_BYTES_MAX (copied at every call): no blocked forms.
+        ran.clear()
+        times[:] = [0.02, 0.01]
+        cap = _rnn_kernels.BLOCK_COPY_BYTES_MAX
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 4 * 256 * 256 * 4 - 1)
+        assert decide(8, 256, 4, f32) == "transposed"
+        assert [form for form, _, _ in ran] == ["plain", "transposed"]
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
+        # A Fortran-ordered weight: no transposed form, the others measured in its order.
+        ran.clear()
+        times[:] = [0.02, 0.01, 0.015, 0.015]
+        assert decide(8, 256, 4, f32, 1, True) == 32
+        assert [form for form, _, _ in ran] == ["plain", 32, 64, 128]
+        assert not any(c for _, _, c in ran)
         # A close call keeps the plain form (another must be clearly faster) ...
         times[:] = [0.020, 0.0195, 0.0196, 0.0197, 0.0198]
         assert decide(8, 256, 4, f32) == "plain"
