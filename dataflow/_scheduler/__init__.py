@@ -80,18 +80,18 @@
   ``b``, how much they slowed it: ``g = (w / b - 1) / o``, near 0 for BLAS and large ufuncs
   (they release the GIL) on free cores, 1 or more for a kernel that holds it. Two such
   kernels side by side give ``2 / (1 + g)`` times the throughput of one after the other;
-  once the median over its last 12 to 16 overlapped runs passes 1.5 (under 0.8x the
+  once the median over its last 12 to 16 overlapped runs passes 1.15 (under 0.93x the
   throughput: the noise of a shared machine blurs the break-even) a signature is *serial*:
   its kernels take the pool's GIL lane, one at a time (the thread holding the lane runs the
   next waiting one when it ends), while GIL-free kernels keep running in parallel beside it.
-  One run in 256 of a serial signature skips the lane to measure again; under 1.0 the mark
-  is lifted. On many cores every run can be contended, its best time too, and ``g`` then
+  One run in 256 of a serial signature skips the lane to measure again; under 0.85 the
+  mark is lifted. On many cores every run can be contended, its best time too, and ``g`` then
   reads low for kernels that only take turns (16 GIL-bound LSTM directions on 16 cores: g =
   0.1, each 20x slower than alone); so a run beside two or more others on a machine of four
   or more cores also reads the process's CPU time: GIL-bound kernels keep the process on
   about one core however many run (1.4-2.3 measured on a 16-core VM, where taking turns
   costs CPU time), and a run whose process used under 30% of the extra cores it could have
-  counts as g 1.5 or more (``_placement.parallel_gil``); the higher of the two estimates
+  counts as past the serial mark (``_placement.parallel_gil``); the higher of the two estimates
   counts. Only a wait for the GIL counts: the run's thread must have blocked (its voluntary
   context switches; a GIL-free thread starved of cores by other processes is preempted
   instead), run at least a quarter of an even share, and the process must have been busy

@@ -82,9 +82,17 @@ OUTLIER = 4.0
 # batch 1 x 128 channels, each 2.4x slower paired, 0.83x the throughput; batch 4 x 256,
 # 1.8x slower, 1.26x the throughput; batch 16 x 256, 1.5x the throughput.) The same
 # workload measured g = 0.42 in one run and 1.81 in another on a shared VM, so the lane
-# only takes kernels that clearly lose (g over 1.5: under 0.8x the throughput paired).
-SERIAL_ABOVE = 1.5
-FREE_BELOW = 1.0
+# only takes kernels that lose (g over 1.15: under 0.93x the throughput paired), and frees
+# them once they gain (under 0.85: over 1.08x). It took kernels only past 1.5 (0.8x) until
+# the LSTM's blocked kernel (2026-11-27, seventh session) made small directions faster and
+# more GIL-bound: at (50, 4, 128) they measured g = 1.1-1.6 paired, were run side by side in
+# some processes, and the ensemble on two inter-op threads took 1.07-1.22x one thread's
+# time. With 1.15: 0.95x one thread there, 0.88x at (50, 16, 128); the sizes whose
+# directions gain paired (g well under 1) are unchanged (fresh processes, best of 3-4
+# rounds; the noise on a shared VM is as wide either side of the mark, so the mark sits
+# where misplacing costs about as much either way).
+SERIAL_ABOVE = 1.15
+FREE_BELOW = 0.85
 GIL_DECIDE = 12
 GIL_WINDOW = 16
 # Pool runs of a signature not measured for the GIL: caches, allocator and BLAS warm up.
@@ -96,7 +104,7 @@ MIN_MEASURED = 50e-6
 # Many cores: a run beside at least PARALLEL_OTHERS others on a machine of at least
 # PARALLEL_CORES cores also reads the process's CPU time (``parallel_gil``), which sees what
 # ``g`` misses once every run is contended. Below SERIAL_PARALLEL of the extra cores it could
-# have used, a run counts as GIL-bound (g past 1.5, the serial mark). Measured on a 16-core
+# have used, a run counts as GIL-bound (g past SERIAL_ABOVE, the serial mark). Measured on a 16-core
 # VM (2026-11-27): seven or eight GIL-bound LSTM directions side by side kept the process on
 # 1.4-2.3 cores (taking turns on the GIL costs CPU time there: futex wake-ups of idle
 # vCPUs), 0.07-0.2 of the extra cores; GIL-free ones use nearly all. Three conditions keep
@@ -249,7 +257,8 @@ def parallel_gil(
     With ``others`` kernels beside it the process could have used ``min(1 + others, cores)``
     cores; GIL-bound kernels keep it near one, whatever their number (one holds the GIL, the
     rest wait off the CPU). The fraction of the extra cores it used maps to 0 (all: GIL-free)
-    .. about 2.1 (none), crossing the serial mark 1.5 at :data:`SERIAL_PARALLEL`.
+    .. about 1.6 (none), crossing the serial mark :data:`SERIAL_ABOVE` at
+    :data:`SERIAL_PARALLEL`.
 
     ``cpu`` (the run's thread CPU time) and ``blocked`` (whether the thread blocked in the
     run: voluntary context switches) tell a wait for the GIL from other waits (the
@@ -288,7 +297,7 @@ def dispatcher_overlap(wall: float, cpu: float, process: float) -> float:
     (20, 1, 64): the kernels that ran while the forward was being dispatched took 1.6-2.5x
     their time alone), off the CPU while the dispatcher is on it. A GIL-free kernel (BLAS)
     keeps its CPU. Fed to :func:`note_overlap` as the overlap, a GIL-bound kernel's run then
-    reads ``g`` about ``wall / best``, over the serial mark once it took more than 1.5x its
+    reads ``g`` about ``wall / best``, over the serial mark once it took more than 1.15x its
     time alone; runs alone read under 0.3 and say nothing. Time the whole process lost to
     other processes (the worker and the dispatcher both off the CPU) does not count, so a
     loaded machine does not mark a kernel GIL-bound.
