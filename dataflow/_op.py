@@ -318,6 +318,7 @@ class Op(Generic[P, R]):
                 handle = self.handle(Task.done(sig, out[0], rt), None, spec)
             return handle  # type: ignore[no-any-return]
         if type(out) is list:  # it ran now, and a profile recorded it: light, with its id
+            # (apart from the branch above, so that the unobserved path tests nothing more)
             light = sig.light
             if light is None:
                 light = sig.light = Task.done(sig, LIGHT, None)

@@ -910,6 +910,28 @@ def _lstm_sequence_transposed(
     return out, h_n, np.ascontiguousarray(c.T)
 
 
+def _weight_blocks(w_hh: Array, block: int) -> Array:
+    """``W_hh`` (G*H, H) copied into ``(G*H / block, H, block)``: block ``k`` is ``W[k*block :
+    (k+1)*block].T``, row-major (the blocked kernels' step GEMM is ``h @ blocks``)."""
+    rows, hidden = w_hh.shape
+    blocks = rows // block
+    wb = _scratch("w_hh_blocks", (blocks, hidden, block), w_hh.dtype)
+    np.copyto(wb, np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
+    return wb
+
+
+def _output_blocks(out: Array, block: int, batch_first: bool) -> Array:
+    """A (T, B, H / block, block) view of the output (T, B, H) (or (B, T, H) with
+    ``batch_first``): where each step's h goes from the blocked kernels' block layout."""
+    if batch_first:
+        batch, steps, hidden = out.shape
+        view: Array = out.reshape(batch, steps, hidden // block, block).swapaxes(0, 1)
+        return view
+    steps, batch, hidden = out.shape
+    flat: Array = out.reshape(steps, batch, hidden // block, block)
+    return flat
+
+
 def _lstm_sequence_blocked(
     x: Array,
     w_ih: Array,
@@ -938,14 +960,8 @@ def _lstm_sequence_blocked(
     blocks, per_gate = width // block, hidden // block
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
-    # (T, B, H / block, block): where each step's h goes, from its block layout.
-    seq_blocks = (
-        out.reshape(batch, steps, per_gate, block).swapaxes(0, 1)
-        if batch_first
-        else out.reshape(steps, batch, per_gate, block)
-    )
-    wb = _scratch("w_hh_blocks", (blocks, hidden, block), dtype)
-    np.copyto(wb, np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
+    seq_blocks = _output_blocks(out, block, batch_first)
+    wb = _weight_blocks(w_hh, block)
     size = chunk_steps(steps, batch, width, dtype.itemsize)
     buf = _scratch("chunk", (size * batch, width), dtype)
     gates = _scratch("gates", (blocks, batch, block), dtype)
@@ -1014,6 +1030,21 @@ def gru_sequence_kernel(
     return _gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
 
 
+def _gru_gates(rz: Array, r: Array, n: Array, gi_rz: Array, gi_n: Array, one: Any) -> None:
+    """A GRU step's gates in place, ``rz``, ``r`` and ``n`` views of the step's ``h @ W_hh.T
+    (+ b_hh)`` and ``gi_*`` of its input projection: ``r, z = sigmoid(gi_rz + rz)``, then ``n
+    = tanh(gi_n + r * n)``."""
+    rz += gi_rz
+    np.negative(rz, out=rz)
+    with np.errstate(over="ignore"):
+        np.exp(rz, out=rz)
+    np.add(rz, one, out=rz)
+    np.reciprocal(rz, out=rz)  # sigmoid(r), sigmoid(z)
+    n *= r
+    n += gi_n
+    _tanh_into(n, n)
+
+
 def _gru_sequence_plain(
     x: Array,
     w_ih: Array,
@@ -1049,15 +1080,7 @@ def _gru_sequence_plain(
             _gemm_into(h, w_hh_t, gh)
             if b_hh is not None:
                 gh += b_hh
-            rz += gi[:, : 2 * hidden]
-            np.negative(rz, out=rz)
-            with np.errstate(over="ignore"):
-                np.exp(rz, out=rz)
-            np.add(rz, one, out=rz)
-            np.reciprocal(rz, out=rz)  # sigmoid(r), sigmoid(z)
-            n *= r
-            n += gi[:, 2 * hidden :]
-            _tanh_into(n, n)
+            _gru_gates(rz, r, n, gi[:, : 2 * hidden], gi[:, 2 * hidden :], one)
             # h' = (1 - z) * n + z * h = n + z * (h - n), written into the output's row.
             h_new = seq[t]
             np.subtract(h, n, out=h_new)
@@ -1087,13 +1110,8 @@ def _gru_sequence_blocked(
     blocks, per_gate = width // block, hidden // block
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out
-    seq_blocks = (
-        out.reshape(batch, steps, per_gate, block).swapaxes(0, 1)
-        if batch_first
-        else out.reshape(steps, batch, per_gate, block)
-    )
-    wb = _scratch("w_hh_blocks", (blocks, hidden, block), dtype)
-    np.copyto(wb, np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
+    seq_blocks = _output_blocks(out, block, batch_first)
+    wb = _weight_blocks(w_hh, block)
     bias_blocks = None if b_hh is None else np.asarray(b_hh).reshape(blocks, 1, block)
     size = chunk_steps(steps, batch, width, dtype.itemsize)
     buf = _scratch("chunk", (size * batch, width), dtype)
@@ -1114,15 +1132,7 @@ def _gru_sequence_blocked(
             np.matmul(h, wb, out=gh)
             if bias_blocks is not None:
                 gh += bias_blocks
-            rz += gi[: 2 * per_gate]
-            np.negative(rz, out=rz)
-            with np.errstate(over="ignore"):
-                np.exp(rz, out=rz)
-            np.add(rz, one, out=rz)
-            np.reciprocal(rz, out=rz)  # sigmoid(r), sigmoid(z)
-            n *= r
-            n += gi[2 * per_gate :]
-            _tanh_into(n, n)
+            _gru_gates(rz, r, n, gi[: 2 * per_gate], gi[2 * per_gate :], one)
             # h' = n + z * (h - n), in blocks, then into the output's row.
             np.subtract(hb, n, out=hb)
             hb *= z

@@ -143,8 +143,10 @@ class TestSequenceOps:
     @pytest.mark.parametrize(
         ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
     )
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_blocked_form_against_reference(
         self,
+        mode: str,
         block: int,
         reverse: bool,
         batch_first: bool,
@@ -152,21 +154,23 @@ class TestSequenceOps:
         monkeypatch: pytest.MonkeyPatch,
         no_small: None,
     ) -> None:
-        """The LSTM kernel with its recurrent GEMM in column blocks (h @ Wb[k], one stacked
-        matmul: where that is faster) equals the reference loop, every flag and block width
-        (hidden 6: blocks of 1, 2, 3 and 6 gate columns), with the projection in chunks of 3
-        steps."""
+        """The LSTM and GRU kernels with their recurrent GEMM in column blocks (h @ Wb[k], one
+        stacked matmul: where that is faster) equal the reference loop, every flag and block
+        width (hidden 6: blocks of 1, 2, 3 and 6 gate columns), with the projection in chunks
+        of 3 steps."""
         used: list[int] = []
-        blocked = _rnn_kernels._lstm_sequence_blocked
+        name = f"_{mode.lower()}_sequence_blocked"
+        blocked = getattr(_rnn_kernels, name)
 
         def spy(*args: Any) -> Any:
             used.append(args[-1])
             return blocked(*args)
 
+        gates = 4 if mode == "LSTM" else 3
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: block)
-        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_blocked", spy)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
-        self.test_against_reference("LSTM", reverse, batch_first, with_state)
+        monkeypatch.setattr(_rnn_kernels, name, spy)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
+        self.test_against_reference(mode, reverse, batch_first, with_state)
         assert used == [block]
 
     @pytest.mark.parametrize("order", ["C", "F"])
@@ -559,34 +563,6 @@ class TestSequenceOps:
         )
         fortran = layout == "plain" and _rnn_kernels._fortran_is_faster(3 * 512, 512, f32)
         assert laid.flags.f_contiguous is fortran
-
-    @pytest.mark.parametrize("block", [1, 2, 3, 6])
-    @pytest.mark.parametrize(
-        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
-    )
-    def test_blocked_gru_against_reference(
-        self,
-        block: int,
-        reverse: bool,
-        batch_first: bool,
-        with_state: bool,
-        monkeypatch: pytest.MonkeyPatch,
-        no_small: None,
-    ) -> None:
-        """The GRU kernel with its recurrent GEMM in column blocks equals the reference loop,
-        every flag and block width (hidden 6), the projection in chunks of 3 steps."""
-        used: list[int] = []
-        blocked = _rnn_kernels._gru_sequence_blocked
-
-        def spy(*args: Any) -> Any:
-            used.append(args[-1])
-            return blocked(*args)
-
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: block)
-        monkeypatch.setattr(_rnn_kernels, "_gru_sequence_blocked", spy)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 3 * 6 * 4)
-        self.test_against_reference("GRU", reverse, batch_first, with_state)
-        assert used == [block]
 
     @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
     def test_the_blocked_gru_equals_the_plain_one(
