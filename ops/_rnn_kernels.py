@@ -44,10 +44,12 @@ code written the obvious way:
   writes each step's h into its output row with one small transposing copy. Whole
   directions on one thread: 0.89x the best of the other two forms at (50, 50, 256), 0.62x at
   (50, 8, 512), 0.56x at (50, 4, 256), 0.86-0.96x from H = 64 to 512; none better at the
-  tutorial's (50, 50, 1024).
+  tutorial's (50, 50, 1024), where the per-call copy (16 MiB) is not tried
+  (:data:`BLOCK_COPY_BYTES_MAX`). The GRU kernel has the same blocked form.
 * **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed
-  and each block width) on a short sequence, once per shape and dtype, and takes the
-  fastest where it is clearly faster than the plain one.
+  and each block width; the GRU's plain and blocked ones) on a short sequence, once per
+  shape, dtype, BLAS thread count and weight order, and takes the fastest where it is
+  clearly faster than the plain one.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
   numpy's per-call overhead (about 0.4 us a call) is most of it, the LSTM kernel
   (:func:`_lstm_sequence_small`, see :data:`SMALL_WEIGHTS_PER_STEP`) copies the weights for
