@@ -406,8 +406,13 @@ def _measure_form(
     lstm = gates == _LSTM_GATES
     if not (lstm or gates == _GRU_GATES) or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
         return "plain"
-    rng = np.random.default_rng(0)
     width = gates * hidden
+    forms: list[Form] = ["plain", "transposed"] if lstm and not fortran else ["plain"]
+    if width * hidden * dtype.itemsize <= BLOCK_COPY_BYTES_MAX:
+        forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
+    if len(forms) == 1:  # nothing to choose from (a large GRU, or a Fortran-ordered LSTM)
+        return "plain"
+    rng = np.random.default_rng(0)
 
     def weight() -> Array:
         w: Array = (rng.random((width, hidden), dtype=np.float32) - 0.5).astype(dtype, copy=False)
@@ -423,9 +428,6 @@ def _measure_form(
         w_hh_plain = np.asfortranarray(w_hh)
     else:
         w_hh_plain = w_hh
-    forms: list[Form] = ["plain", "transposed"] if lstm and not fortran else ["plain"]
-    if width * hidden * dtype.itemsize <= BLOCK_COPY_BYTES_MAX:
-        forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
 
     def run(form: Form) -> Callable[[], object]:
         if not lstm:

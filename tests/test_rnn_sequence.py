@@ -267,6 +267,46 @@ class TestSequenceOps:
         _rnn_kernels.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, False, False)
         assert asked[-1][-1] is False and ran == [True]
 
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_a_weight_past_the_copy_bound_runs_in_either_order(
+        self, mode: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A weight whose block copy would pass BLOCK_COPY_BYTES_MAX (the tutorial's size:
+        here a smaller one with the bound lowered), row-major or in Fortran order (as
+        lay_out stores it where the plain form won; an op's argument that big reaches the
+        kernel as it is), runs and equals the plain kernel: the form measurement has fewer
+        candidates, down to one."""
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 1024)
+        monkeypatch.setattr(_rnn_kernels, "_forms", {})
+        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        gates, hid, inp = (4, 64, 16) if mode == "LSTM" else (3, 64, 16)
+        w_ih, w_hh, bias = (
+            _rand(1, gates * hid, inp),
+            _rand(2, gates * hid, hid),
+            _rand(3, gates * hid),
+        )
+        w_hh *= np.float32(0.2)
+        x = _rand(4, 6, 4, inp)
+        got: tuple[Array, ...]
+        want: tuple[Array, ...]
+        for laid in (w_hh, np.asfortranarray(w_hh)):
+            if mode == "LSTM":
+                got = _rnn_kernels.lstm_sequence_kernel(
+                    x, w_ih, bias, laid, None, None, False, False
+                )
+                want = _rnn_kernels._lstm_sequence_plain(
+                    x, w_ih, bias, w_hh, None, None, False, False
+                )
+            else:
+                got = _rnn_kernels.gru_sequence_kernel(
+                    x, w_ih, bias, laid, bias, None, False, False
+                )
+                want = _rnn_kernels._gru_sequence_plain(
+                    x, w_ih, bias, w_hh, bias, None, False, False
+                )
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, atol=1e-5)
+
     def test_the_blocked_form_reads_weights_written_in_place(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -423,6 +463,16 @@ class TestSequenceOps:
         monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 4 * 256 * 256 * 4 - 1)
         assert decide(8, 256, 4, f32) == "transposed"
         assert [form for form, _, _ in ran] == ["plain", "transposed"]
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
+        # Nothing to choose from: past the copy bound, a Fortran-ordered LSTM weight and any
+        # GRU weight have the plain form only, kept without running a kernel (this raised
+        # "min() arg is an empty sequence" at the tutorial's size when lay_out had stored
+        # the weight in Fortran order).
+        ran.clear()
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 3 * 256 * 256 * 4 - 1)
+        assert decide(8, 256, 4, f32, 1, True) == "plain"
+        assert decide(8, 256, 3, f32, 1, False) == "plain"
+        assert ran == []
         monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
         # A Fortran-ordered weight: no transposed form, the others measured in its order.
         ran.clear()
