@@ -69,7 +69,7 @@ def finish(task: Task, value: object, release: bool = True) -> list[Task] | None
     """
     task.value = value
     task.state = DONE
-    task.fn = task.args = task.kwargs = None
+    task.fn = task.args = task.kwargs = task.handles = None
     if release:
         task.inputs = ()
     deps = task.dependents
@@ -105,7 +105,7 @@ def fail(task: Task, err: BaseException | None) -> list[Task]:
             continue
         t.state = final
         t.error = err
-        t.fn = t.args = t.kwargs = None
+        t.fn = t.args = t.kwargs = t.handles = None
         t.inputs = ()
         changed.append(t)
         deps = t.dependents

@@ -26,6 +26,7 @@ from dataflow._scheduler._placement import (
     EWMA,
     FIRST_RUNS,
     GIL_DECIDE,
+    MEASURE_POOL_ABOVE,
     OUTLIER,
     PROBE,
     SAMPLE,
@@ -1104,6 +1105,37 @@ class TestGilLane:
         spans = sorted(log[1:])
         assert len(spans) == 4
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+    def test_only_kernels_long_enough_to_say_something_are_measured_on_every_pool_run(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A pool run is measured for the GIL (``_measured``: the pool's busy integral, the
+        thread's clocks) only when the kernel is estimated at MEASURE_POOL_ABOVE or more; a
+        kernel of a few microseconds forced to the pool is timed on sampled runs only, as
+        its measurement would be thrown away (shorter than MIN_MEASURED)."""
+        from dataflow._scheduler._execution import Execution
+
+        measured: list[str] = []
+        real = Execution._measured
+
+        def counting(self: Any, sig: Signature, *args: Any) -> Any:
+            measured.append(sig.name)
+            return real(self, sig, *args)
+
+        monkeypatch.setattr(Execution, "_measured", counting)
+
+        def nap(x: Any) -> Any:
+            time.sleep(2 * MEASURE_POOL_ABOVE)  # off the GIL, estimated above the mark
+            return x
+
+        tiny = _pool_runs("tiny_pool", lambda x: x, 200)
+        assert tiny.seconds < MEASURE_POOL_ABOVE
+        # (An op without a cost rule starts from a long estimate: its first run is measured.)
+        assert measured.count("tiny_pool") <= FIRST_RUNS and tiny.overlaps == []
+        long = _pool_runs("napping_pool", nap, 40)
+        assert long.seconds >= MEASURE_POOL_ABOVE
+        # Every run past the first timed ones (which set the estimate) was measured.
+        assert measured.count("napping_pool") >= 40 - FIRST_RUNS
 
     def test_a_failing_serial_kernel_passes_the_lane_on(self) -> None:
         """A serial kernel that raises still hands the lane to the next one."""

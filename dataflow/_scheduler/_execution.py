@@ -32,6 +32,7 @@ from .._timeout import TimedKernel
 from ._placement import (
     FIRST_RUNS,
     HANDBACK_SECONDS,
+    MEASURE_POOL_ABOVE,
     MIN_MEASURED,
     PARALLEL_CORES,
     PARALLEL_OTHERS,
@@ -107,7 +108,12 @@ class Execution(Requests):
             return self.simulate(task)
         sig = task.sig
         n = sig.calls = sig.calls + 1
-        if pool_run and not sig.runner and self.pool is not None:  # every pool run (>= 50 us)
+        if (
+            pool_run
+            and sig.seconds >= MEASURE_POOL_ABOVE
+            and not sig.runner
+            and self.pool is not None
+        ):
             value = self._measured(sig, fn, args, kwargs)
         elif n > FIRST_RUNS and n % SAMPLE:
             value = fn(*args, **kwargs) if kwargs else fn(*args)

@@ -101,6 +101,11 @@ WARM_UP = 8
 PROBE = 256
 # Runs shorter than this say nothing about the GIL (clock resolution, start-up).
 MIN_MEASURED = 50e-6
+# Pool runs of a kernel estimated at least this long are all measured for the GIL (a few
+# clock reads, ~1 us); shorter ones are sampled like any other run (``FIRST_RUNS``,
+# ``SAMPLE``): their measurement would be thrown away (``MIN_MEASURED``), and for a kernel of
+# a few microseconds forced to the pool (``inline=False``) it was a third of a worker's cost.
+MEASURE_POOL_ABOVE = MIN_MEASURED / 2
 # Many cores: a run beside at least PARALLEL_OTHERS others on a machine of at least
 # PARALLEL_CORES cores also reads the process's CPU time (``parallel_gil``), which sees what
 # ``g`` misses once every run is contended. Below SERIAL_PARALLEL of the extra cores it could
