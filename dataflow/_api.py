@@ -285,7 +285,7 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         task = rt.dispatch(sig, _in_context(ctx, call), args, kwargs or None, inputs, ready)
         fut = Pending(task)
         if task.state < DONE:
-            task.handles = [weakref.ref(fut)]
+            task.handles = weakref.ref(fut)
     if parent is not None:
         parent._children.append(fut)
     return fut

@@ -340,7 +340,7 @@ class Op(Generic[P, R]):
             return handles  # type: ignore[return-value]
         handle = self.handle(task, None, spec)
         if task.state < DONE:  # deferred: whether someone still holds it decides its fate
-            task.handles = [weakref.ref(handle)]
+            task.handles = weakref.ref(handle)  # (not in a list: one object less to collect)
         return handle  # type: ignore[no-any-return]
 
     def _scan(

@@ -324,8 +324,9 @@ class Task:
         self.waiting = 0
         # Argument arrays made read-only until the kernel has run (see _protect).
         self.frozen: list[Any] | None = None
-        # Weak references to the handles on a deferred task (is its value still wanted?).
-        self.handles: list[Any] | None = None
+        # The handles on a deferred task, weakly (is its value still wanted?): a weak reference
+        # to the one handle, or a list of them (an op of several outputs). Only until it ends.
+        self.handles: Any = None
         # When it became READY (perf_counter_ns), recorded only while something observes.
         self.ready = 0
         # Among ready tasks the smallest priority runs first: issue order by default, the

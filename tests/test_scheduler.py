@@ -1125,7 +1125,9 @@ class TestGilLane:
         monkeypatch.setattr(Execution, "_measured", counting)
 
         def nap(x: Any) -> Any:
-            time.sleep(2 * MEASURE_POOL_ABOVE)  # off the GIL, estimated above the mark
+            # Off the GIL, estimated above the mark; and long enough that the awaiting loop
+            # leaves every run to the workers (a run there is not a pool run).
+            time.sleep(2 * AWAIT_HERE_SECONDS)
             return x
 
         tiny = _pool_runs("tiny_pool", lambda x: x, 200)

@@ -108,7 +108,11 @@ class Requests(SchedulerBase):
             if waiters and any(not _done(w) for w in waiters):
                 continue  # a live coroutine awaits it
             handles = t.handles
-            if handles and any(h() is not None for h in handles):
+            if handles is not None and (
+                handles() is not None
+                if type(handles) is weakref.ref
+                else any(h() is not None for h in handles)
+            ):
                 continue  # someone holds a handle on it
             deps = t.dependents
             if deps and any(d.state < DONE for d in deps):
