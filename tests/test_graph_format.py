@@ -316,6 +316,20 @@ class TestBadFiles:
         with pytest.raises(FileNotFoundError):
             dataflow.load(str(tmp_path / "nope.dfg"))
 
+    @pytest.mark.parametrize("path", [5, None, b"model.dfg", ["model.dfg"]])
+    def test_a_path_that_is_not_one_is_refused_naming_the_argument(
+        self, saved: tuple[Path, dataflow.Graph, Array], path: Any
+    ) -> None:
+        """load, read and save name their ``path`` argument for anything but a str or an
+        os.PathLike (os.fspath's own error named neither); a pathlib.Path works."""
+        file, graph, _ = saved
+        for call, name in ((dataflow.load, "dataflow.load"), (read, "dataflow.graph.read"),
+                           (graph.save, "Graph.save")):  # fmt: skip
+            with pytest.raises(dataflow.DataflowTypeError, match=rf"{re.escape(name)}\(path="):
+                call(path)
+        assert isinstance(dataflow.load(file, trust=["ops"]), dataflow.Graph)
+        assert isinstance(read(file), dataflow.Graph)
+
 
 # -- trust: a module of ops that is not imported yet ------------------------------------------
 

@@ -232,7 +232,7 @@ def _producer() -> str:
     return f"dataflow {_version()}"
 
 
-def save(graph: Graph, path: str) -> None:
+def save(graph: Graph, path: str | os.PathLike[str]) -> None:
     """Write ``graph`` to ``path`` (format version 1; see the module docstring).
 
     The file is written next to ``path`` and renamed into place, so a failed save leaves no
@@ -240,8 +240,10 @@ def save(graph: Graph, path: str) -> None:
 
     Raises:
         TypeError: the graph holds something a file cannot represent (an op that is not
-            registered under its name, an argument of an unknown type, an object array).
+            registered under its name, an argument of an unknown type, an object array), or
+            ``path`` is not a str or os.PathLike.
     """
+    file = _path(path, "Graph.save")
     constants = []
     for name, array in graph.constants.items():
         where = f"constant {name}"
@@ -269,15 +271,30 @@ def save(graph: Graph, path: str) -> None:
         for name, array in graph.constants.items():
             with npz.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-    fd, tmp = _create_beside(path)
+    fd, tmp = _create_beside(file)
     try:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("graph.json", text)
             zf.writestr("params.npz", params.getvalue(), compress_type=zipfile.ZIP_STORED)
-        os.replace(tmp, path)
+        os.replace(tmp, file)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _path(path: object, call: str) -> str:
+    """A file path given to ``call`` as a str (or os.PathLike); anything else is refused
+    naming the argument (``os.fspath``'s own error names neither)."""
+    if isinstance(path, str):
+        return path
+    if isinstance(path, os.PathLike):
+        fs = os.fspath(path)
+        if isinstance(fs, str):
+            return fs
+    raise DataflowTypeError(
+        f"{call}(path=...) must be a file path (str or os.PathLike of str), got "
+        f"{type(path).__name__}: {path!r:.60}"
+    )
 
 
 def _create_beside(path: str) -> tuple[int, str]:
@@ -683,22 +700,22 @@ def _infer(
     return spec, cost, [type_of(s) for s in specs]
 
 
-def _read(path: str, resolve: bool, trust: Iterable[str] | str) -> Graph:
+def _read(path: str | os.PathLike[str], resolve: bool, trust: Iterable[str] | str) -> Graph:
     trusted = (trust,) if isinstance(trust, str) else tuple(trust)
-    path = os.fspath(path)
+    name = _path(path, "dataflow.load" if resolve else "dataflow.graph.read")
     dec = _Decoder(resolve, trusted)
     try:
-        with open(path, "rb") as f:
+        with open(name, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
             with open_zip(f, "the file", MAX_MEMBERS) as zf:
                 doc = _graph_json(zf)
                 arrays = read_params(zf, _declared_constants(doc, dec, file_size))
         return _decode(doc, arrays, dec)
     except Problem as exc:
-        raise GraphFormatError(path, str(exc)) from exc.__cause__
+        raise GraphFormatError(name, str(exc)) from exc.__cause__
 
 
-def load(path: str, *, trust: Iterable[str] | str = ()) -> Graph:
+def load(path: str | os.PathLike[str], *, trust: Iterable[str] | str = ()) -> Graph:
     """Read a graph file written by :meth:`Graph.save`, ready to run.
 
     Ops are found in this process's op registry by their qualified names. A module a file
@@ -715,7 +732,8 @@ def load(path: str, *, trust: Iterable[str] | str = ()) -> Graph:
             found (or whose module is not trusted). Arguments an op's rules refuse, a
             ``Cost`` field that is negative or NaN, included.
         DataflowTypeError, DataflowValueError: ``trust`` is not a module name (``"ops"``) or
-            an iterable of them (checked before the file is opened).
+            an iterable of them, or ``path`` is not a str or os.PathLike (checked before the
+            file is opened).
         FileNotFoundError: there is no such file.
     """
     return _read(path, True, _trust_names(trust))
@@ -746,7 +764,7 @@ def _trust_names(trust: object) -> tuple[str, ...]:
     return cast("tuple[str, ...]", names)
 
 
-def read(path: str) -> Graph:
+def read(path: str | os.PathLike[str]) -> Graph:
     """Read a graph file for inspection only: nothing is imported or looked up.
 
     The graph prints (``print(graph)``, ``graph.code``) but does not run; use :func:`load`.

@@ -19,6 +19,7 @@ pure functions of their arguments, as every ``ops`` kernel is.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -373,7 +374,7 @@ class Graph:
 
         return optimize(self, engine=engine)
 
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the graph and its constants to ``path`` (see ``docs/graph.md`` for the format)."""
         from ._format import save
 
