@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._task import DONE, LIGHT, Pending, Task
-from ._walk import is_container, leaves, replace
+from ._walk import ATOMS, is_container, leaves, replace
 
 __all__ = ["resolve", "resolve_kwargs", "scan"]
 
@@ -40,6 +40,8 @@ def scan(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[tuple[Ta
     whether all of them are done."""
     inputs: list[Task] = []
     for a in args if not kwargs else (*args, *kwargs.values()):
+        if type(a) in ATOMS:
+            continue
         if isinstance(a, Pending):
             inputs.append(a._t)
         elif is_container(a):

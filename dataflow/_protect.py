@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._walk import is_container, leaves, replace
+from ._walk import ATOMS, is_container, leaves, replace
 
 if TYPE_CHECKING:
     from ._task import Task
@@ -125,7 +125,7 @@ def protect(task: Task) -> None:
                 frozen = [a]
             else:
                 frozen.append(a)
-        elif is_container(a):
+        elif type(a) not in ATOMS and is_container(a):
             if frozen is None:
                 frozen = []
             b = _protect_container(a, _leaf(task, frozen))
