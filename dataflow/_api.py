@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import inspect
 import time
+import types
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar, overload
@@ -191,6 +192,10 @@ class TaskFuture(Future[T]):
         return f"<Future {self.name} {state}>"
 
 
+_FunctionType = types.FunctionType
+_CO_COROUTINE = inspect.CO_COROUTINE
+
+
 def _is_async_callable(fn: Any) -> bool:
     if inspect.iscoroutinefunction(fn):
         return True
@@ -255,6 +260,35 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         TypeError: ``fn`` is not callable, or is a coroutine object (``fork(f(x))``).
         NoRuntimeError: called outside a runtime.
     """
+    if type(fn) is _FunctionType:  # a def or a lambda: what the checks below come to
+        is_async = bool(fn.__code__.co_flags & _CO_COROUTINE) or (
+            # (inspect.markcoroutinefunction, Python 3.12+)
+            getattr(fn, "_is_coroutine_marker", None) is not None
+            and inspect.iscoroutinefunction(fn)
+        )
+    else:
+        is_async = _checked_is_async(fn)
+    rt = get_runtime("dataflow.fork()")
+    parent = _parent.get()
+    if is_async:
+        fut: Future[Any] = _fork_async(rt, fn, args, kwargs, parent)
+    else:
+        ctx = contextvars.copy_context()
+        call = name_plain_fork(fn)  # binds the task's name for log lines
+        inputs, ready = scan(args, kwargs or None)
+        sig = Signature(_fn_name(fn), inline=False)
+        sig.measure = False
+        task = rt.dispatch(sig, _in_context(ctx, call), args, kwargs or None, inputs, ready)
+        fut = Pending(task)
+        if task.state < DONE:
+            task.handles = weakref.ref(fut)
+    if parent is not None:
+        parent._children.append(fut)
+    return fut
+
+
+def _checked_is_async(fn: Any) -> bool:
+    """Whether ``fork`` runs ``fn`` as a task on the loop; refuses what cannot be forked."""
     if inspect.iscoroutine(fn):
         name = fn.cr_code.co_name
         fn.close()  # silence "coroutine was never awaited"
@@ -273,22 +307,7 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
             f"fork() needs a callable as its first argument, got {type(fn).__name__}: {fn!r}. "
             "Pass the function to run and its arguments: fork(fn, *args)"
         )
-    rt = get_runtime("dataflow.fork()")
-    parent = _parent.get()
-    if _is_async_callable(fn):
-        fut: Future[Any] = _fork_async(rt, fn, args, kwargs, parent)
-    else:
-        ctx = contextvars.copy_context()
-        call = name_plain_fork(fn)  # binds the task's name for log lines
-        inputs, ready = scan(args, kwargs or None)
-        sig = Signature(_fn_name(fn), inline=False)
-        task = rt.dispatch(sig, _in_context(ctx, call), args, kwargs or None, inputs, ready)
-        fut = Pending(task)
-        if task.state < DONE:
-            task.handles = weakref.ref(fut)
-    if parent is not None:
-        parent._children.append(fut)
-    return fut
+    return _is_async_callable(fn)
 
 
 def _in_context(ctx: contextvars.Context, fn: Callable[..., Any]) -> Callable[..., Any]:

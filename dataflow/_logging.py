@@ -42,14 +42,27 @@ def name_plain_fork(fn: Callable[..., Any]) -> Callable[..., Any]:
     """
 
     def forked_plain_function(*args: Any, **kwargs: Any) -> Any:
-        from ._scheduler import running_task
-
-        task = running_task()
+        task = getattr(_running(), "task", None)  # _scheduler.running_task(), inlined
         if task is not None:
             bind_contextvars(**{TASK_KEY: task.name})
         return fn(*args, **kwargs)
 
     return forked_plain_function
+
+
+def _running() -> Any:
+    """The scheduler's thread-local record of the task a thread runs, imported on first use
+    (``_scheduler`` imports this module): an ``import`` statement per forked call cost more
+    than the rest of its wrapper."""
+    global _running_local
+    if _running_local is None:
+        from ._scheduler._execution import _running as local
+
+        _running_local = local
+    return _running_local
+
+
+_running_local: Any = None
 
 
 class TaskLogger:

@@ -184,6 +184,10 @@ class Signature:
             measured for the GIL lane (its overlap says nothing) and not recorded as a span
             (its nodes are).
         op: the declared op (``dataflow.Op``), or None for forked functions.
+        measure: its pool runs are measured for the GIL lane (``gil``, ``serial``). False for a
+            forked plain function: each fork has a signature of its own, so what its one run
+            measured would be thrown away, and the measurement costs a worker two system
+            calls and more Python than a small function's run.
     """
 
     __slots__ = (
@@ -197,6 +201,7 @@ class Signature:
         "inline",
         "keys",
         "light",
+        "measure",
         "name",
         "op",
         "overlaps",
@@ -237,6 +242,7 @@ class Signature:
         self.serial = False
         self.cpu_share = 1.0
         self.runner = False
+        self.measure = True
         # check(spec, value) -> error message | None (the op's; see dataflow.op).
         self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)
         # Each output spec as a small int (equal specs, equal ints): what a handle on this

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
+import inspect
 import queue
 import threading
 from typing import Any
@@ -104,6 +106,67 @@ class TestFork:
             return await dataflow.fork(Model(), 21)
 
         assert dataflow.run(main, loop=loop) == 42
+
+    def test_every_kind_of_callable_runs_where_its_kind_says(self, loop: str) -> None:
+        """Plain functions and lambdas (the fast path: their code's flags), and bound methods,
+        partials and callable objects (inspect's checks): async ones run on the loop, plain
+        ones on the pool; a partial of an async function is async."""
+
+        async def a_async(x: int) -> tuple[int, str]:
+            return x, threading.current_thread().name
+
+        def a_plain(x: int) -> tuple[int, str]:
+            return x, threading.current_thread().name
+
+        class Holder:
+            async def method_async(self, x: int) -> tuple[int, str]:
+                return await a_async(x)
+
+            def method_plain(self, x: int) -> tuple[int, str]:
+                return a_plain(x)
+
+        h = Holder()
+        calls: list[Any] = [
+            a_async,
+            a_plain,
+            lambda x: a_plain(x),
+            h.method_async,
+            h.method_plain,
+            functools.partial(a_async),
+            functools.partial(a_plain),
+        ]
+
+        async def main() -> tuple[str, list[tuple[int, str]]]:
+            got = [await dataflow.fork(fn, i) for i, fn in enumerate(calls)]
+            return threading.current_thread().name, got
+
+        here, got = dataflow.run(main, loop=loop)
+        assert [i for i, _ in got] == list(range(len(calls)))
+        on_loop = [where == here for _, where in got]
+        assert on_loop == [True, False, False, True, False, True, False]
+
+    @pytest.mark.skipif(
+        not hasattr(inspect, "markcoroutinefunction"), reason="Python 3.12's marker"
+    )
+    def test_a_function_marked_as_a_coroutine_function_is_forked_on_the_loop(
+        self, loop: str
+    ) -> None:
+        """A plain function marked with inspect.markcoroutinefunction (it returns an
+        awaitable) is forked as a coroutine function, as inspect says it is one."""
+
+        async def inner() -> str:
+            return threading.current_thread().name
+
+        def marked() -> Any:
+            return inner()
+
+        inspect.markcoroutinefunction(marked)  # type: ignore[attr-defined]
+
+        async def main() -> tuple[str, str]:
+            return threading.current_thread().name, await dataflow.fork(marked)
+
+        here, there = dataflow.run(main, loop=loop)
+        assert here == there
 
     def test_kwargs_and_returns_at_once(self, loop: str) -> None:
         """fork passes kwargs and returns before the task ran."""

@@ -1139,6 +1139,34 @@ class TestGilLane:
         # Every run past the first timed ones (which set the estimate) was measured.
         assert measured.count("napping_pool") >= 40 - FIRST_RUNS
 
+    def test_a_forked_plain_function_is_not_measured_for_the_gil(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each fork of a plain function has a signature of its own (Signature.measure is
+        False): its pool run is timed, never measured for the GIL lane, whose measurement
+        (two system calls on a worker) would be thrown away with the signature."""
+        from dataflow._scheduler._execution import Execution
+
+        measured: list[str] = []
+        real = Execution._measured
+
+        def counting(self: Any, sig: Signature, *args: Any) -> Any:
+            measured.append(sig.name)
+            return real(self, sig, *args)
+
+        monkeypatch.setattr(Execution, "_measured", counting)
+
+        def forked(x: int) -> int:
+            time.sleep(2 * AWAIT_HERE_SECONDS)
+            return x
+
+        async def main() -> list[int]:
+            futs = [dataflow.fork(forked, i) for i in range(8)]
+            return [await f for f in futs]
+
+        assert dataflow.run(main, interop_threads=2) == list(range(8))
+        assert not any(name.endswith("forked") for name in measured), measured
+
     def test_a_failing_serial_kernel_passes_the_lane_on(self) -> None:
         """A serial kernel that raises still hands the lane to the next one."""
 

@@ -75,8 +75,10 @@
 * **The GIL lane.** A big kernel can still be GIL-bound: a Python loop of small numpy calls
   (a whole LSTM direction at batch 1) holds the GIL nearly all the time, and two of them on
   two threads only take turns, slower than one after the other. The scheduler measures it:
-  each pool integrates the number of kernels running over time, so every pool run knows how
-  many others overlapped it on average (``o``) and, against the signature's best time
+  each pool integrates the number of kernels running over time, so every pool run of a
+  kernel estimated at 25 us or more (shorter runs say nothing: clock resolution, start-up;
+  they are sampled like any run) knows how many others overlapped it on average (``o``) and,
+  against the signature's best time
   ``b``, how much they slowed it: ``g = (w / b - 1) / o``, near 0 for BLAS and large ufuncs
   (they release the GIL) on free cores, 1 or more for a kernel that holds it. Two such
   kernels side by side give ``2 / (1 + g)`` times the throughput of one after the other;

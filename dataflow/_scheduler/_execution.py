@@ -111,6 +111,7 @@ class Execution(Requests):
         if (
             pool_run
             and sig.seconds >= MEASURE_POOL_ABOVE
+            and sig.measure
             and not sig.runner
             and self.pool is not None
         ):
