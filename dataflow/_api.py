@@ -138,6 +138,9 @@ class TaskFuture(Future[T]):
             return
         self._state = state
         self._outcome = outcome
+        # Nothing to cancel any more: let go of the loop's task (its finished coroutine, its
+        # context), so a future kept by the program holds its outcome and little else.
+        self._handle = None
         waiters, self._waiters = self._waiters, []
         self._host.wake(waiters)
         if state == _CANCELLED:  # a cancelled task's children are cancelled too

@@ -10,6 +10,7 @@ import queue
 import threading
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -534,6 +535,42 @@ class TestMemory:
             return result
 
         assert dataflow.run(main, loop=loop) == 1
+
+    def test_a_finished_fork_keeps_its_outcome_not_its_task(self, loop: str) -> None:
+        """A forked async function's future, kept after it finished, holds its value and lets
+        go of what ran it (the loop's task, and with it the context the task ran in and
+        what its context variables held) without waiting for the garbage collector."""
+        import gc
+        import weakref
+
+        class Box:
+            pass
+
+        refs: list[weakref.ref[Box]] = []
+        var: contextvars.ContextVar[Box | None] = contextvars.ContextVar("box", default=None)
+
+        async def work() -> int:
+            box = Box()
+            refs.append(weakref.ref(box))
+            var.set(box)  # in the forked task's own context
+            del box
+            await anyio.sleep(0)
+            return 7
+
+        async def main() -> int:
+            fut = dataflow.fork(work)
+            value = await fut
+            for _ in range(3):  # the loop's own callbacks for the finished task
+                await anyio.sleep(0)
+            assert refs[0]() is None
+            assert fut.result() == value
+            return value
+
+        gc.disable()
+        try:
+            assert dataflow.run(main, loop=loop) == 7
+        finally:
+            gc.enable()
 
 
 class TestLoopRuntime:
