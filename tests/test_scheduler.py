@@ -840,6 +840,22 @@ def _pool_runs(name: str, kernel: Callable[[Any], Any], count: int) -> Signature
     return dataflow.run(main, interop_threads=4)
 
 
+def _count_measured(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the signatures whose pool runs are measured for the GIL from now on, one
+    per run (``Execution._measured`` spied on)."""
+    from dataflow._scheduler._execution import Execution
+
+    measured: list[str] = []
+    real = Execution._measured
+
+    def counting(self: Any, sig: Signature, *args: Any) -> Any:
+        measured.append(sig.name)
+        return real(self, sig, *args)
+
+    monkeypatch.setattr(Execution, "_measured", counting)
+    return measured
+
+
 class TestGilLane:
     def test_overlap_slowdown_decides(self) -> None:
         """Runs overlapped and 3x slower than the best mark a signature serial; 1.1x frees it."""
@@ -1113,16 +1129,7 @@ class TestGilLane:
         thread's clocks) only when the kernel is estimated at MEASURE_POOL_ABOVE or more; a
         kernel of a few microseconds forced to the pool is timed on sampled runs only, as
         its measurement would be thrown away (shorter than MIN_MEASURED)."""
-        from dataflow._scheduler._execution import Execution
-
-        measured: list[str] = []
-        real = Execution._measured
-
-        def counting(self: Any, sig: Signature, *args: Any) -> Any:
-            measured.append(sig.name)
-            return real(self, sig, *args)
-
-        monkeypatch.setattr(Execution, "_measured", counting)
+        measured = _count_measured(monkeypatch)
 
         def nap(x: Any) -> Any:
             # Off the GIL, estimated above the mark; and long enough that the awaiting loop
@@ -1145,16 +1152,7 @@ class TestGilLane:
         """Each fork of a plain function has a signature of its own (Signature.measure is
         False): its pool run is timed, never measured for the GIL lane, whose measurement
         (two system calls on a worker) would be thrown away with the signature."""
-        from dataflow._scheduler._execution import Execution
-
-        measured: list[str] = []
-        real = Execution._measured
-
-        def counting(self: Any, sig: Signature, *args: Any) -> Any:
-            measured.append(sig.name)
-            return real(self, sig, *args)
-
-        monkeypatch.setattr(Execution, "_measured", counting)
+        measured = _count_measured(monkeypatch)
 
         def forked(x: int) -> int:
             time.sleep(2 * AWAIT_HERE_SECONDS)
