@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import inspect
 import time
 import types
@@ -126,8 +127,9 @@ class TaskFuture(Future[T]):
         self._host: _loop.HostLoop = rt.host  # type: ignore[assignment]
         self._state = _RUNNING
         self._outcome: Any = None
-        self._waiters: list[Any] = []
-        self._children: list[Future[Any]] = []
+        # Made on first use (most forks are awaited once, and fork nothing themselves).
+        self._waiters: list[Any] | None = None
+        self._children: list[Future[Any]] | None = None
         self._handle: Any = None
         self._started = 0  # perf_counter_ns when forked, while something observes
 
@@ -141,9 +143,10 @@ class TaskFuture(Future[T]):
         # Nothing to cancel any more: let go of the loop's task (its finished coroutine, its
         # context), so a future kept by the program holds its outcome and little else.
         self._handle = None
-        waiters, self._waiters = self._waiters, []
-        self._host.wake(waiters)
-        if state == _CANCELLED:  # a cancelled task's children are cancelled too
+        waiters, self._waiters = self._waiters, None
+        if waiters:
+            self._host.wake(waiters)
+        if state == _CANCELLED and self._children:  # its children are cancelled too
             for child in self._children:
                 child.cancel()
 
@@ -180,7 +183,10 @@ class TaskFuture(Future[T]):
     def __await__(self) -> Generator[Any, None, T]:
         if self._state == _RUNNING:
             waiter = self._host.waiter()
-            self._waiters.append(waiter)
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
             yield from waiter.__await__()
         value = self.result()
         if _model.get():  # model code keeps pending outputs pending (see model_code)
@@ -286,7 +292,10 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if task.state < DONE:
             task.handles = weakref.ref(fut)
     if parent is not None:
-        parent._children.append(fut)
+        if parent._children is None:
+            parent._children = [fut]
+        else:
+            parent._children.append(fut)
     return fut
 
 
@@ -335,16 +344,17 @@ def _fork_async(
     fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
     if host.library == "asyncio":
         # Cancelled before it started, the coroutine never ran to settle its future.
-        def cancelled_early(t: asyncio.Task[Any]) -> None:
-            if t.cancelled():
-                fut._settle(_CANCELLED, None)
-
-        fut._handle.add_done_callback(cancelled_early)
+        fut._handle.add_done_callback(functools.partial(_cancelled_early, fut))
     sched = rt._sched
     if ACTIVE or sched.watching:
         fut._started = time.perf_counter_ns()
         sched.emit("fork", fut.name, parent.name if parent is not None else None)
     return fut
+
+
+def _cancelled_early(fut: TaskFuture[Any], task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        fut._settle(_CANCELLED, None)
 
 
 async def wait(fut: Future[T]) -> T:

@@ -173,6 +173,7 @@ class AsyncioLoop(HostLoop):
         super().__init__(loop)
         self.loop = loop
         self.tasks: set[asyncio.Task[Any]] = set()
+        self._discard = self.tasks.discard  # (bound once: a bound method a spawn is an object)
 
     def waiter(self) -> asyncio.Future[None]:
         return self.loop.create_future()
@@ -198,7 +199,7 @@ class AsyncioLoop(HostLoop):
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro, name=name)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._discard)
         return task
 
     def cancel(self, handle: Any) -> bool:
