@@ -533,8 +533,15 @@ class Pending(Future[T]):
         task = self._t
         if task.state < DONE:
             # Only a runtime's tasks can be unfinished (eager tasks complete at creation).
-            assert task.runtime is not None
-            yield from task.runtime.completion(task).__await__()
+            rt = task.runtime
+            assert rt is not None
+            try:
+                yield from rt.completion(task).__await__()
+            except BaseException:
+                # A cancellation (perhaps caught above: a timeout scope): what the request
+                # dispatched and nobody wants any more is dropped (Requests.await_interrupted).
+                rt.await_interrupted()
+                raise
         return self.result()
 
     def __repr__(self) -> str:

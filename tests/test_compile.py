@@ -419,6 +419,65 @@ class TestRequests:
         started = [t for t in summary.tasks if t.op == "slow_neg"]
         assert dropped == 200 and started == []
 
+    @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
+    def test_a_caught_timeout_drops_what_its_scope_dispatched(self, scope: str) -> None:
+        """A cancellation caught inside the request (a timeout scope: the request goes on, so
+        it never ends cancelled) drops the ops dispatched in the scope that nobody holds any
+        more, once the scope has unwound; what the request still holds is kept and runs."""
+        import anyio
+
+        async def main() -> tuple[int, Any]:
+            gate = threading.Event()
+            kept = slow_neg(gate_op(np.full(4, 2.0), gate))  # held outside the scope
+
+            async def chain() -> Any:
+                y = gate_op(np.zeros(4), gate)
+                for _ in range(200):
+                    y = slow_neg(y)
+                return await y
+
+            if scope == "asyncio.timeout":
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await chain()
+            else:
+                with anyio.move_on_after(0.05):
+                    await chain()
+            await asyncio.sleep(0)  # the loop's next step: the drop runs
+            gate.set()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            value = await kept
+            return rt._sched.dropped, value
+
+        with dataflow.profile() as prof:
+            dropped, value = dataflow.run(main, interop_threads=2)
+        np.testing.assert_array_equal(value, np.full(4, -2.0))
+        started = [t for t in prof.trace().tasks if t.op == "slow_neg"]
+        assert dropped == 200 and len(started) == 1  # the kept one
+
+    def test_a_caught_timeout_keeps_what_is_still_held(self) -> None:
+        """After a caught timeout, a value the request still holds (a handle kept in a list
+        outside the scope) is not dropped: awaiting it again gives its value."""
+
+        async def main() -> Any:
+            gate = threading.Event()
+            held: list[Any] = []
+
+            async def wait_for_it() -> Any:
+                y = slow_neg(gate_op(np.ones(3), gate))
+                held.append(y)
+                return await y
+
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await wait_for_it()
+            await asyncio.sleep(0)
+            gate.set()
+            return await held[0]
+
+        np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [-1.0] * 3)
+
     def test_what_someone_else_waits_for_is_kept(self) -> None:
         """A value another live coroutine awaits is not dropped with its request."""
 

@@ -124,8 +124,11 @@
   but in the cancelled coroutine's own variables, or an unfinished task of someone else that
   reads it. (The cancelled coroutine's frames are released for that: its CancelledError's
   traceback would keep its variables alive.) Awaiting a dropped value raises
-  :class:`~dataflow.CancelledTaskError`. (asyncio; under trio a cancelled request's work runs
-  to completion.)
+  :class:`~dataflow.CancelledTaskError`. A cancellation the request catches (a timeout
+  scope) leaves its task running; the ``await`` it interrupted reports it
+  (``Requests.await_interrupted``), and what the request dispatched that nobody wants any
+  more is dropped the same way once the scope has unwound. (asyncio; under trio a cancelled
+  request's work runs to completion.)
 * **Failures propagate, never hang.** A kernel that raises fails its task with a
   :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
   on it fails with that same error, whatever runtime owns it; independent tasks are not

@@ -6,6 +6,7 @@ wants it").
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -37,13 +38,15 @@ class _Owner:
     """What one request (a task on the event loop) dispatched: weak references, in order, so
     a finished task (and its value) is freed as usual while the request goes on."""
 
-    __slots__ = ("base", "dropped", "limit", "refs")
+    __slots__ = ("base", "dropped", "interrupted", "limit", "refs")
 
     def __init__(self, base: float) -> None:
         self.base = base
         self.refs: list[weakref.ref[Task]] = []
         self.limit = 1024
         self.dropped = False
+        # A cancellation reached one of its awaits (see Requests.await_interrupted).
+        self.interrupted = False
 
     def add(self, task: Task) -> None:
         refs = self.refs
@@ -78,12 +81,43 @@ class Requests(SchedulerBase):
 
     def _owner_done(self, current: Any, cancelled: bool) -> None:
         owner = self._owners.pop(current, None)
-        if owner is not None and cancelled:
+        if owner is None:
+            return
+        if cancelled:
             # The cancelled coroutine's frames live on in its CancelledError's traceback,
             # holding its local variables (handles it never passed on). Release them, so a
             # handle still alive is one that someone else holds.
             self.host.release_frames(current)
             self.drop(owner)
+        elif owner.interrupted:  # a caught cancellation left work behind (await_interrupted)
+            self.drop_unwanted(owner)
+
+    def await_interrupted(self) -> None:
+        """A coroutine on the loop stopped awaiting a pending value: a cancellation reached
+        the await, and may be caught above it, the request going on (``asyncio.timeout``,
+        ``asyncio.wait_for`` from Python 3.12, which no longer runs its awaitable in a task of
+        its own, anyio's and trio's cancel scopes).
+
+        The ops it dispatched inside the cancelled scope are then wanted by nobody once the
+        scope's frames unwind, but the request did not end cancelled, so :meth:`drop` never
+        ran for them: they ran to the end for nothing. Once the loop's current step is over
+        (the frames are gone by then), and again when the request ends, drop what the request
+        dispatched that nobody holds, awaits or reads any more (:meth:`drop_locked_tasks`).
+        The request is not marked dropped: it may go on and dispatch more.
+        """
+        if threading.get_ident() != self.host.thread_id:
+            return  # (a coroutine closed elsewhere, by the garbage collector)
+        current = self.host.current_task()
+        owner = self._owners.get(current) if current is not None else None
+        if owner is None or owner.dropped:
+            return
+        owner.interrupted = True
+        self.host.later(functools.partial(self.drop_unwanted, owner))
+
+    def drop_unwanted(self, owner: _Owner) -> None:
+        """Drop the request's unstarted tasks that nobody wants any more."""
+        with GRAPH_LOCK:
+            self.drop_locked_tasks(owner.tasks())
 
     def drop(self, owner: _Owner) -> int:
         """A request was cancelled: drop what it dispatched that nobody else needs.
