@@ -6,6 +6,7 @@ wants it").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
@@ -112,7 +113,10 @@ class Requests(SchedulerBase):
         if owner is None or owner.dropped:
             return
         owner.interrupted = True
-        self.host.later(functools.partial(self.drop_unwanted, owner))
+        # A closed loop refuses the callback: the request's end (if any) drops instead.
+        # (Raising here would replace the cancellation this await is passing on.)
+        with contextlib.suppress(RuntimeError):
+            self.host.later(functools.partial(self.drop_unwanted, owner))
 
     def drop_unwanted(self, owner: _Owner) -> None:
         """Drop the request's unstarted tasks that nobody wants any more."""
