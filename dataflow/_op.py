@@ -49,6 +49,7 @@ from ._errors import DataflowTypeError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
 from ._task import DONE, LIGHT, Cost, Pending, Signature, Task, checked_cost, spec_keys
 from ._timeout import check_timeout
+from ._walk import ATOMS as _ATOMS
 from ._walk import is_container, items, leaves
 
 __all__ = ["Op", "declaring_modules", "lookup_op", "op", "op_for_kernel"]
@@ -60,7 +61,6 @@ H = TypeVar("H", bound=Pending[Any])
 HandleFactory = Callable[[Task, "int | None", Any], H]
 
 # Argument types whose (type, value) goes into a signature key as it is.
-_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None), slice, type(Ellipsis)})
 _ndarray = np.ndarray
 # An op keeps at most this many signatures; past it the cache starts over.
 _MAX_SIGNATURES = 4096

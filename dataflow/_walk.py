@@ -23,8 +23,9 @@ from ._errors import DataflowTypeError
 __all__ = ["ATOMS", "is_container", "items", "leaves", "rebuild", "replace"]
 
 #: Types that are always leaves, never pending, never copied: the arguments the walks over a
-#: call's arguments skip at once (``scan``, ``protect``).
-ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+#: call's arguments skip at once (``scan``, ``protect``), and that an op's signature key holds
+#: by value (``_op``).
+ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None), slice, type(Ellipsis)})
 
 # Containers by kind: 0 list, 1 tuple, 2 NamedTuple, 3 dict; None for a leaf.
 _LIST, _TUPLE, _NAMED, _DICT = range(4)
