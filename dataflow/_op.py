@@ -218,8 +218,9 @@ class Op(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         # One pass over the arguments: the call's signature key, its pending inputs, whether
         # all of them are done, and the argument values for a kernel run right away. This is
-        # the hot path of every op: positional arrays, scalars and handles, and keywords with
-        # plain values, are handled here; containers and other types take ``_scan``.
+        # the hot path of every op: positional arrays, scalars and handles, flat lists and
+        # tuples of those, and keywords with plain values, are handled here; other
+        # containers and types take ``_scan``.
         key: list[Any] | None
         inputs: list[Task]
         values: list[Any] | None
@@ -255,6 +256,42 @@ class Op(Generic[P, R]):
                     general = True
                     break
                 keyed.append(k)
+            elif ta is list or ta is tuple:
+                # A flat sequence of arrays, handles and scalars (``concatenate([a, b])``,
+                # ``stack(outs)``): keyed as ``_nested_key`` keys it, its values read here.
+                sub: list[Any] = [ta]
+                vals: list[Any] = []
+                for v in a:  # type: ignore[attr-defined]
+                    tv = type(v)
+                    if tv is _ndarray:
+                        sub.append(v.shape)
+                        sub.append(v.dtype)
+                        vals.append(v)
+                    elif tv in _ATOMS:
+                        sub.append(tv)
+                        sub.append(v)
+                        vals.append(v)
+                    elif isinstance(v, Pending):
+                        t = v._t
+                        i = v._index
+                        k = t.sig.keys[i or 0]
+                        if k is None:
+                            general = True
+                            break
+                        sub.append(k)
+                        inputs.append(t)
+                        if t.state != DONE:
+                            ready = False
+                        elif ready:
+                            w = t.value
+                            vals.append(v._v if w is LIGHT else w if i is None else w[i])
+                    else:
+                        general = True
+                        break
+                if general:
+                    break
+                keyed.append(tuple(sub))
+                got.append(vals if ta is list else tuple(vals))
             else:
                 general = True
                 break

@@ -660,6 +660,102 @@ class TestSignatureCache:
             with pytest.raises(dataflow.OpInputError, match="13 is refused"):
                 op(np.ones(13), k=1)
 
+    def test_flat_sequences_are_keyed_as_the_general_scan_keys_them(self) -> None:
+        """A list or tuple of arrays, handles and scalars takes the fast path: its key is the
+        one ``_scan`` gives it (the two paths share signatures), another length, shape or
+        container type is another signature, and the kernel gets the same container type
+        with every handle replaced by its value."""
+        calls: list[Any] = []
+        seen: list[Any] = []
+
+        def meta(xs: Any, *, axis: int = 0) -> ops.TensorSpec:
+            calls.append(len(xs))
+            return ops.spec_of(np.concatenate([np.zeros(ops.spec_of(x).shape) for x in xs]))
+
+        def kernel(xs: Any, axis: int = 0) -> Any:
+            seen.append(type(xs))
+            assert not any(isinstance(x, dataflow.Pending) for x in xs)
+            return np.concatenate(xs, axis=axis)
+
+        op = ops.define("seq_counted", kernel, meta)
+        a, b = np.ones(2), np.arange(3.0)
+
+        async def main() -> Any:
+            h = ops.add(a, 1.0)  # a handle (light: run at dispatch)
+            outs = [op([h, b], axis=0) for _ in range(3)]
+            key = next(iter(op._sigs))
+            assert op._scan(([h, b],), {"axis": 0})[0] == list(key)
+            scans = 0
+            general = op._scan
+
+            def counted(*args: Any) -> Any:
+                nonlocal scans
+                scans += 1
+                return general(*args)
+
+            op._scan = counted  # type: ignore[method-assign,assignment]
+            outs.append(op((h, b), axis=0))  # a tuple: another signature
+            outs.append(op([b, h, b], axis=0))  # another length
+            assert scans == 0  # (the fast path: no general scan, no walk at dispatch)
+            return [await o for o in outs]
+
+        got = dataflow.run(main)
+        for g in got[:4]:
+            np.testing.assert_array_equal(g, np.concatenate([a + 1.0, b]))
+        np.testing.assert_array_equal(got[4], np.concatenate([b, a + 1.0, b]))
+        assert calls == [2, 2, 3]
+        assert seen == [list, list, list, tuple, list]
+
+    def test_a_sequence_with_a_pending_handle_waits_for_it(self) -> None:
+        """A list holding an unfinished input defers the op like a plain pending argument:
+        it runs once the input is done, with the value in the list; an input's failure
+        reaches it and whoever awaits it."""
+        gate = threading.Event()
+
+        def held(x: Any) -> Any:
+            assert gate.wait(10)
+            return x * 3.0
+
+        def broken(x: Any) -> Any:
+            assert gate.wait(10)
+            raise ValueError("broken on purpose")
+
+        held_op = dataflow.op("held", meta=ops.spec_of, handle=ops.Tensor, inline=False)(held)
+        broken_op = dataflow.op("broken", meta=ops.spec_of, handle=ops.Tensor, inline=False)(broken)
+
+        async def main() -> Any:
+            slow = held_op(np.full(3, 2.0))
+            joined = ops.concatenate([slow, np.ones(2)])
+            assert not slow.done() and not joined.done()
+            gate.set()
+            return await joined
+
+        np.testing.assert_array_equal(
+            dataflow.run(main, interop_threads=2), np.array([6.0, 6.0, 6.0, 1.0, 1.0])
+        )
+
+        async def failing() -> Any:
+            bad = broken_op(np.ones(2))
+            return await ops.stack([np.ones(2), bad])
+
+        with pytest.raises(TaskError, match="broken on purpose"):
+            dataflow.run(failing, interop_threads=2)
+
+    def test_a_sequence_with_an_unkeyed_element_takes_the_general_path(self) -> None:
+        """Something the fast path does not key (a nested list, another type) inside the
+        sequence gives the general scan's answer: right, if not cached."""
+        op = ops.define(
+            "nested_seq",
+            lambda xs: np.asarray(xs[0]) + np.asarray(xs[1]).sum(),
+            lambda xs: ops.spec_of(np.asarray(xs[0])),
+        )
+
+        async def main() -> Any:
+            h = ops.add(np.ones(2), 1.0)
+            return await op([h, [np.ones(2), h]])
+
+        np.testing.assert_array_equal(dataflow.run(main), np.full(2, 8.0))  # 2 + (1 + 1 + 2 + 2)
+
     def test_a_bad_call_raises_every_time(self) -> None:
         """A call the meta rule refuses is never cached: it raises again, at the call."""
         calls: list[Any] = []

@@ -70,8 +70,9 @@ class Scheduler(Limits):
 
         ``inputs`` are the tasks of the pending handles among the arguments, ``ready``
         whether all are done, and ``values`` (when the caller has them) the arguments with
-        every handle replaced by its value. ``priority`` orders the task among ready tasks
-        (smaller first; default: issue order). ``timeout`` bounds its kernel's run time.
+        every handle replaced by its value (given only when ``kwargs`` holds no handle).
+        ``priority`` orders the task among ready tasks (smaller first; default: issue
+        order). ``timeout`` bounds its kernel's run time.
 
         Returns the task, or with ``light`` a 1-tuple of the value when the kernel ran here
         and nothing observes (no task record made: the op's handle carries the value,
@@ -111,11 +112,13 @@ class Scheduler(Limits):
                         return self._run_inline(Task(sig, fn, args, kwargs, self.rt, inputs))
                     start = _now()  # recorders only: timed, one span record
                 # The hot path of small ops: no task record until the value exists.
+                # (Values given by the caller come with plain keywords: ``Op.__call__``
+                # gives them only when every keyword is a scalar.)
                 if values is None:
                     values = resolve(args) if inputs else args  # type: ignore[assignment]
-                try:
                     if kwargs and inputs:
                         kwargs = resolve_kwargs(kwargs)
+                try:
                     n = sig.calls = sig.calls + 1
                     if n > FIRST_RUNS and n % SAMPLE:
                         value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
