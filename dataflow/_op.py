@@ -259,6 +259,8 @@ class Op(Generic[P, R]):
             elif ta is list or ta is tuple:
                 # A flat sequence of arrays, handles and scalars (``concatenate([a, b])``,
                 # ``stack(outs)``): keyed as ``_nested_key`` keys it, its values read here.
+                # (The element cases repeat the argument cases above, inline on purpose: a
+                # helper call per element would cost what this path saves.)
                 sub: list[Any] = [ta]
                 vals: list[Any] = []
                 for v in a:  # type: ignore[attr-defined]
