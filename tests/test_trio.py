@@ -11,6 +11,7 @@ import pytest
 
 import dataflow
 import ops
+from dataflow._loop import TrioLoop
 from tests._helpers import fail_after, gated
 
 trio = pytest.importorskip("trio")
@@ -179,9 +180,8 @@ class TestUnobservedBaseException:
 class TestBatchedCallersUnderTrio:
     def test_a_cancelled_caller_stops_its_running_batch(self) -> None:
         """Under trio too, the lone caller of a running compiled batch can be cancelled (its
-        cancel scope): nothing hangs (the batch's task is cancelled through trio's cancel scope,
-        its work left to finish, as trio requests' work does) and the model serves the next
-        call."""
+        cancel scope): nothing hangs (the batch's task is cancelled through trio's cancel scope)
+        and the model serves the next call."""
         from tests.test_compile import Gated
 
         gate = threading.Event()
@@ -208,3 +208,123 @@ class TestBatchedCallersUnderTrio:
                     return await forward(x)
 
         np.testing.assert_array_equal(run_trio(main), x)  # 50 negations
+
+
+def _gate_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+trio_gate = dataflow.op(
+    "trio_gate", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor, inline=False
+)(_gate_kernel)
+trio_neg = dataflow.op("trio_neg", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.negative)
+
+
+async def _rounds(n: int = 8) -> None:
+    """Let the run take ``n`` scheduling rounds (trio shuffles the order within a round)."""
+    for _ in range(n):
+        await trio.lowlevel.checkpoint()
+
+
+class TestRequestsUnderTrio:
+    """Work belongs to the trio task that dispatched it (``TrioLoop``: requests are trio
+    tasks, their ends reported by an instrument), as it does to an asyncio task."""
+
+    def test_a_cancelled_request_drops_its_queued_ops(self) -> None:
+        """A request cancelled while it awaits its chain (its nursery's scope cancelled)
+        drops the chain's unstarted ops once it has ended (counted from the trace)."""
+
+        async def main() -> int:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate = threading.Event()
+
+                async def request() -> Any:
+                    y = trio_gate(np.zeros(4), gate)
+                    for _ in range(200):
+                        y = trio_neg(y)
+                    return await y
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(request)
+                    await trio.sleep(0.05)
+                    nursery.cancel_scope.cancel()
+                await _rounds()
+                gate.set()
+                return int(rt._sched.dropped)
+
+        with dataflow.profile() as prof:
+            dropped = run_trio(main)
+        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
+        assert dropped == 200 and started == []
+
+    def test_a_caught_cancellation_drops_what_its_scope_dispatched(self) -> None:
+        """``trio.move_on_after`` inside the request: the ops dispatched in the scope that
+        nobody holds any more are dropped once it has unwound; a handle the request holds
+        outside the scope is kept and runs."""
+
+        async def main() -> tuple[int, Any]:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate = threading.Event()
+                kept = trio_neg(trio_gate(np.full(4, 2.0), gate))
+
+                async def chain() -> Any:
+                    y = trio_gate(np.zeros(4), gate)
+                    for _ in range(200):
+                        y = trio_neg(y)
+                    return await y
+
+                with trio.move_on_after(0.05):
+                    await chain()
+                await _rounds()
+                gate.set()
+                value = await kept
+                return int(rt._sched.dropped), value
+
+        with dataflow.profile() as prof:
+            dropped, value = run_trio(main)
+        np.testing.assert_array_equal(value, np.full(4, -2.0))
+        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
+        assert dropped == 200 and len(started) == 1  # the kept one
+
+    def test_a_request_that_returns_keeps_its_work(self) -> None:
+        """A request that ends without a cancellation drops nothing: the chain it handed
+        out runs to its value after the request's task is gone."""
+
+        async def main() -> tuple[int, Any]:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate = threading.Event()
+                out: list[Any] = []
+
+                async def request() -> None:
+                    y = trio_gate(np.ones(3), gate)
+                    for _ in range(20):
+                        y = trio_neg(y)
+                    out.append(y)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(request)
+                await _rounds()
+                gate.set()
+                return int(rt._sched.dropped), await out[0]
+
+        dropped, value = run_trio(main)
+        assert dropped == 0
+        np.testing.assert_array_equal(value, np.ones(3))  # 20 negations
+
+    def test_the_runtime_removes_its_instrument_when_it_closes(self) -> None:
+        """The instrument that reports requests' ends is added with the first request and
+        removed when the runtime closes (trio then no longer knows it)."""
+
+        async def main() -> Any:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                await trio_neg(np.ones(2))  # a deferred op: the main task becomes a request
+                host = rt.host
+                assert isinstance(host, TrioLoop)
+                instrument = host._instrument
+                assert instrument is not None
+            assert host._instrument is None
+            with pytest.raises(KeyError):
+                trio.lowlevel.remove_instrument(instrument)
+
+        run_trio(main)

@@ -127,8 +127,11 @@
   :class:`~dataflow.CancelledTaskError`. A cancellation the request catches (a timeout
   scope) leaves its task running; the ``await`` it interrupted reports it
   (``Requests.await_interrupted``), and what the request dispatched that nobody wants any
-  more is dropped the same way once the scope has unwound. (asyncio; under trio a cancelled
-  request's work runs to completion.)
+  more is dropped the same way once the scope has unwound. Under trio a request is a trio
+  task too, but trio does not say how a task ended: its work is dropped when a cancellation
+  interrupted one of its awaits on a pending value (the usual case: the request awaited its
+  model's output), and runs to completion when it was cancelled while waiting for
+  something else (``TrioLoop``).
 * **Failures propagate, never hang.** A kernel that raises fails its task with a
   :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
   on it fails with that same error, whatever runtime owns it; independent tasks are not
