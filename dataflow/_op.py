@@ -263,6 +263,7 @@ class Op(Generic[P, R]):
                 # helper call per element would cost what this path saves.)
                 sub: list[Any] = [ta]
                 vals: list[Any] = []
+                n_in = len(inputs)
                 for v in a:  # type: ignore[attr-defined]
                     tv = type(v)
                     if tv is _ndarray:
@@ -293,7 +294,8 @@ class Op(Generic[P, R]):
                 if general:
                     break
                 keyed.append(tuple(sub))
-                got.append(vals if ta is list else tuple(vals))
+                # (No handle in it: the caller's own object, as the general path passes it.)
+                got.append(a if len(inputs) == n_in else vals if ta is list else tuple(vals))
             else:
                 general = True
                 break

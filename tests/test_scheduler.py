@@ -706,6 +706,27 @@ class TestSignatureCache:
         assert calls == [2, 2, 3]
         assert seen == [list, list, list, tuple, list]
 
+    def test_a_sequence_without_handles_reaches_the_kernel_as_it_was_passed(self) -> None:
+        """A list of plain arrays run at once (an inline op) is the caller's own object in
+        the kernel, as on the general path: only a list holding handles is rebuilt with
+        their values. (A deferred op's arguments are copied or frozen: ``protect``.)"""
+        seen: list[Any] = []
+
+        def kernel(xs: Any) -> Any:
+            seen.append(xs)
+            return np.concatenate(xs)
+
+        op = ops.define(
+            "seq_identity", kernel, lambda xs: ops.spec_of(np.concatenate(xs)), inline=True
+        )
+        arrays = [np.ones(2), np.zeros(1)]
+
+        async def main() -> Any:
+            return await op(arrays)
+
+        np.testing.assert_array_equal(dataflow.run(main), [1.0, 1.0, 0.0])
+        assert seen[0] is arrays
+
     def test_a_sequence_with_a_pending_handle_waits_for_it(self) -> None:
         """A list holding an unfinished input defers the op like a plain pending argument:
         it runs once the input is done, with the value in the list; an input's failure
