@@ -45,7 +45,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import numpy as np
 
 from ._args import resolve
-from ._errors import DataflowTypeError, NotReadyError, task_failed
+from ._errors import DataflowTypeError, DataflowValueError, NotReadyError, task_failed
 from ._runtime import _current, loop_runtime
 from ._task import DONE, LIGHT, Cost, Pending, Signature, Task, checked_cost, spec_keys
 from ._timeout import check_timeout
@@ -137,11 +137,7 @@ class Op(Generic[P, R]):
         timeout: float | None = None,
         check: Callable[[Any, Any], str | None] | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise DataflowTypeError(
-                f"dataflow.op(name): the op's name must be a non-empty str, got "
-                f"{type(name).__name__}: {name!r}"
-            )
+        _check_name(name)
         for what, fn, optional in (
             ("kernel", kernel, False),
             ("meta", meta, False),
@@ -526,6 +522,18 @@ def op_for_kernel(kernel: Callable[..., Any], name: str) -> Op[..., Any] | None:
     return found if found is not None and found.kernel is kernel else None
 
 
+def _check_name(name: object) -> None:
+    """An op's name: a non-empty str (DataflowTypeError for another type, DataflowValueError
+    for the empty string)."""
+    if not isinstance(name, str):
+        raise DataflowTypeError(
+            f"dataflow.op(name): the op's name must be a non-empty str, got "
+            f"{type(name).__name__}: {name!r}"
+        )
+    if not name:
+        raise DataflowValueError("dataflow.op(name): the op's name must be a non-empty str, got ''")
+
+
 def _run_eagerly(
     op: Op[..., Any], sig: Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Task:
@@ -579,11 +587,7 @@ def op(
         ... def scale(x, k):
         ...     return x * k
     """
-    if not isinstance(name, str) or not name:
-        raise DataflowTypeError(
-            f"dataflow.op(name): the op's name must be a non-empty str, got "
-            f"{type(name).__name__}: {name!r}"
-        )
+    _check_name(name)
     checked = check_timeout(timeout, f"op {name!r}: timeout")
 
     def decorate(kernel: Callable[..., Any]) -> Op[P, H]:

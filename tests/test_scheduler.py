@@ -1551,6 +1551,16 @@ class TestValidation:
             make()
         assert isinstance(info.value, dataflow.DataflowError)
 
+    @pytest.mark.parametrize("declare", [_op, dataflow.Op])
+    def test_an_empty_op_name_is_a_value_error(self, declare: Any) -> None:
+        """An op's name of the right type but empty is a ValueError (a wrong type stays a
+        TypeError, above), from the decorator and from ``Op`` itself."""
+        with pytest.raises(dataflow.DataflowValueError, match=r"name must be a non-empty str"):
+            if declare is _op:
+                declare("", meta=ops.spec_of, handle=ops.Tensor)
+            else:
+                declare("", np.negative, ops.spec_of, ops.Tensor)
+
     def test_sync_with_says_async_with(self) -> None:
         """`with dataflow.Runtime():` says to use `async with`."""
         with (
