@@ -157,7 +157,7 @@ _BUILTIN_ERRORS = frozenset(
 # Bare raises of a builtin exception that stay, keyed by (file, function) so an entry survives
 # line shifts. Every entry must still match a raise: a stale one fails the test.
 _ALLOWED: dict[tuple[str, str], str] = {
-    ("dataflow/_loop.py", "TrioLoop._post"): (
+    ("dataflow/_trio.py", "TrioLoop._post"): (
         "RuntimeError: a wake-up posted to a finished trio run, as asyncio's "
         "call_soon_threadsafe raises on a closed loop; the runtime catches that RuntimeError"
     ),

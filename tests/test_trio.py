@@ -11,7 +11,7 @@ import pytest
 
 import dataflow
 import ops
-from dataflow._loop import TrioLoop
+from dataflow._trio import TrioLoop
 from tests._helpers import fail_after, gated
 
 trio = pytest.importorskip("trio")
