@@ -35,12 +35,12 @@ from ._instrument import remove_instrument as remove_instrument
 from ._logging import TaskLogger as TaskLogger
 from ._op import Op as Op
 from ._op import op as op
-from ._op import set_array_handle as set_array_handle
 from ._profile import Profiler as Profiler
 from ._profile import Summary as Summary
 from ._profile import profile as profile
 from ._protect import frozen_by as frozen_by
 from ._record import Recorder as Recorder
+from ._registry import set_array_handle as set_array_handle
 from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._scheduler import get_inline_threshold as get_inline_threshold

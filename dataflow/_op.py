@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -46,13 +45,14 @@ import numpy as np
 
 from ._args import resolve
 from ._errors import DataflowTypeError, DataflowValueError, NotReadyError, task_failed
+from ._registry import declaring_module, register
 from ._runtime import _current, loop_runtime
 from ._task import DONE, LIGHT, Cost, Pending, Signature, Task, checked_cost, spec_keys
 from ._timeout import check_timeout
 from ._walk import ATOMS as _ATOMS
 from ._walk import is_container, items, leaves
 
-__all__ = ["Op", "declaring_modules", "lookup_op", "op", "op_for_kernel"]
+__all__ = ["Op", "op"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -172,8 +172,8 @@ class Op(Generic[P, R]):
         self.__doc__ = kernel.__doc__
         # The module whose import declared the op: a saved graph names it, so `load` can
         # import it (when trusted) and find the op again under `module:name`.
-        self.module = _declaring_module()
-        _register(self)
+        self.module = declaring_module()
+        register(self)
 
     @property
     def qualname(self) -> str:
@@ -447,79 +447,6 @@ class Op(Generic[P, R]):
                     if t.state != DONE:
                         ready = False
         return key, inputs, values, ready
-
-
-# -- the registry: every declared op, by qualified name and by kernel -------------------------
-#
-# Weak, so an op declared in a function (a test, a notebook cell) goes away with its last user.
-# The graph tracer finds the op behind a submitted kernel here, and `dataflow.load` resolves
-# the ops a saved graph names: it never imports anything a file names, only looks ops up.
-
-_by_qualname: weakref.WeakValueDictionary[str, Op[..., Any]] = weakref.WeakValueDictionary()
-_by_kernel: weakref.WeakValueDictionary[tuple[int, str], Op[..., Any]] = (
-    weakref.WeakValueDictionary()
-)
-
-
-_array_handle: tuple[Callable[..., Any], Callable[[Any], Any]] | None = None
-
-
-def set_array_handle(handle: Callable[..., Any], spec: Callable[[Any], Any]) -> None:
-    """Declare the handle type that stands for an ndarray input where a program is traced.
-
-    ``dataflow`` knows no op library; the one in use (``ops`` does this on import) names its
-    pending-array type and its spec rule, so that :func:`dataflow.trace` hands the program a
-    pending placeholder of that type for each ndarray example input: numpy code applied to
-    the input (``x @ w``, ``np.tanh(x)``) then dispatches to ops and is recorded, as
-    ``torch.jit.trace`` records tensor ops, instead of running once at trace time.
-
-    Args:
-        handle: the handle type, called as ``handle(task, None, spec)``.
-        spec: ``spec(array)``: the output spec of an array (its shape and dtype).
-    """
-    global _array_handle
-    if not callable(handle) or not callable(spec):
-        raise DataflowTypeError(
-            f"set_array_handle(handle, spec): both must be callable, got "
-            f"{type(handle).__name__} and {type(spec).__name__}"
-        )
-    _array_handle = (handle, spec)
-
-
-def array_handle() -> tuple[Callable[..., Any], Callable[[Any], Any]] | None:
-    """The (handle type, spec rule) declared by :func:`set_array_handle`, or None."""
-    return _array_handle
-
-
-def _declaring_module() -> str:
-    """The module whose top-level code is running: the innermost ``<module>`` frame."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_name != "<module>":
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return "__main__"
-    return str(frame.f_globals.get("__name__", "__main__"))
-
-
-def _register(op: Op[..., Any]) -> None:
-    _by_qualname[op.qualname] = op
-    _by_kernel[id(op.kernel), op.name] = op
-
-
-def declaring_modules() -> set[str]:
-    """The modules that declared the ops now registered (each took part in dataflow on purpose)."""
-    return {op.module for op in list(_by_qualname.values())}
-
-
-def lookup_op(qualname: str) -> Op[..., Any] | None:
-    """The live op registered under ``module:name`` (the latest declared), or None."""
-    return _by_qualname.get(qualname)
-
-
-def op_for_kernel(kernel: Callable[..., Any], name: str) -> Op[..., Any] | None:
-    """The op whose kernel is ``kernel`` and whose name is ``name`` (as ``submit`` sees it)."""
-    found = _by_kernel.get((id(kernel), name))
-    return found if found is not None and found.kernel is kernel else None
 
 
 def _check_name(name: object) -> None:

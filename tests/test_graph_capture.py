@@ -384,7 +384,7 @@ class TestTracerWarning:
 class TestArrayHandle:
     def test_declared_by_ops(self) -> None:
         """ops declares ops.Tensor (and its spec rule) as the placeholder of array inputs."""
-        from dataflow._op import array_handle
+        from dataflow._registry import array_handle
 
         declared = array_handle()
         assert declared is not None and declared[0] is ops.Tensor

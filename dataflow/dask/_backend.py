@@ -67,8 +67,8 @@ from .._errors import (
 )
 from .._instrument import ACTIVE
 from .._log import logger
-from .._op import op_for_kernel
 from .._pool import GRAPH_LOCK
+from .._registry import op_for_kernel
 from .._scheduler import Scheduler, scan
 from .._task import CANCELLED, DONE, FAILED, READY, RUNNING, Pending, Signature, Task
 from .._walk import leaves, replace

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import OpNotFoundError, describe
-from .._op import lookup_op
+from .._registry import lookup_op
 from .._task import Signature
 from .._walk import replace
 

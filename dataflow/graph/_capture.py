@@ -35,7 +35,7 @@ import numpy as np
 
 from .._api import model_code
 from .._errors import DataflowError, DataflowTypeError, task_failed
-from .._op import array_handle, op_for_kernel
+from .._registry import array_handle, op_for_kernel
 from .._runtime import Runtime, resolve_loop_factory
 from .._task import DONE, FAILED, Cost, Future, Pending, Signature, Task
 from ._check import check_trace

@@ -61,7 +61,7 @@ from typing import Any, cast
 import numpy as np
 
 from .._errors import DataflowTypeError, DataflowValueError
-from .._op import declaring_modules, lookup_op
+from .._registry import declaring_modules, lookup_op
 from .._task import Signature, Task, checked_cost
 from ._archive import (
     MAX_MEMBERS,
