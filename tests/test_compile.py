@@ -478,6 +478,34 @@ class TestRequests:
 
         np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [-1.0] * 3)
 
+    def test_a_cancelled_fork_drops_what_nobody_wants(self) -> None:
+        """A forked coroutine is a request too: cancelling its future drops the ops it queued
+        that nobody wants any more, and keeps the one it handed out (docs/hardening.md)."""
+
+        async def main() -> tuple[int, Any]:
+            gate = threading.Event()
+            handed: list[Any] = []
+
+            async def child() -> Any:
+                handed.append(slow_neg(gate_op(np.full(2, 3.0), gate)))
+                y = gate_op(np.zeros(4), gate)
+                for _ in range(50):
+                    y = slow_neg(y)
+                return await y
+
+            fut = dataflow.fork(child)
+            await asyncio.sleep(0.05)
+            fut.cancel()
+            await asyncio.sleep(0.01)
+            gate.set()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            return rt._sched.dropped, await handed[0]
+
+        dropped, value = dataflow.run(main, interop_threads=2)
+        assert dropped == 50
+        np.testing.assert_array_equal(value, [-3.0, -3.0])
+
     def test_what_someone_else_waits_for_is_kept(self) -> None:
         """A value another live coroutine awaits is not dropped with its request."""
 
