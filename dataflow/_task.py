@@ -266,10 +266,12 @@ class Signature:
                     f"op {self.name!r}: the kernel returned {type(value).__name__}, but the "
                     f"meta rule declared a tuple of {len(spec)} outputs"
                 )
-            for i, (s, v) in enumerate(zip(spec, value, strict=True)):
-                problem = check(s, v)
+            i = 0  # (a counter, not enumerate/zip: this runs at every multi-output op call)
+            for s in spec:
+                problem = check(s, value[i])
                 if problem is not None:
                     raise OpOutputError(f"op {self.name!r}: output {i}: {problem}")
+                i += 1
             return
         problem = check(spec, value)
         if problem is not None:

@@ -1485,6 +1485,29 @@ class TestValueCheck:
 
         dataflow.run(main, interop_threads=2)
 
+    @pytest.mark.parametrize("inline", [True, False])
+    def test_a_wrong_output_of_several_is_named_by_its_index(self, inline: bool) -> None:
+        """Of an op's several outputs, the one that does not match its spec is named by its
+        index (the others matching); a tuple of another length is refused as a whole."""
+        spec = ops.TensorSpec((2,), np.dtype(np.float64))
+        second_wrong = dataflow.op(
+            "liar_multi", meta=lambda x: (spec, spec, spec), handle=ops.Tensor, inline=inline
+        )(lambda x: (np.zeros(2), np.zeros(2, np.float32), np.zeros(2)))
+        short = dataflow.op(
+            "liar_short", meta=lambda x: (spec, spec), handle=ops.Tensor, inline=inline
+        )(lambda x: (np.zeros(2),))
+
+        async def main() -> None:
+            with pytest.raises(TaskError) as info:
+                await second_wrong(np.ones(2))[2]
+            assert isinstance(info.value.__cause__, OpOutputError)
+            assert "output 1:" in str(info.value.__cause__)
+            assert "float32[2]" in str(info.value.__cause__)
+            with pytest.raises(TaskError, match="a tuple of 2 outputs"):
+                await short(np.ones(2))[0]
+
+        dataflow.run(main, interop_threads=2)
+
     def test_wrong_dtype_fails_the_task(self) -> None:
         """Declared float64, returned uint8: the task fails instead of overflowing later."""
 
