@@ -266,12 +266,10 @@ class Signature:
                     f"op {self.name!r}: the kernel returned {type(value).__name__}, but the "
                     f"meta rule declared a tuple of {len(spec)} outputs"
                 )
-            i = 0  # (a counter, not enumerate/zip: this runs at every multi-output op call)
-            for s in spec:
+            for i, s in enumerate(spec):  # (not zip: this runs at every multi-output call)
                 problem = check(s, value[i])
                 if problem is not None:
                     raise OpOutputError(f"op {self.name!r}: output {i}: {problem}")
-                i += 1
             return
         problem = check(spec, value)
         if problem is not None:
