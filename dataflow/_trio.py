@@ -90,12 +90,11 @@ class TrioLoop(HostLoop):
         """
         fn = self._ends.pop(task, None)
         if fn is not None:
-            with contextlib.suppress(RuntimeError):  # the run is finishing: nothing to drop
-                self._post(
-                    functools.partial(self._post_quietly, functools.partial(fn, task, False))
-                )
+            later = functools.partial(self._post_quietly, functools.partial(fn, task, False))
+            self._post_quietly(later)
 
     def _post_quietly(self, fn: Callable[[], None]) -> None:
+        """Post ``fn`` unless the run is finishing (then nothing is left to drop)."""
         with contextlib.suppress(RuntimeError):
             self._post(fn)
 
