@@ -2,7 +2,7 @@
 numpy in one process, over inter-op thread counts.
 
 Run: ``python benchmarks/bench_settle.py [--sizes 50x1x128,20x1x256] [--threads 1,2,16]
-[--rounds 7] [--quick]``
+[--rounds 7] [--in-process] [--quick]``
 
 The ``sizes`` benchmark runs every contender in a fresh process with a few dozen warm-up
 forwards, which mixes two questions. This script separates them, for each size and
@@ -18,16 +18,24 @@ inter-op thread count (BLAS 1 throughout):
   the order rotated. It reports the best block against numpy's best, and the median of the
   per-round ratios.
 
+Each (size, thread count) runs in a fresh process: what a runtime learns about a kernel
+(its time, whether it holds the GIL) belongs to the op's signature and outlives the runtime,
+so a row run after another of the same size would start settled and hide its own learning
+phase. ``--in-process`` runs every row in this process instead (the first row of a size
+learns, the later ones reuse it).
+
 This is meant for many-core machines, where the learning phase was found
-(``docs/benchmarks.md``, "Measured on 16 cores"). It measures one process, so it makes no
-claim about the fresh-process figures of ``python -m benchmarks``. ``--engine numba``
-measures the numba recurrent engine.
+(``docs/benchmarks.md``, "Measured on 16 cores"). It measures whole processes from their
+first forward, so it makes no claim about the fresh-process figures of ``python -m
+benchmarks`` (which time after a warm-up round). ``--engine numba`` measures the numba
+recurrent engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -123,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("numpy", "numba"), default="numpy")
     p.add_argument("--no-compiled", action="store_true")
     p.add_argument("--quick", action="store_true", help="smoke run: one tiny size, 2 threads")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="every row in this process (later rows of a size start from what earlier ones learnt)",
+    )
+    p.add_argument("--row", help=argparse.SUPPRESS)  # TxBxC,THREADS: one row, in a child
     args = p.parse_args(argv)
     if args.quick:
         sizes, threads, forwards, rounds = [(4, 1, 8)], [2], 10, 2
@@ -132,14 +146,52 @@ def main(argv: list[str] | None = None) -> int:
         forwards, rounds = args.forwards, args.rounds
     if forwards < 1 or rounds < 1:
         p.error("--forwards and --rounds must be at least 1")
-    threadpool_limits(1)
-    ops.set_recurrent_engine(args.engine)
+    compiled = not args.no_compiled
+    if args.row:
+        text, n = args.row.split(",")
+        _setup(args.engine)
+        print(settle(_size(text), int(n), forwards, rounds, compiled), flush=True)
+        return 0
     print(f"engine {args.engine}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    fresh = not (args.in_process or args.quick)
+    if not fresh:
+        _setup(args.engine)
     for size in sizes:
         for n in threads:
-            print(settle(size, n, forwards, rounds, not args.no_compiled), flush=True)
+            if fresh:
+                _child(size, n, args, forwards, rounds)
+            else:
+                print(settle(size, n, forwards, rounds, compiled), flush=True)
     print(f"load {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def _setup(engine: str) -> None:
+    threadpool_limits(1)
+    ops.set_recurrent_engine(engine)
+
+
+def _child(size: Size, threads: int, args: argparse.Namespace, forwards: int, rounds: int) -> None:
+    """One row in a fresh process (its output goes straight to ours)."""
+    t, b, c = size
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--row",
+        f"{t}x{b}x{c},{threads}",
+        "--forwards",
+        str(forwards),
+        "--rounds",
+        str(rounds),
+        "--engine",
+        args.engine,
+    ]
+    if args.no_compiled:
+        cmd.append("--no-compiled")
+    sys.stdout.flush()
+    done = subprocess.run(cmd, check=False)
+    if done.returncode:
+        print(f"({t}, {b}, {c}) inter-op {threads:2d}: the child failed (exit {done.returncode})")
 
 
 if __name__ == "__main__":

@@ -314,6 +314,18 @@ class TestSettle:
         assert "settling, per 10 forwards" in out and "/p" in out
         assert "settled, best / numpy best: automatic " in out and "compiled " in out
 
+    def test_each_row_runs_in_a_fresh_process(self, capfd: pytest.CaptureFixture[str]) -> None:
+        # What a runtime learns belongs to the op's signatures and outlives the runtime: a
+        # row run after another of its size in one process would hide its learning phase.
+        from benchmarks import bench_settle
+
+        argv = ["--sizes", "4x1x8", "--threads", "1,2", "--forwards", "10", "--rounds", "1"]
+        assert bench_settle.main([*argv, "--no-compiled"]) == 0
+        out = capfd.readouterr().out
+        assert "(4, 1, 8) inter-op  1" in out and "(4, 1, 8) inter-op  2" in out
+        assert out.count("settling, per 10 forwards") == 2
+        assert "the child failed" not in out
+
     def test_bad_arguments_are_refused(self) -> None:
         from benchmarks import bench_settle
 
