@@ -44,11 +44,11 @@ from typing import Any, Generic, TypeVar
 import anyio
 import numpy as np
 
+from ._batching import ARRAY_SLOT, Batch, Timer, slice_rows, with_arrays
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
-from ._runtime import Runtime, get_runtime
+from ._runtime import get_runtime
 from ._task import Pending
-from ._walk import replace
 from .graph._launch import launch
 from .graph._lean import run_here
 
@@ -140,7 +140,7 @@ class Compiled(Generic[R]):
         self.max_wait = max_wait
         self.programs: dict[Hashable, Any] = {}
         self._compiling: dict[Hashable, list[Any]] = {}
-        self._batches: dict[Hashable, _Batch] = {}
+        self._batches: dict[Hashable, Batch] = {}
         self._running: dict[Hashable, int] = {}
         self.launches = 0
         self.calls = 0
@@ -161,7 +161,7 @@ class Compiled(Generic[R]):
         for a in args:
             if type(a) is _ndarray:  # the common case, its shape a tuple already
                 arrays.append(a)
-                statics.append(_ARRAY)
+                statics.append(ARRAY_SLOT)
                 key.append((a.shape, a.dtype))
                 continue
             if isinstance(a, Pending):
@@ -173,7 +173,7 @@ class Compiled(Generic[R]):
                         f"got a pending {type(a).__name__} without a shape and dtype"
                     )
                 arrays.append(a)
-                statics.append(_ARRAY)
+                statics.append(ARRAY_SLOT)
                 key.append((tuple(shape), np.dtype(dtype)))
             else:
                 try:
@@ -220,7 +220,7 @@ class Compiled(Generic[R]):
 
         async def program(*xs: Any) -> Any:
             it = iter(xs)
-            call = [next(it) if s is _ARRAY else s for s in statics]
+            call = [next(it) if s is ARRAY_SLOT else s for s in statics]
             return await fn(*call)
 
         program.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -321,7 +321,7 @@ class Compiled(Generic[R]):
             if total % one:  # rows that do not divide a power of two: pad like a batch does
                 inputs = [np.concatenate([x, np.take(x, [0] * (total % one), axis=axis)],
                                          axis=axis) for x in inputs]  # fmt: skip
-            _, _, k = self._split(tuple(_with(statics, inputs)))
+            _, _, k = self._split(tuple(with_arrays(statics, inputs)))
             await self._program(tuple(k), inputs, statics)
             if size >= self.max_batch:
                 break
@@ -349,7 +349,7 @@ class Compiled(Generic[R]):
         # The group of calls that may share a batch: the signature less the batch axis.
         group: list[Any] = []
         for s, part in zip(statics, key, strict=True):
-            if s is _ARRAY:
+            if s is ARRAY_SLOT:
                 shape, dtype = part
                 a = axis % len(shape)
                 part = (shape[:a] + shape[a + 1 :], dtype)
@@ -358,20 +358,20 @@ class Compiled(Generic[R]):
         rt = get_runtime("a compiled forward")
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
-            batch = self._batches[gk] = _Batch(gk, self._forget)
+            batch = self._batches[gk] = Batch(gk, self._forget)
         call = batch.join(arrays, rows[0], rt)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
             self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
         elif len(batch.calls) == 1:
-            batch.timer = _Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
+            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
         return await call
 
-    def _forget(self, gk: Hashable, batch: _Batch) -> None:
+    def _forget(self, gk: Hashable, batch: Batch) -> None:
         """Take ``batch`` out of the open batches (it is launched, or every caller left)."""
         if self._batches.get(gk) is batch:
             del self._batches[gk]
 
-    def _flush(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
+    def _flush(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
         if batch.closed:
             return
         batch.closed = True
@@ -383,7 +383,7 @@ class Compiled(Generic[R]):
         self._running[gk] = self._running.get(gk, 0) + 1
         batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
 
-    async def _run_batch(self, gk: Hashable, batch: _Batch, statics: list[Any]) -> None:
+    async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
         axis = self.batch_axis
         assert axis is not None
         running = True
@@ -403,7 +403,7 @@ class Compiled(Generic[R]):
                     first = np.take(parts[0], [0], axis=axis)
                     parts.append(np.repeat(first, padded - total, axis=axis))
                 inputs.append(np.concatenate(parts, axis=axis))
-            _, _, key = self._split(tuple(_with(statics, inputs)))
+            _, _, key = self._split(tuple(with_arrays(statics, inputs)))
             prog = await self._program(tuple(key), inputs, statics)
             out = await self._launch(prog, inputs)
             self._running[gk] -= 1  # the model is free: the next batch need not wait for us
@@ -416,7 +416,7 @@ class Compiled(Generic[R]):
                     # the loop for all of them; this way other work runs in between.
                     await anyio.sleep(0)
                 lo, hi = int(bounds[i]), int(bounds[i + 1])
-                batch.done[k](_slice(out, axis, lo, hi), None)
+                batch.done[k](slice_rows(out, axis, lo, hi), None)
                 delivered = i + 1
         except BaseException as exc:
             for k in calls[delivered:]:
@@ -426,118 +426,3 @@ class Compiled(Generic[R]):
         finally:
             if running:
                 self._running[gk] -= 1
-
-
-_ARRAY = object()  # marks an array argument's place among the static ones
-
-
-def _with(statics: list[Any], arrays: list[Any]) -> list[Any]:
-    it = iter(arrays)
-    return [next(it) if s is _ARRAY else s for s in statics]
-
-
-def _slice(out: Any, axis: int, lo: int, hi: int) -> Any:
-    def cut(v: Any) -> Any:
-        if type(v) is _ndarray and v.ndim:
-            index = [slice(None)] * v.ndim
-            index[axis] = slice(lo, hi)
-            return np.ascontiguousarray(v[tuple(index)])
-        return v
-
-    return replace(out, cut)
-
-
-class _Batch:
-    """Calls gathered for one launch."""
-
-    def __init__(self, key: Hashable, forget: Callable[[Hashable, _Batch], None]) -> None:
-        self.key = key
-        self.calls: list[list[Any]] = []
-        self.rows: list[int] = []
-        self.done: list[Callable[[Any, BaseException | None], None]] = []
-        # Per call: whether its caller stopped waiting (see leave); how many still wait.
-        self.left: list[bool] = []
-        self.live = 0
-        self.size = 0
-        self.closed = False
-        self.timer: _Timer | None = None
-        self.rt: Runtime | None = None
-        # The running batch's task (to cancel when every caller has left), and what takes an
-        # unstarted batch out of its model's open batches (``Compiled._forget``).
-        self.task: Any = None
-        self.forget = forget
-
-    def join(self, arrays: list[Any], rows: int, rt: Runtime) -> Awaitable[Any]:
-        assert rt.host is not None
-        self.rt = rt
-        waiter = rt.host.waiter()
-        box: list[Any] = []
-        index = len(self.calls)
-
-        def done(value: Any, exc: BaseException | None) -> None:
-            box.append((value, exc))
-            assert rt.host is not None
-            rt.host.wake([waiter])
-
-        self.calls.append(arrays)
-        self.rows.append(rows)
-        self.done.append(done)
-        self.left.append(False)
-        self.size += rows
-        self.live += 1
-
-        async def result() -> Any:
-            try:
-                await waiter
-            except BaseException:
-                if not box:  # the caller stopped waiting (cancelled) before its rows came
-                    self.leave(index)
-                raise
-            value, exc = box[0]
-            if exc is not None:
-                raise exc
-            return value
-
-        return result()
-
-    def leave(self, index: int) -> None:
-        """Call ``index`` no longer waits: its rows are left out if the batch has not started;
-        the last caller to leave a batch stops it (unstarted: never launched; running: its
-        task cancelled, which drops the plan's queued work like any cancelled request's)."""
-        if self.left[index]:
-            return
-        self.left[index] = True
-        self.live -= 1
-        if self.live:
-            return
-        if not self.closed:
-            self.closed = True
-            if self.timer is not None:
-                self.timer.cancel()
-            self.forget(self.key, self)
-        elif self.task is not None and self.rt is not None and self.rt.host is not None:
-            self.rt.host.cancel(self.task)
-
-
-class _Timer:
-    """Calls ``fn`` after ``seconds`` on the runtime's loop, unless cancelled first."""
-
-    def __init__(self, rt: Runtime, seconds: float, fn: Callable[[], None]) -> None:
-        self.cancelled = False
-        host = rt.host
-        assert host is not None
-        self.host = host
-
-        async def wait() -> None:
-            await anyio.sleep(seconds)
-            if not self.cancelled:
-                self.cancelled = True  # fired: cancel() must not cancel the batch it started
-                fn()
-
-        self.handle = host.spawn(wait(), "batch timer")
-
-    def cancel(self) -> None:
-        """Stop the timer's task (so closing the runtime does not wait out its sleep)."""
-        if not self.cancelled:
-            self.cancelled = True
-            self.host.cancel(self.handle)
