@@ -118,6 +118,27 @@ class TestParallelInfo:
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert "WARNING: inter-op x intra-op threads = 2 x 2" in dataflow.parallel_info()
 
+    def _blas(self, monkeypatch: pytest.MonkeyPatch, interop: int, intra: int, lib: str) -> str:
+        monkeypatch.setattr(_threads, "get_num_interop_threads", lambda: interop)
+        monkeypatch.setattr(_threads, "get_num_threads", lambda: intra)
+        info = {"internal_api": lib, "version": "0.3.34", "num_threads": intra}
+        info["threading_layer"] = "pthreads" if lib == "openblas" else "intel"
+        monkeypatch.setattr(_threads, "_blas_info", lambda: [info])
+        return dataflow.parallel_info()
+
+    def test_notes_that_openblas_runs_one_threaded_call_at_a_time(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Several inter-op threads beside a multithreaded OpenBLAS (pthreads): a note, not a
+        warning (the defaults give it), naming what to set."""
+        info = self._blas(monkeypatch, 16, 16, "openblas")
+        assert "note: OpenBLAS runs one multithreaded call at a time" in info
+        assert "set_num_threads(1)" in info
+
+    def test_no_note_where_it_does_not_apply(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for interop, intra, lib in ((16, 1, "openblas"), (1, 16, "openblas"), (16, 16, "mkl")):
+            assert "note:" not in self._blas(monkeypatch, interop, intra, lib)
+
     def test_reports_running_loop(self) -> None:
         """Inside a run, the loop in use is reported."""
 
