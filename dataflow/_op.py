@@ -45,12 +45,12 @@ import numpy as np
 
 from ._args import resolve
 from ._errors import DataflowTypeError, DataflowValueError, NotReadyError, task_failed
+from ._keys import scan_arguments
 from ._registry import declaring_module, register
 from ._runtime import _current, loop_runtime
 from ._task import DONE, LIGHT, Cost, Pending, Signature, Task, checked_cost, spec_keys
 from ._timeout import check_timeout
 from ._walk import ATOMS as _ATOMS
-from ._walk import is_container, items, leaves
 
 __all__ = ["Op", "op"]
 
@@ -64,47 +64,6 @@ HandleFactory = Callable[[Task, "int | None", Any], H]
 _ndarray = np.ndarray
 # An op keeps at most this many signatures; past it the cache starts over.
 _MAX_SIGNATURES = 4096
-# Nested arguments deeper than this are not keyed (the call is not cached).
-_MAX_KEY_DEPTH = 32
-
-
-def _nested_key(value: Any, inputs: list[Task], depth: int) -> tuple[Any, ...] | None:
-    """The key of a container argument, collecting the pending inputs inside it.
-
-    None when the container (or something in it) cannot be keyed; the inputs are then still
-    all collected (by the iterative walk), so dispatch stays right.
-    """
-    if depth > _MAX_KEY_DEPTH:
-        inputs.extend(v._t for v in leaves(value) if isinstance(v, Pending))
-        return None
-    out: list[Any] = [type(value)]
-    if type(value) is dict:
-        out.extend(value.keys())
-    ok = True
-    for v in items(value):
-        if isinstance(v, Pending):
-            pt = v._t
-            inputs.append(pt)
-            k = pt.sig.keys[v._index or 0]
-            if k is None:
-                ok = False
-            out.append(k)
-            continue
-        t = type(v)
-        if t is _ndarray:
-            out.append(v.shape)
-            out.append(v.dtype)
-        elif t in _ATOMS:
-            out.append(t)
-            out.append(v)
-        elif is_container(v):
-            sub = _nested_key(v, inputs, depth + 1)
-            if sub is None:
-                ok = False
-            out.append(sub)
-        else:
-            ok = False
-    return tuple(out) if ok else None
 
 
 class Op(Generic[P, R]):
@@ -216,7 +175,7 @@ class Op(Generic[P, R]):
         # all of them are done, and the argument values for a kernel run right away. This is
         # the hot path of every op: positional arrays, scalars and handles, flat lists and
         # tuples of those, and keywords with plain values, are handled here; other
-        # containers and types take ``_scan``.
+        # containers and types take ``_scan`` (``_keys.scan_arguments``).
         key: list[Any] | None
         inputs: list[Task]
         values: list[Any] | None
@@ -254,7 +213,7 @@ class Op(Generic[P, R]):
                 keyed.append(k)
             elif ta is list or ta is tuple:
                 # A flat sequence of arrays, handles and scalars (``concatenate([a, b])``,
-                # ``stack(outs)``): keyed as ``_nested_key`` keys it, its values read here.
+                # ``stack(outs)``): keyed as ``_keys.nested_key`` keys it, its values read here.
                 # (The element cases repeat the argument cases above, inline on purpose: a
                 # helper call per element would cost what this path saves.)
                 sub: list[Any] = [ta]
@@ -380,73 +339,9 @@ class Op(Generic[P, R]):
             task.handles = weakref.ref(handle)  # (not in a list: one object less to collect)
         return handle  # type: ignore[no-any-return]
 
-    def _scan(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[list[Any] | None, list[Task], list[Any] | None, bool]:
-        """``__call__``'s pass over any arguments (keywords, containers, other types):
-        the signature key (None: not cacheable), the pending inputs, the values (None when
-        the scheduler must resolve them) and whether every input is done."""
-        key: list[Any] | None = []
-        inputs: list[Task] = []
-        values: list[Any] | None = []
-        ready = True
-        for a in args:
-            if isinstance(a, Pending):
-                t = a._t
-                inputs.append(t)
-                if t.state != DONE:
-                    ready = False
-                elif values is not None:
-                    values.append(a.result())
-                if key is not None:
-                    k = t.sig.keys[a._index or 0]
-                    if k is None:
-                        key = None
-                    else:
-                        key.append(k)
-                continue
-            if values is not None:
-                values.append(a)
-            ta = type(a)
-            if ta is _ndarray:
-                if key is not None:
-                    key.append(a.shape)
-                    key.append(a.dtype)
-            elif ta in _ATOMS:
-                if key is not None:
-                    key.append(ta)
-                    key.append(a)
-            elif is_container(a):
-                n = len(inputs)
-                sub = _nested_key(a, inputs, 0)
-                if sub is None:
-                    key = None
-                elif key is not None:
-                    key.append(sub)
-                if len(inputs) > n:  # pending values inside: resolved by the scheduler
-                    values = None
-                    for t in inputs[n:]:
-                        if t.state != DONE:
-                            ready = False
-            else:
-                key = None
-        if kwargs:
-            values = None
-            if key is not None:
-                key.append(None)  # a marker: keywords follow
-            for name, a in kwargs.items():
-                if key is not None:
-                    key.append(name)
-                n = len(inputs)
-                sub = _nested_key([a], inputs, 0)
-                if sub is None:
-                    key = None
-                elif key is not None:
-                    key.append(sub)
-                for t in inputs[n:]:
-                    if t.state != DONE:
-                        ready = False
-        return key, inputs, values, ready
+    # ``__call__``'s general pass over its arguments (``_keys``); an attribute, so a test
+    # can count the calls that take it.
+    _scan = staticmethod(scan_arguments)
 
 
 def _check_name(name: object) -> None:

@@ -693,7 +693,7 @@ class TestSignatureCache:
                 scans += 1
                 return general(*args)
 
-            op._scan = counted  # type: ignore[method-assign,assignment]
+            op._scan = counted  # type: ignore[assignment]
             outs.append(op((h, b), axis=0))  # a tuple: another signature
             outs.append(op([b, h, b], axis=0))  # another length
             assert scans == 0  # (the fast path: no general scan, no walk at dispatch)
