@@ -2,7 +2,8 @@
 that stands for an ndarray input where a program is traced (``set_array_handle``).
 
 ``Op.__init__`` registers each op here; the graph tracer (``graph._capture``), graph files
-(``graph._format``) and Dask workers (``dask``) look ops up.
+(``graph._format`` writing them, ``graph._decoder`` reading) and Dask workers (``dask``) look ops
+up.
 """
 
 from __future__ import annotations

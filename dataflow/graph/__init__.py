@@ -2,20 +2,18 @@
 
 ``dataflow.trace(fn, *example_inputs)`` records the ops a program issues into a
 :class:`~dataflow.Graph` (see ``docs/graph.md``). This package holds the pieces, one concern
-per module: the IR (``_ir``), tracing (``_capture``), the passes (``_passes``, ``_fusion``),
-running (``_execute``), printing (``_printer``) and the file format (``_format``).
+per module: the IR (``_ir``), tracing (``_trace``: the entry points; ``_capture``: the tracer
+that records), the passes (``_passes``, ``_fusion``), running (``_execute``), printing
+(``_printer``) and the file format (``_format``: the format and writing it; ``_read``,
+``_decoder``, ``_archive``: reading it).
 """
 
 from __future__ import annotations
 
-from ._capture import trace as trace
-from ._capture import trace_async as trace_async
 from ._errors import GraphFormatError as GraphFormatError
 from ._errors import TracerWarning as TracerWarning
 from ._execute import Plan as Plan
 from ._format import FORMAT_VERSION as FORMAT_VERSION
-from ._format import load as load
-from ._format import read as read
 from ._fusion import FusedOp as FusedOp
 from ._fusion import fuse_elementwise as fuse_elementwise
 from ._ir import ConstRef as ConstRef
@@ -30,6 +28,10 @@ from ._passes import eliminate_dead_code as eliminate_dead_code
 from ._passes import fold_constants as fold_constants
 from ._passes import fold_stack_reductions as fold_stack_reductions
 from ._passes import optimize as optimize
+from ._read import load as load
+from ._read import read as read
+from ._trace import trace as trace
+from ._trace import trace_async as trace_async
 
 __all__ = (
     # capture and files

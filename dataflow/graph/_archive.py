@@ -10,7 +10,7 @@ says):
 * ``graph.json`` inflates to at most :data:`MAX_GRAPH_JSON` bytes and nests at most
   :data:`MAX_JSON_DEPTH` arrays and objects deep (checked without recursion);
 * a shape has at most :data:`MAX_NDIM` dimensions and describes less than :data:`MAX_NBYTES`
-  bytes (``_format`` checks each one it decodes);
+  bytes (``_decoder`` checks each one it decodes);
 * the constants' declared shapes fix how much data ``params.npz`` may hold: in total at most
   :data:`MAX_EXPANSION` times the file's size on disk, plus :data:`FREE_BYTES`. One layer of
   deflate compresses at most 1032:1, so only an archive inside an archive (``params.npz``
@@ -20,7 +20,7 @@ says):
   its data is read, in 1 MiB chunks, straight into the array.
 
 So loading a file costs about its declared arrays in memory, and a bomb is refused at once.
-Each problem raises :class:`Problem`, which ``_format`` turns into a ``GraphFormatError``
+Each problem raises :class:`Problem`, which ``_read`` turns into a ``GraphFormatError``
 naming the file.
 """
 

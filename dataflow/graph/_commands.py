@@ -36,7 +36,7 @@ def graph_group() -> None:
 def show(path: str, code: bool) -> None:
     """Print the IR of the graph in PATH (reads the file only: imports and runs nothing)."""
     from ._errors import GraphFormatError
-    from ._format import read
+    from ._read import read
 
     try:
         graph = read(path)
@@ -90,7 +90,7 @@ def run(
     import numpy as np
 
     from .._errors import DataflowError
-    from ._format import load
+    from ._read import load
 
     try:
         graph = load(path, trust=trust)
