@@ -2,7 +2,7 @@
 
 ``dataflow.trace(fn, *example_inputs)`` records the ops a program issues into a
 :class:`~dataflow.Graph` (see ``docs/graph.md``). This package holds the pieces, one concern
-per module: the IR (``_ir``), tracing (``_trace``: the entry points; ``_capture``: the tracer
+per module: the IR (``_ir``), tracing (``_tracing``: the entry points; ``_capture``: the tracer
 that records), the passes (``_passes``, ``_fusion``), running (``_execute``), printing
 (``_printer``) and the file format (``_format``: the format and writing it; ``_read``,
 ``_decoder``, ``_archive``: reading it).
@@ -30,8 +30,8 @@ from ._passes import fold_stack_reductions as fold_stack_reductions
 from ._passes import optimize as optimize
 from ._read import load as load
 from ._read import read as read
-from ._trace import trace as trace
-from ._trace import trace_async as trace_async
+from ._tracing import trace as trace
+from ._tracing import trace_async as trace_async
 
 __all__ = (
     # capture and files

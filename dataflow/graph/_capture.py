@@ -24,7 +24,7 @@ parallelism anyway).
 
 This module holds the tracer alone (its recording runs for every traced op); the entry points,
 :func:`trace` and :func:`trace_async`, which check their arguments and run a program under a
-tracer, are in ``_trace``.
+tracer, are in ``_tracing``.
 """
 
 from __future__ import annotations
