@@ -44,11 +44,9 @@ where that cannot work it fails with ``WorkerLostError``, never as a cancellatio
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -69,9 +67,10 @@ from .._instrument import ACTIVE
 from .._log import logger
 from .._pool import GRAPH_LOCK
 from .._registry import op_for_kernel
-from .._scheduler import Scheduler, scan
+from .._scheduler import Scheduler
 from .._task import CANCELLED, DONE, FAILED, READY, RUNNING, Pending, Signature, Task
-from .._walk import leaves, replace
+from .._walk import replace
+from ._client import _HangUpQuietly, _key_ref, import_distributed
 from ._lost import (
     MAX_RESENDS,
     cancel_reason,
@@ -81,38 +80,18 @@ from ._lost import (
     resend_failed_error,
     resend_limit_error,
 )
+from ._remote import _failed_input, _inputs, _Remote, _was_lost
+from ._scatter import _arrays, _Scattered
 from ._timing import Relay
 from ._worker import Call, KernelFailed, Ref, run_op
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
 
-__all__ = ["DaskBackend", "import_distributed", "place"]
+__all__ = ["DaskBackend", "place"]
 
-INSTALL_HINT = "pip install 'dask[distributed]>=2024.1'"
 _FINAL = ("finished", "error", "cancelled")
 _SCATTER_TRIES = 3  # a scatter that meets a dying worker is tried again (0.1 s, then 0.2 s)
-
-
-def import_distributed() -> Any:
-    """``distributed``, or a DataflowError naming the extra that installs it."""
-    try:
-        import distributed
-    except ImportError as exc:
-        raise DataflowError(
-            f"backend='dask' needs dask.distributed, which is not installed ({exc}): "
-            f"`{INSTALL_HINT}` (on the client and on every worker)"
-        ) from None
-    return distributed
-
-
-def _key_ref() -> Any:
-    """``dask.task_spec.Alias``, which names a key in a graph; None before Dask had it."""
-    try:
-        from dask.task_spec import Alias
-    except ImportError:
-        return None
-    return Alias
 
 
 def place(sig: Signature, inputs: tuple[Task, ...], local_threshold: float, forked: bool) -> str:
@@ -135,106 +114,6 @@ def place(sig: Signature, inputs: tuple[Task, ...], local_threshold: float, fork
     ):
         return "local"
     return "remote"
-
-
-class _Remote:
-    """A cluster task's client-side state, kept in ``task.value`` until the value is fetched."""
-
-    __slots__ = ("fetching", "future", "key", "sends", "settled", "timed", "wanted")
-
-    def __init__(self, key: str, timed: bool) -> None:
-        self.key = key
-        self.timed = timed  # sent while an instrument was attached: the worker reports its span
-        self.future: Any = None  # once sent
-        self.settled = False  # it ended there (finished, failed or cancelled) and was counted
-        self.wanted = False  # someone waits for its value on the client
-        self.fetching = False
-        self.sends = 0  # times sent again after Dask dropped it (a worker was lost; _lost)
-
-    def __repr__(self) -> str:
-        return f"<remote {self.key}>"
-
-
-class _Scattered:
-    """numpy arrays scattered to the cluster, by identity: each is sent once per runtime."""
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
-        self.keys: set[str] = set()  # every key scattered (to recognise them in lost workers)
-        self.sent = 0
-        self.bytes_sent = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, arr: np.ndarray[Any, Any]) -> Any:
-        """The future of ``arr`` on the cluster; None if it was not sent, or was lost there
-        (with its worker: scattered data is not recomputable, so it must be sent again)."""
-        entry = self._entries.get(id(arr))
-        if entry is not None and entry[0]() is arr and entry[1].status == "finished":
-            return entry[1]
-        return None
-
-    def put(self, arr: np.ndarray[Any, Any], future: Any) -> None:
-        key = id(arr)
-        entries = self._entries
-
-        def forget(_: Any, key: int = key) -> None:
-            entry = entries.get(key)
-            if entry is not None and entry[0]() is None:
-                del entries[key]
-
-        self._entries[key] = (weakref.ref(arr, forget), future)
-        self.keys.add(future.key)
-        self.sent += 1
-        self.bytes_sent += arr.nbytes
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.keys.clear()
-
-
-class _HangUpQuietly(logging.Filter):
-    """Close a client without the ``CommClosedError`` traceback of its own hang-up.
-
-    ``Client.close`` tells the scheduler it leaves, and the scheduler closes the connection.
-    Messages the client queued meanwhile (releases of futures garbage-collected while it
-    closes, which Dask sends two loop turns later) then fail to send, and
-    ``distributed.batched`` logs that failure with its traceback, during the close or (when
-    the scheduler hung up first) at the next message, after it. Nothing is lost: the
-    scheduler releases everything a departing client held. So, for this client's own
-    connection only: the log is dropped while it closes, and its sender is stopped with what
-    it still holds before the filter goes.
-    """
-
-    def __init__(self, client: Any) -> None:
-        super().__init__()
-        self.sender = getattr(client, "scheduler_comm", None)  # a BatchedSend
-        self.comm = getattr(self.sender, "comm", None)
-        self.logger = logging.getLogger("distributed.batched")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        return not (
-            record.msg == "Batched Comm Closed %r"
-            and isinstance(args, tuple)
-            and bool(args)
-            and args[0] is self.comm
-        )
-
-    async def __aenter__(self) -> None:
-        self.logger.addFilter(self)
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            sender = self.sender
-            if sender is not None and self.comm is not None:
-                sender.abort()  # drop what is still queued; its send loop ends
-                await asyncio.wait_for(asyncio.ensure_future(sender.stopped.wait()), 1.0)
-        except Exception:  # only the log is at stake
-            pass
-        finally:
-            self.logger.removeFilter(self)
 
 
 class DaskBackend:
@@ -1046,41 +925,3 @@ class DaskBackend:
         drained = self._timed_drained
         if not self._timed and drained is not None and not drained.done():
             drained.set_result(None)
-
-
-def _inputs(task: Task) -> tuple[Task, ...]:
-    """The tasks a task reads (its ``inputs`` are dropped once it settled; its arguments are
-    kept until its value is on the client, so it can be sent again)."""
-    if task.inputs or task.args is None:
-        return task.inputs
-    return scan(task.args, task.kwargs)[0]
-
-
-def _failed_input(task: Task) -> Task | None:
-    return next((t for t in _inputs(task) if t.state > DONE), None)
-
-
-def _was_lost(task: Task) -> bool:
-    """A task sent to the cluster and not finished on the client that Dask dropped because
-    data it needs was lost with a worker (see ``_lost``)."""
-    rem = task.value
-    return (
-        type(rem) is _Remote
-        and task.state < DONE
-        and rem.future is not None
-        and dropped(rem.future) in ("lost", "unsaid")
-    )
-
-
-def _arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]]:
-    """The numpy arrays to scatter among a task's arguments (client-side values included)."""
-    out: list[np.ndarray[Any, Any]] = []
-    stack: list[Any] = [args, kwargs] if kwargs else [args]
-    while stack:
-        for v in leaves(stack.pop()):
-            if isinstance(v, Pending):
-                if v._t.state == DONE:
-                    stack.append(v.result())
-            elif isinstance(v, np.ndarray) and v.nbytes >= threshold:
-                out.append(v)
-    return out
