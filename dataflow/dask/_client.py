@@ -5,9 +5,9 @@ Dask is an optional extra: :func:`import_distributed` imports it where the backe
 and, when it is missing, raises a DataflowError naming the command that installs it (on the
 client and on every worker). :func:`_key_ref` is the one difference between Dask versions the
 backend meets: how a task's graph names another key (``dask.task_spec.Alias``; older Dask
-takes a future made early, see ``_backend``). :class:`_HangUpQuietly` closes a client the
+takes a future made early, see ``_ship``). :class:`_HangUpQuietly` closes a client the
 runtime connected itself without the traceback Dask logs for its own hang-up. None of it
-reads the backend's state, so it sits apart from the backend.
+reads the backend's state, so it sits apart from the backend's layers.
 """
 
 from __future__ import annotations

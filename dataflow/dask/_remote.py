@@ -1,11 +1,11 @@
-"""A cluster task's client-side state (:class:`_Remote`), and the pure questions the backend asks
+"""A cluster task's client-side state (:class:`_Remote`), and the pure questions the layers ask
 of a task: what it reads, whether one of its inputs failed, whether Dask dropped it.
 
 A task placed on the cluster keeps a ``_Remote`` in ``task.value`` from dispatch until its
 value is on the client: READY while queued for the next flush, RUNNING once sent (the
 ``_Remote`` holds its Dask future), DONE once fetched (see :mod:`dataflow.dask._backend`).
-The whole backend reads it, and :func:`~dataflow.dask._backend.place` tells a cluster input by it,
-so it sits apart: plain data, no asyncio, no client.
+Every layer reads it, and :func:`~dataflow.dask._backend.place` tells a cluster input by it,
+so it sits below them all: plain data, no asyncio, no client.
 """
 
 from __future__ import annotations

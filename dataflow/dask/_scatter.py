@@ -6,8 +6,8 @@ included) are scattered once per runtime and found again by identity: a weakref 
 the array is still the same object (an array is treated as immutable once passed to an op),
 and a future that is no longer ``"finished"`` means the array was lost with its worker, so it
 is sent again. The keys scattered are kept too, to recognise them among what a lost worker
-held (``DaskBackend._revive``). Plain data and a pure walk of the arguments; the scattering itself
-(``client.scatter``) is the backend's.
+held (``_revive``). Plain data and a pure walk of the arguments; the scattering itself
+(``client.scatter``) is ``_ship``'s.
 """
 
 from __future__ import annotations
