@@ -24,7 +24,7 @@ from dataflow.dask import Call as _Call
 from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
 from dataflow.dask import fill as _fill
-from dataflow.dask._backend import _HangUpQuietly
+from dataflow.dask._client import _HangUpQuietly
 from dataflow.dask._lost import dropped, killed_worker_error, lost_workers
 from examples.lstm_ensemble import Ensemble, ensemble_forked
 from tests._helpers import Arr, Spec, add, boom, neg_inline, sleep_op, where_run

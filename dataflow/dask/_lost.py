@@ -16,7 +16,7 @@ When a worker dies, Dask's scheduler (``Scheduler.remove_worker``):
   no reason (then the scheduler's event log, which lists the keys each removed worker held,
   tells a loss from a cancel).
 
-The backend (``_backend``) repairs the third case from the client, which still has
+The backend (``_revive``) repairs the third case from the client, which still has
 everything that was lost: each task's kernel and arguments, and the arrays it scattered. It
 scatters again what was lost, and sends again, under new keys and in dispatch order, every
 task Dask dropped, its dropped inputs first (:meth:`DaskBackend._revive`). A task is sent

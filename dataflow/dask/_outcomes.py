@@ -1,0 +1,237 @@
+"""How a sent task ends on the client: settled, failed, cancelled, or its value fetched (see
+:mod:`dataflow.dask._backend`, "State of a cluster task").
+
+One watcher coroutine per sent batch (:meth:`Outcomes._watch`) waits for each future's final
+status, in dispatch order, and turns it into the scheduler's accounting: the task no longer
+holds up closing (``_settle_locked``, once, whichever of the watcher and a fetch sees the end
+first), and a failure becomes the error of the task and of every task that depends on it
+(``_failed``, ``_cancelled``, ``_finish_failed``). A task Dask dropped because a worker was
+lost is sent again (``_revive``, a layer up) and waited for again. A value comes back to the
+client (``_want``, ``_fetch``) only when someone there waits for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import _graphstate as gs
+from .._errors import CancelledTaskError, TaskError, describe, task_error_type
+from .._instrument import ACTIVE
+from .._pool import GRAPH_LOCK
+from .._scheduler import Scheduler
+from .._task import CANCELLED, DONE, FAILED, Task
+from ._base import BackendBase
+from ._lost import cancel_reason, killed_worker_error
+from ._remote import _inputs, _Remote, _was_lost
+from ._worker import KernelFailed
+
+__all__ = ["Outcomes"]
+
+_FINAL = ("finished", "error", "cancelled")
+
+
+class Outcomes(BackendBase):
+    """The end of each sent task: accounted for, failed with its dependents, or fetched."""
+
+    if TYPE_CHECKING:
+        # A layer up (``_revive``): it sends again through ``_ship``, which hands what it
+        # sent to the watchers here; this declaration closes that loop for the type checker.
+        async def _revive(self, tasks: list[Task]) -> None: ...
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    async def _watch(self, watched: list[tuple[Task, _Remote]]) -> None:
+        """Settle a batch's tasks as they end: account for them, record failures."""
+        for task, rem in watched:
+            if await self._outcome(task, rem):
+                with GRAPH_LOCK:
+                    self._settle_locked(task, rem)
+                    if task.state < DONE and not rem.timed:
+                        task.inputs = ()
+                self.remote_done += 1
+
+    async def _outcome(self, task: Task, rem: _Remote) -> bool:
+        """Wait until the task's future ends; True when it finished, else fail the task.
+
+        A task Dask dropped because a worker was lost is sent again (``_revive``), and
+        waited for again.
+        """
+        while True:
+            fut = rem.future
+            while fut.status not in _FINAL:
+                await fut._state.wait()  # what distributed.wait itself waits on
+            if fut is not rem.future:  # sent again meanwhile
+                continue
+            status = fut.status
+            if status == "finished":
+                return True
+            if status == "error":
+                exc = await fut.exception()
+                tb = await fut.traceback()
+                self._failed(task, rem, exc, tb)
+                return False
+            if _was_lost(task) and not self._sched.cancelling:
+                await self._revive([task])
+                if rem.future is not fut and task.state < DONE:
+                    continue
+            self._cancelled(task, rem)
+            return False
+
+    def _settle_locked(self, task: Task, rem: _Remote) -> None:
+        """A sent task ended (once): it no longer holds up the runtime's closing."""
+        if rem.settled:
+            return
+        rem.settled = True
+        self._remote.pop(task.id, None)
+        sched = self._sched
+        sched.inflight -= 1
+        if sched.inflight == 0 and sched._drained is not None:
+            sched.host.wake([sched._drained])
+            sched._drained = None
+
+    def _failed(self, task: Task, rem: _Remote, exc: BaseException, tb: Any) -> None:
+        if task.state >= DONE:  # the watcher and a fetch both saw it
+            return
+        if isinstance(exc, KernelFailed):
+            err = self._errors.get(exc.task)
+            if err is None:
+                orig = exc.exc
+                err = task_error_type(type(orig))(
+                    f"{exc.task} failed on the {exc.worker}: {describe(orig)}",
+                    task=exc.task,
+                    op=exc.op,
+                )
+                err.__cause__ = orig
+                self._errors[exc.task] = err
+                self._sched.failures.append(err)
+            ran = exc.task == task.name
+        elif type(exc).__name__ == "KilledWorker":
+            # Workers kept dying while running it (or a task it depends on): Dask gave up.
+            origin = str(getattr(exc, "task", rem.key))
+            err = self._errors.get(origin)
+            if err is None:
+                name, op = (task.name, task.op) if origin == rem.key else self._named(origin)
+                err = killed_worker_error(name, op, exc)
+                self._errors[origin] = err
+                self._sched.failures.append(err)
+            ran = False
+        else:
+            # Not the kernel: the task could not run there (e.g. a module the workers lack).
+            hint = ""
+            if isinstance(exc, ImportError):
+                hint = (
+                    " (the workers need the same packages as the client: dataflow, the ops' "
+                    "modules and the code defining the kernels)"
+                )
+            err = TaskError(
+                f"{task.name} failed on the Dask cluster: {describe(exc)}{hint}",
+                task=task.name,
+                op=task.op,
+            )
+            err.__cause__ = exc.with_traceback(tb) if tb is not None else exc
+            self._sched.failures.append(err)
+            ran = False
+        self._finish_failed(task, rem, err, ran)
+
+    def _named(self, key: str) -> tuple[str, str]:
+        """(task name, op) of the task this runtime sent as Dask key ``key``."""
+        op, sep, rest = key.partition(f"-{self.token}-")
+        if not sep:
+            return key, key
+        return f"{op}#{rest.split('-', 1)[0]}", op
+
+    def _cancelled(self, task: Task, rem: _Remote) -> None:
+        err: BaseException | None = next(
+            (t.error for t in _inputs(task) if t.state == CANCELLED and t.error is not None),
+            None,
+        )
+        if err is None:
+            if self._sched.cancelling:
+                why = "its runtime was closing"
+            else:
+                reason = cancel_reason(rem.future) if rem.future is not None else ""
+                why = "it was cancelled on Dask" + (f" ({reason})" if reason else "")
+            err = CancelledTaskError(f"{task.name} was not run: {why}")
+        self._finish_failed(task, rem, err, ran=False)
+
+    def _finish_failed(self, task: Task, rem: _Remote, err: BaseException, ran: bool) -> None:
+        """Fail a sent task, and what waits for it on the client.
+
+        A kernel that ran while timed reports its own span (ending in task_failed) through
+        the relay, so no event is emitted here for it.
+        """
+        reports = ran and rem.timed
+        if not reports:
+            self._timed.pop(task.id, None)
+        cancelled = isinstance(err, CancelledTaskError)
+        sched = self._sched
+        with GRAPH_LOCK:
+            self._settle_locked(task, rem)
+            if task.state >= DONE:
+                return
+            task.state = CANCELLED if cancelled else FAILED
+            task.error = err
+            task.value = None
+            task.fn = task.args = task.kwargs = None
+            if not reports:
+                task.inputs = ()
+            waiters = gs.take_waiters(task)
+            if waiters is not None:
+                sched.host.wake(waiters)
+            deps, task.dependents = task.dependents, None
+            for d in deps or ():
+                d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
+        if (ACTIVE or sched.watching) and not reports:
+            sched.record_unrun(cancelled)
+            sched.emit("task_cancelled" if cancelled else "task_failed", task)
+
+    # -- values back to the client ------------------------------------------------------------
+
+    def _want(self, task: Task) -> None:
+        """Bring the task's value to the client once computed (call on the loop thread)."""
+        rem = task.value
+        if type(rem) is not _Remote or task.state >= DONE or rem.wanted:
+            return
+        rem.wanted = True
+        if rem.future is not None:  # else _sent starts the fetch
+            self._spawn(self._fetch(task, rem))
+
+    async def _fetch(self, task: Task, rem: _Remote) -> None:
+        rem.fetching = True
+        while True:
+            if not await self._outcome(task, rem):
+                return
+            fut = rem.future
+            try:
+                value = await self.client.gather(fut)
+            except Exception as exc:
+                if rem.future is not fut or _was_lost(task):
+                    continue  # lost with its worker meanwhile: _outcome sends it again
+                err = TaskError(
+                    f"{task.name}: its value could not be fetched from the Dask cluster: "
+                    f"{describe(exc)}",
+                    task=task.name,
+                    op=task.op,
+                )
+                err.__cause__ = exc
+                self._sched.failures.append(err)
+                self._finish_failed(task, rem, err, ran=False)
+                return
+            break
+        self.fetched += 1
+        run_here = None
+        with GRAPH_LOCK:
+            self._settle_locked(task, rem)
+            if task.state >= DONE:
+                return
+            waiters = gs.take_waiters(task)
+            ready = gs.finish(task, value, release=not rem.timed)
+            if ready is not None:
+                run_here = Scheduler._place_ready_locked(ready, False, None)
+            if waiters is not None:
+                self._sched.host.wake(waiters)
+        if (ACTIVE or self._sched.watching) and ready is not None:
+            for d in ready:
+                self._sched.emit("task_ready", d)
+        for t in run_here or ():  # synchronous mode (no pool): they run here
+            t.runtime._sched.execute(t, go_on=False)  # type: ignore[union-attr]
