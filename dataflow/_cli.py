@@ -24,7 +24,8 @@ from ._logging import Progress, TaskLogger
 from ._profile import Profiler, op_table, summarize
 from ._render import render_html, render_svg
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
-from ._trace import Trace, load
+from ._trace import Trace
+from ._traceread import load
 from .graph._commands import graph_group
 
 __all__ = ["configure_logging", "main"]

@@ -6,8 +6,9 @@ tuple: its id, op, output spec, cost, the ids of its inputs, the thread it ran o
 became ready, started and ended. Forked coroutines and waits give one record each too, and a
 task that failed or was cancelled before running bumps a counter. That is all the profiler
 needs (``Recorder.trace()`` turns the records into a :class:`~dataflow._trace.Trace`, whose
-summary, op table and Chrome/Perfetto export are ``_profile``'s and ``_trace``'s), and it costs
-the runtime two clock reads and a list append per task instead of a Python call per event.
+summary, op table and Chrome/Perfetto export are ``_profile``'s and ``_tracewrite``'s), and it
+costs the runtime two clock reads and a list append per task instead of a Python call per
+event.
 
 **Bounded.** ``Recorder(max_spans=N)`` keeps the last N task records (a ring buffer), and
 ``max_seconds=T`` drops records older than T seconds; either way memory stays bounded, so a
@@ -27,7 +28,8 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
-from ._trace import Span, TaskSpan, Trace, describe_spec, save, thread_label
+from ._trace import Span, TaskSpan, Trace, describe_spec, thread_label
+from ._tracewrite import save
 
 if TYPE_CHECKING:
     from ._task import Task

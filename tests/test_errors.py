@@ -394,7 +394,7 @@ def _unknown_op_on_worker() -> None:
 
 
 def _bad_trace_file(tmp_path: Path) -> None:
-    from dataflow._trace import load
+    from dataflow._traceread import load
 
     path = tmp_path / "t.json"
     path.write_text("{not json")
