@@ -54,6 +54,7 @@ __all__ = [
     "threads_text",
 ]
 
+
 class Event(NamedTuple):
     """One recorded event, as :attr:`Profiler.events` lists them."""
 

@@ -75,6 +75,7 @@ def input_ids(field: Any) -> tuple[int, ...]:
     """A record's INPUTS field as a tuple of task ids."""
     return (field,) if type(field) is int else field
 
+
 # Outcome flags of a task record.
 OK, FAILED_RUN = 0, 1
 _FIELDS = 8
@@ -134,9 +135,7 @@ class Recorder:
                     f"{type(max_seconds).__name__}: {max_seconds!r}"
                 )
             if not max_seconds > 0:
-                raise DataflowValueError(
-                    f"Recorder(max_seconds=) must be > 0, got {max_seconds!r}"
-                )
+                raise DataflowValueError(f"Recorder(max_seconds=) must be > 0, got {max_seconds!r}")
         self.max_spans = max_spans
         self.max_seconds = max_seconds
         self._window = None if max_seconds is None else int(max_seconds * 1e9)
@@ -312,9 +311,7 @@ def build(
         if rec[INPUTS]:
             inputs[task_id] = input_ids(rec[INPUTS])
     for task_id, ids in inputs.items():  # inputs that ran before recording have no op
-        by_id[task_id].inputs = tuple(
-            by_id[i].name if i in by_id else f"?#{i}" for i in ids
-        )
+        by_id[task_id].inputs = tuple(by_id[i].name if i in by_id else f"?#{i}" for i in ids)
     out_spans = [
         Span(kind, name, thread, start - t0, end - t0, parent)
         for kind, name, thread, start, end, parent in spans

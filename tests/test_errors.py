@@ -33,9 +33,9 @@ def _bad_kernel(x: Any, kind: str) -> Any:
     return x
 
 
-bad = dataflow.op(
-    "bad", meta=lambda x, kind: ops.spec_of(x), handle=ops.Tensor, inline=False
-)(_bad_kernel)
+bad = dataflow.op("bad", meta=lambda x, kind: ops.spec_of(x), handle=ops.Tensor, inline=False)(
+    _bad_kernel
+)
 
 
 class TestOriginalType:
