@@ -7,12 +7,10 @@ ready, on a bounded pool of inter-op threads, so independent work overlaps by it
 
 from __future__ import annotations
 
-from ._api import fork as fork
 from ._api import in_model_code as in_model_code
 from ._api import materialize as materialize
 from ._api import model_code as model_code
 from ._api import run as run
-from ._api import wait as wait
 from ._compile import Compiled as Compiled
 from ._compile import compile as compile
 from ._errors import CancelledTaskError as CancelledTaskError
@@ -29,6 +27,8 @@ from ._errors import OpTimeoutError as OpTimeoutError
 from ._errors import OpTypeError as OpTypeError
 from ._errors import TaskError as TaskError
 from ._errors import UnobservedTaskError as UnobservedTaskError
+from ._fork import fork as fork
+from ._fork import wait as wait
 from ._instrument import Instrument as Instrument
 from ._instrument import add_instrument as add_instrument
 from ._instrument import remove_instrument as remove_instrument

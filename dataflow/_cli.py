@@ -3,6 +3,12 @@
 Exit codes: the script's own ``SystemExit`` passes through; an uncaught exception prints its
 traceback and exits 1; bad usage (including a missing script) exits 2; Ctrl-C cancels the
 tasks, joins the threads and exits 130.
+
+Design note: this module is the ``dataflow`` command group, its ``run`` command (the script
+run as ``__main__`` under dataflow's settings, with the CLI's logging configuration) and
+``info``. What hangs off them lives apart: the hooks that wrap the script (``--trace``,
+``--log-tasks``, ``--progress``) in ``_cli_hooks``, the ``trace`` subcommands in
+``_cli_trace`` and the ``graph`` subcommands in ``dataflow.graph._commands``.
 """
 
 from __future__ import annotations
@@ -11,28 +17,18 @@ import logging
 import os
 import runpy
 import sys
-import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
 import click
 
-from ._instrument import add_instrument, remove_instrument
-from ._logging import Progress, TaskLogger
-from ._profile import Profiler, op_table, summarize
-from ._render import render_html, render_svg
+from ._cli_hooks import _run_hooks
+from ._cli_trace import trace_group
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
-from ._trace import Trace, load
 from .graph._commands import graph_group
 
 __all__ = ["configure_logging", "main"]
-
-# Hooks other CLI features (tracing, progress) wrap the script run with: each is a context
-# manager factory taking the `run` command's options.
-RunHook = Callable[[dict[str, Any]], Any]
-_run_hooks: list[RunHook] = []
 
 
 def configure_logging(fmt: str, level: str) -> None:
@@ -296,208 +292,14 @@ def _print_user_traceback(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, tb)
 
 
-# -- run hooks: --trace, --log-tasks, --progress ---------------------------------------------
-
-
-@contextmanager
-def _trace_hook(options: dict[str, Any]) -> Iterator[None]:
-    """--trace PATH: profile the script; write the trace however the script ends."""
-    path = options.get("trace")
-    if not path:
-        yield
-        return
-    prof = Profiler()
-    prof.start()
-    try:
-        yield
-    finally:
-        prof.stop()
-        try:
-            prof.export_chrome_trace(path)
-        except OSError as exc:
-            click.echo(
-                f"dataflow run: error: cannot write the trace: {type(exc).__name__}: {exc}",
-                err=True,
-            )
-        else:
-            click.echo(
-                f"dataflow run: trace of {len(prof.trace().tasks)} tasks written to {path} "
-                f"(open it in ui.perfetto.dev, or `dataflow trace summary {path}`)",
-                err=True,
-            )
-
-
-@contextmanager
-def _log_tasks_hook(options: dict[str, Any]) -> Iterator[None]:
-    """--log-tasks: a TaskLogger for the script's run."""
-    if not options.get("log_tasks"):
-        yield
-        return
-    inst = TaskLogger()
-    add_instrument(inst)
-    try:
-        yield
-    finally:
-        remove_instrument(inst)
-
-
-class _StatusLine:
-    """Keeps --progress's status line and the script's own output apart on one terminal.
-
-    The status line is drawn with no newline at the end, so a line the script printed after
-    it would start on the same screen line. So the script's writes (through
-    :class:`_Clearing`) first clear the status line, and the status line is not drawn over a
-    line the script has not finished; it comes back at the next redraw.
-    """
-
-    def __init__(self, terminal: TextIO) -> None:
-        self.terminal = terminal
-        self.lock = threading.RLock()
-        self._shown = False  # the status line is on the screen
-        self._partial = False  # the script's last write left its line unfinished
-
-    # Progress draws through these two.
-    def write(self, text: str) -> int:
-        with self.lock:
-            if self._partial:
-                if not text.endswith("\n"):
-                    return len(text)  # not over the script's unfinished line
-                self.terminal.write("\n")
-                self._partial = False
-            self.terminal.write(text)
-            self._shown = not text.endswith("\n")
-            return len(text)
-
-    def flush(self) -> None:
-        with self.lock:
-            self.terminal.flush()
-
-    def script_write(self, stream: TextIO, text: str) -> int:
-        """Write the script's ``text`` to ``stream``, clearing the status line first."""
-        with self.lock:
-            if self._shown:
-                self.terminal.write("\r\x1b[K")
-                self.terminal.flush()
-                self._shown = False
-            n = stream.write(text)
-            stream.flush()
-            if text:
-                self._partial = not text.endswith("\n")
-            return n
-
-
-class _Clearing:
-    """The script's sys.stdout or sys.stderr while a status line is shown (see _StatusLine)."""
-
-    def __init__(self, stream: TextIO, status: _StatusLine) -> None:
-        self._stream = stream
-        self._status = status
-
-    def write(self, text: str) -> int:
-        return self._status.script_write(self._stream, text)
-
-    def writelines(self, lines: Any) -> None:
-        for line in lines:
-            self.write(line)
-
-    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, flush ...
-        return getattr(self._stream, name)
-
-
-@contextmanager
-def _progress_hook(options: dict[str, Any]) -> Iterator[None]:
-    """--progress: a status line on stderr, only when it is a terminal."""
-    if not options.get("progress") or not sys.stderr.isatty():
-        yield
-        return
-    stdout, stderr = sys.stdout, sys.stderr
-    status = _StatusLine(stderr)
-    inst = Progress(cast(TextIO, status))
-    sys.stderr = cast(TextIO, _Clearing(stderr, status))
-    if stdout.isatty():  # the same screen: keep the script's lines clear of the status line
-        sys.stdout = cast(TextIO, _Clearing(stdout, status))
-    add_instrument(inst)
-    try:
-        yield
-    finally:
-        remove_instrument(inst)
-        sys.stdout, sys.stderr = stdout, stderr
-        inst.close()
-
-
-_run_hooks.extend((_trace_hook, _log_tasks_hook, _progress_hook))
-
-
-# -- dataflow trace ----------------------------------------------------------------------------
-
-
-@cli.group("trace")
-def trace_group() -> None:
-    """Read a trace saved by `dataflow run --trace` (or Profiler.export_chrome_trace)."""
-
-
-def _load_trace(path: str, command: str) -> Trace:
-    try:
-        return load(path)
-    except (OSError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
-        click.echo(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(1)
-
-
-@trace_group.command("summary")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
-def trace_summary(path: str) -> None:
-    """Print wall/busy time, parallelism, critical path and the per-op table of PATH."""
-    trace = _load_trace(path, "summary")
-    click.echo(str(summarize(trace)))
-    click.echo("")
-    click.echo(op_table(trace))
-
-
-@trace_group.command("render")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False, writable=True),
-    help="The picture: .svg, or .html (the SVG in a page, with the summary).  "
-    "[default: PATH with .svg]",
-)
-@click.option("--width", type=click.IntRange(min=400), default=1200, show_default=True)
-@click.option(
-    "--arrows",
-    type=click.Choice(["critical", "all", "none"]),
-    default="critical",
-    show_default=True,
-    help="Which dependencies to draw: the critical path's, every one, or none.",
-)
-def trace_render(path: str, output: str | None, width: int, arrows: str) -> None:
-    """Draw PATH as a per-thread timeline: a bar per task, the critical path outlined."""
-    out = output or os.path.splitext(path)[0] + ".svg"
-    ext = os.path.splitext(out)[1].lower()
-    if ext not in (".svg", ".html", ".htm"):
-        raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
-    trace = _load_trace(path, "render")
-    if ext == ".svg":
-        text = render_svg(trace, width=width, arrows=arrows)
-    else:
-        title = f"dataflow timeline: {os.path.basename(path)}"
-        text = render_html(trace, title=title, width=width, arrows=arrows)
-    try:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        click.echo(f"dataflow trace render: error: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(1)
-    click.echo(f"wrote {out} ({len(trace.tasks)} tasks)")
-
-
 @cli.command()
 def info() -> None:
     """Print the thread settings, BLAS and event loop (parallel_info())."""
     click.echo(parallel_info())
 
 
+# `dataflow trace summary/render`: saved trace files (_cli_trace).
+cli.add_command(trace_group)
 # `dataflow graph show/run`: saved graph files (dataflow.graph._commands).
 cli.add_command(graph_group)
 

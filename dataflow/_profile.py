@@ -8,7 +8,7 @@ when it ends, so recording costs two clock reads and a list append per task (mea
 be released). The rest waits for a result to be asked for:
 
 * :meth:`Profiler.export_chrome_trace` writes the timeline for ui.perfetto.dev or
-  chrome://tracing (format in ``_trace``);
+  chrome://tracing (format in ``_tracewrite``);
 * :meth:`Profiler.table` is a per-op table of kernel time;
 * :meth:`Profiler.summary` is a :class:`Summary`: wall time, busy time per thread, achieved
   parallelism, the critical path, and the time lost to scheduling.
@@ -33,8 +33,8 @@ from ._trace import (
     alive_bytes,
     is_loop_lane,
     lanes,
-    save,
 )
+from ._tracewrite import save
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -53,6 +53,7 @@ __all__ = [
     "summarize",
     "threads_text",
 ]
+
 
 class Event(NamedTuple):
     """One recorded event, as :attr:`Profiler.events` lists them."""

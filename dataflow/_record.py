@@ -6,8 +6,9 @@ tuple: its id, op, output spec, cost, the ids of its inputs, the thread it ran o
 became ready, started and ended. Forked coroutines and waits give one record each too, and a
 task that failed or was cancelled before running bumps a counter. That is all the profiler
 needs (``Recorder.trace()`` turns the records into a :class:`~dataflow._trace.Trace`, whose
-summary, op table and Chrome/Perfetto export are ``_profile``'s and ``_trace``'s), and it costs
-the runtime two clock reads and a list append per task instead of a Python call per event.
+summary, op table and Chrome/Perfetto export are ``_profile``'s and ``_tracewrite``'s), and it
+costs the runtime two clock reads and a list append per task instead of a Python call per
+event.
 
 **Bounded.** ``Recorder(max_spans=N)`` keeps the last N task records (a ring buffer), and
 ``max_seconds=T`` drops records older than T seconds; either way memory stays bounded, so a
@@ -27,7 +28,8 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
-from ._trace import Span, TaskSpan, Trace, describe_spec, save, thread_label
+from ._trace import Span, TaskSpan, Trace, describe_spec, thread_label
+from ._tracewrite import save
 
 if TYPE_CHECKING:
     from ._task import Task
@@ -72,6 +74,7 @@ def signature_of(field: Any) -> Any:
 def input_ids(field: Any) -> tuple[int, ...]:
     """A record's INPUTS field as a tuple of task ids."""
     return (field,) if type(field) is int else field
+
 
 # Outcome flags of a task record.
 OK, FAILED_RUN = 0, 1
@@ -132,9 +135,7 @@ class Recorder:
                     f"{type(max_seconds).__name__}: {max_seconds!r}"
                 )
             if not max_seconds > 0:
-                raise DataflowValueError(
-                    f"Recorder(max_seconds=) must be > 0, got {max_seconds!r}"
-                )
+                raise DataflowValueError(f"Recorder(max_seconds=) must be > 0, got {max_seconds!r}")
         self.max_spans = max_spans
         self.max_seconds = max_seconds
         self._window = None if max_seconds is None else int(max_seconds * 1e9)
@@ -310,9 +311,7 @@ def build(
         if rec[INPUTS]:
             inputs[task_id] = input_ids(rec[INPUTS])
     for task_id, ids in inputs.items():  # inputs that ran before recording have no op
-        by_id[task_id].inputs = tuple(
-            by_id[i].name if i in by_id else f"?#{i}" for i in ids
-        )
+        by_id[task_id].inputs = tuple(by_id[i].name if i in by_id else f"?#{i}" for i in ids)
     out_spans = [
         Span(kind, name, thread, start - t0, end - t0, parent)
         for kind, name, thread, start, end, parent in spans

@@ -159,7 +159,7 @@ def render_svg(
     """The trace as a standalone SVG document (a string).
 
     Args:
-        trace: the recorded run (``Profiler.trace()`` or ``_trace.load(path)``).
+        trace: the recorded run (``Profiler.trace()`` or ``_traceread.load(path)``).
         width: the drawing's width in pixels; the height follows from the number of lanes.
         title: the heading; default: tasks, threads, wall time and parallelism.
         arrows: ``"critical"`` (default): the critical path's bars outlined and joined by

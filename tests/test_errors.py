@@ -33,9 +33,9 @@ def _bad_kernel(x: Any, kind: str) -> Any:
     return x
 
 
-bad = dataflow.op(
-    "bad", meta=lambda x, kind: ops.spec_of(x), handle=ops.Tensor, inline=False
-)(_bad_kernel)
+bad = dataflow.op("bad", meta=lambda x, kind: ops.spec_of(x), handle=ops.Tensor, inline=False)(
+    _bad_kernel
+)
 
 
 class TestOriginalType:
@@ -394,7 +394,7 @@ def _unknown_op_on_worker() -> None:
 
 
 def _bad_trace_file(tmp_path: Path) -> None:
-    from dataflow._trace import load
+    from dataflow._traceread import load
 
     path = tmp_path / "t.json"
     path.write_text("{not json")

@@ -19,7 +19,8 @@ import ops
 from dataflow import Pending, Task
 from dataflow._instrument import PROCESS
 from dataflow._profile import critical_path, op_stats, summarize
-from dataflow._trace import TaskSpan, Trace, from_chrome, load
+from dataflow._trace import TaskSpan, Trace
+from dataflow._traceread import from_chrome, load
 
 EPS_US = 0.002  # ts and dur are written with ns precision (3 decimals of a microsecond)
 
@@ -558,7 +559,7 @@ class TestAliveBytes:
 
     def test_summary_and_chrome_counter(self) -> None:
         """The summary gives the peak; the Chrome trace has a `memory` counter track."""
-        from dataflow._trace import to_chrome
+        from dataflow._tracewrite import to_chrome
 
         trace = self._trace()
         summary = summarize(trace)

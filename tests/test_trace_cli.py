@@ -19,7 +19,9 @@ import dataflow
 import ops
 from dataflow._cli import cli
 from dataflow._render import MAX_ARROWS, MAX_LABEL, render_html, render_svg
-from dataflow._trace import TaskSpan, Trace, lanes, load, to_chrome
+from dataflow._trace import TaskSpan, Trace, lanes
+from dataflow._traceread import load
+from dataflow._tracewrite import to_chrome
 
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parents[1]

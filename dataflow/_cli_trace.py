@@ -1,0 +1,86 @@
+"""``dataflow trace summary`` and ``dataflow trace render``: report on a saved trace file.
+
+Design note: these commands only read a file (``_traceread.load``) and hand the
+:class:`~dataflow._trace.Trace` to the profiler's summary and op table (``_profile``) or to
+the renderer (``_render``). They share nothing with running a script, so they live apart
+from ``_cli``, which adds :func:`trace_group` to the ``dataflow`` command as it adds
+``graph`` (``dataflow.graph._commands``). A file that cannot be read is one
+``dataflow trace COMMAND: error: Type: message`` line and exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ._profile import op_table, summarize
+from ._render import render_html, render_svg
+from ._trace import Trace
+from ._traceread import load
+
+__all__ = ["trace_group"]
+
+# -- dataflow trace ----------------------------------------------------------------------------
+
+
+@click.group("trace")
+def trace_group() -> None:
+    """Read a trace saved by `dataflow run --trace` (or Profiler.export_chrome_trace)."""
+
+
+def _load_trace(path: str, command: str) -> Trace:
+    try:
+        return load(path)
+    except (OSError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
+        click.echo(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+
+
+@trace_group.command("summary")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+def trace_summary(path: str) -> None:
+    """Print wall/busy time, parallelism, critical path and the per-op table of PATH."""
+    trace = _load_trace(path, "summary")
+    click.echo(str(summarize(trace)))
+    click.echo("")
+    click.echo(op_table(trace))
+
+
+@trace_group.command("render")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="The picture: .svg, or .html (the SVG in a page, with the summary).  "
+    "[default: PATH with .svg]",
+)
+@click.option("--width", type=click.IntRange(min=400), default=1200, show_default=True)
+@click.option(
+    "--arrows",
+    type=click.Choice(["critical", "all", "none"]),
+    default="critical",
+    show_default=True,
+    help="Which dependencies to draw: the critical path's, every one, or none.",
+)
+def trace_render(path: str, output: str | None, width: int, arrows: str) -> None:
+    """Draw PATH as a per-thread timeline: a bar per task, the critical path outlined."""
+    out = output or os.path.splitext(path)[0] + ".svg"
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in (".svg", ".html", ".htm"):
+        raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
+    trace = _load_trace(path, "render")
+    if ext == ".svg":
+        text = render_svg(trace, width=width, arrows=arrows)
+    else:
+        title = f"dataflow timeline: {os.path.basename(path)}"
+        text = render_html(trace, title=title, width=width, arrows=arrows)
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        click.echo(f"dataflow trace render: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"wrote {out} ({len(trace.tasks)} tasks)")

@@ -1,0 +1,232 @@
+"""Reading a saved trace back: the Chrome Trace Event format (``_tracewrite``) into a Trace.
+
+:func:`load` reads a file that :func:`~dataflow._tracewrite.save` wrote (or any Chrome trace
+with ``X`` slices) and :func:`from_chrome` rebuilds the :class:`~dataflow._trace.Trace` from
+the parsed JSON, so ``dataflow trace summary`` and ``render`` compute from a saved file what
+the profiler computes from a live run.
+
+Design note: a trace file is input from outside (a colleague's, a server's dump), so this side
+of the format is the hardened one: a file nested too deep, a time that is not a finite number,
+a field of the wrong kind is a :class:`TraceFormatError` (a ``DataflowError`` and a
+``ValueError``) naming the file and the event, never a crash deep in the summary. Writing
+(``_tracewrite``) checks nothing: it starts from a trace this process built.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from ._errors import DataflowError
+from ._trace import Span, TaskSpan, Trace
+
+__all__ = ["MAX_JSON_DEPTH", "TraceFormatError", "from_chrome", "load"]
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+class TraceFormatError(DataflowError, ValueError):
+    """A file is not a Chrome trace this module can read (a ``ValueError`` too)."""
+
+
+#: How deep a trace's arrays and objects may nest (dataflow writes 4 levels).
+MAX_JSON_DEPTH = 64
+# Times beyond this many microseconds (about 31 years) are not times.
+_MAX_US = 1e15
+
+
+def load(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace written by ``_tracewrite.save`` (or any Chrome trace with ``X`` slices).
+
+    Raises:
+        TraceFormatError: the file is not JSON, nests deeper than :data:`MAX_JSON_DEPTH`, or an
+            event's field is not what the format says (the message names the event).
+        OSError: the file cannot be read.
+    """
+    source = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except RecursionError:  # deeper than the C parser goes: far beyond the limit
+        data = None
+        deep = True
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"{source} is not UTF-8 JSON: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{source} is not JSON: {exc}") from exc
+    else:
+        deep = _too_deep(data)
+    if deep:
+        raise TraceFormatError(
+            f"{source} nests arrays and objects more than {MAX_JSON_DEPTH} deep: not a trace"
+        )
+    return from_chrome(data, source=source)
+
+
+def _too_deep(data: Any) -> bool:
+    """Whether lists and dicts nest more than MAX_JSON_DEPTH deep (iterative: any depth)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (list, dict)):
+            if depth > MAX_JSON_DEPTH:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+class _Fields:
+    """Reads one event's fields, refusing values of the wrong kind with the event named."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.event: dict[str, Any] = {}
+        self.index = 0
+        self.tids: dict[str, int] = {}  # a thread id given as a string: a stand-in int
+
+    def bad(self, key: str, value: Any, expected: str) -> TraceFormatError:
+        where = f"event {self.index} (ph {self.event.get('ph')!r:.20}): " if self.index >= 0 else ""
+        return TraceFormatError(
+            f"{self.source}: {where}{key} must be {expected}, got {value!r:.60}"
+        )
+
+    def ns(self, value: Any, key: str) -> int:
+        """Microseconds (a finite number) as integer nanoseconds."""
+        if type(value) not in (int, float) or not math.isfinite(value) or abs(value) > _MAX_US:
+            raise self.bad(key, value, f"a finite number of microseconds (at most {_MAX_US:g})")
+        ns: int = round(value * 1000.0)
+        return ns
+
+    def time(self, key: str, default: float = 0) -> int:
+        return self.ns(self.event.get(key, default), key)
+
+    def tid(self, key: str = "tid") -> int:
+        value = self.event.get(key, 0)
+        if type(value) is int:
+            return value
+        if type(value) is str:
+            return self.tids.setdefault(value, -1 - len(self.tids))
+        raise self.bad(key, value, "an integer or a string")
+
+    def obj(self, key: str) -> dict[str, Any]:
+        value = self.event.get(key)
+        if value is None:
+            return {}
+        if type(value) is not dict:
+            raise self.bad(key, value, "an object")
+        return value
+
+    def count(self, meta: dict[str, Any], key: str) -> int:
+        value = meta.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise TraceFormatError(
+                f"{self.source}: otherData.dataflow.{key} must be a non-negative integer, "
+                f"got {value!r:.60}"
+            )
+        return value
+
+
+def from_chrome(data: Any, source: str = "trace") -> Trace:
+    """Rebuild a :class:`Trace` from a Chrome Trace Event JSON object or array.
+
+    Raises:
+        TraceFormatError: no event list, or an event field of the wrong kind (named).
+    """
+    if isinstance(data, dict):
+        events = data.get("traceEvents")
+        other = data.get("otherData") or {}
+    else:
+        events, other = data, {}
+    if not isinstance(events, list):
+        raise TraceFormatError(
+            f"{source} has no traceEvents list: expected a Chrome trace such as "
+            "`dataflow run --trace out.json script.py` writes"
+        )
+    meta = other.get("dataflow") if isinstance(other, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    threads: dict[int, str] = {}
+    tasks: list[TaskSpan] = []
+    opened: dict[tuple[str, Any], tuple[dict[str, Any], int, int]] = {}
+    spans: list[Span] = []
+    pid = 0
+    read = _Fields(source)
+    for index, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            continue
+        read.event, read.index = ev, index
+        ph = ev.get("ph")
+        if ph == "M" and ev.get("name") == "thread_name":
+            threads[read.tid()] = str(read.obj("args").get("name", ""))
+        elif ph == "X":
+            pid = pid or (ev["pid"] if type(ev.get("pid")) is int else 0)
+            args = dict(read.obj("args"))
+            start = read.time("ts")
+            duration = read.time("dur")
+            if duration < 0:
+                raise read.bad("dur", ev.get("dur"), "a duration (not negative)")
+            end = start + duration
+            name = str(args.pop("task", f"{ev.get('name', 'task')}#{len(tasks) + 1}"))
+            queued = read.ns(args.pop("queued_us", 0), "args.queued_us")
+            failed = args.pop("status", None) == "failed"
+            inputs = args.pop("inputs", None) or []
+            if not isinstance(inputs, list):
+                raise read.bad("args.inputs", inputs, "a list of task names")
+            op = str(args.pop("op", ev.get("name", "task")))
+            args.pop("id", None)
+            tid = read.tid()
+            threads.setdefault(tid, str(ev.get("tid", 0)))  # (a string id names itself)
+            tasks.append(
+                TaskSpan(
+                    name, op, tid, start, end, start - queued, tuple(map(str, inputs)), args, failed
+                )
+            )
+        elif ph in ("b", "e") and ev.get("cat") in ("fork", "wait"):
+            key = (str(ev["cat"]), ev.get("id") if type(ev.get("id")) in (int, str) else None)
+            if ph == "b":
+                opened[key] = (ev, read.tid(), read.time("ts"))
+                continue
+            begun = opened.pop(key, None)
+            if begun is None:
+                continue
+            begin, tid, begin_ts = begun
+            kind = key[0]
+            label = str(begin.get("name", ""))
+            if kind == "wait" and label.startswith("wait "):
+                label = label[5:]
+            parent = (
+                (begin.get("args") or {}).get("parent") if type(begin.get("args")) is dict else None
+            )
+            spans.append(
+                Span(
+                    kind,
+                    label,
+                    tid,
+                    begin_ts,
+                    read.time("ts"),
+                    None if parent is None else str(parent),
+                )
+            )
+    if not meta:
+        # Not written by dataflow: times are absolute; start the timeline at the first event.
+        origin = min([t.start for t in tasks] + [s.start for s in spans] or [0])
+        for t in tasks:
+            t.start, t.end, t.ready = t.start - origin, t.end - origin, t.ready - origin
+        for s in spans:
+            s.start, s.end = s.start - origin, s.end - origin
+    tasks.sort(key=lambda t: (t.start, t.id))
+    extent = max([t.end for t in tasks] + [s.end for s in spans] + [0])
+    read.event, read.index = {"ph": None}, -1
+    wall = read.ns(meta.get("wall_us", 0), "otherData.dataflow.wall_us") or extent
+    return Trace(
+        tasks=tasks,
+        threads=threads,
+        spans=sorted(spans, key=lambda s: s.start),
+        wall=max(wall, extent),
+        pid=pid,
+        unrun_failed=read.count(meta, "unrun_failed"),
+        unrun_cancelled=read.count(meta, "unrun_cancelled"),
+    )
