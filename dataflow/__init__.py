@@ -45,10 +45,10 @@ from ._runtime import Runtime as Runtime
 from ._runtime import current_runtime as current_runtime
 from ._scheduler import get_inline_threshold as get_inline_threshold
 from ._scheduler import set_inline_threshold as set_inline_threshold
+from ._signature import Signature as Signature
 from ._task import Cost as Cost
 from ._task import Future as Future
 from ._task import Pending as Pending
-from ._task import Signature as Signature
 from ._task import Task as Task
 from ._task import estimate_seconds as estimate_seconds
 from ._threads import get_num_interop_threads as get_num_interop_threads

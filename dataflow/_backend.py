@@ -13,7 +13,7 @@ handle`` waits on) and ``cancel``, and is asked to ``join`` its outstanding work
 * The graph tracer (``dataflow.graph``) is a backend too, used by ``dataflow.trace``.
 
 ``submit(sig, fn, args, kwargs, inputs, ready, priority=None, timeout=None) -> Task``:
-``sig`` is the op call's :class:`~dataflow._task.Signature`, ``inputs`` the tasks of the
+``sig`` is the op call's :class:`~dataflow._signature.Signature`, ``inputs`` the tasks of the
 pending handles among the arguments and ``ready`` whether all are done.
 """
 

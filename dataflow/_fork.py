@@ -47,7 +47,8 @@ from ._instrument import ACTIVE
 from ._logging import name_plain_fork
 from ._runtime import Runtime, current_runtime, get_runtime
 from ._scheduler import scan
-from ._task import DONE, Future, Pending, Signature, _next_id
+from ._signature import Signature
+from ._task import DONE, Future, Pending, _next_id
 
 __all__ = ["TaskFuture", "fork", "wait"]
 

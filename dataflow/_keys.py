@@ -1,6 +1,6 @@
 """The signature key of an op call's arguments (``Op.__call__``'s general pass).
 
-An op caches one :class:`~dataflow._task.Signature` per *argument signature* (``_op``'s
+An op caches one :class:`~dataflow._signature.Signature` per *argument signature* (``_op``'s
 docstring, "Signatures"). ``Op.__call__`` keys the common calls itself (arrays, handles,
 scalars, a flat list of them); every other call (keywords, nested containers, other types)
 takes :func:`scan_arguments`, which walks the arguments once and returns the key, the pending

@@ -14,7 +14,7 @@ An op is three plain functions:
 **Signatures.** Both rules run once per *argument signature*: for each argument, a pending
 handle's producing signature and output index, an array's shape and dtype, a Python scalar's
 type and value, containers (list, tuple, NamedTuple, dict) element by element. The result (a
-:class:`~dataflow._task.Signature`: spec, cost, measured kernel time) is cached on the op, so a
+:class:`~dataflow._signature.Signature`: spec, cost, measured kernel time) is cached on the op, so a
 repeated call costs one dictionary lookup. A bad call is never cached: it raises again, from
 the meta rule, every time. So a meta rule must depend only on its arguments' shapes, dtypes
 and types and on the values of non-array arguments (never on array contents); arguments of
@@ -48,7 +48,8 @@ from ._errors import DataflowTypeError, DataflowValueError, NotReadyError, task_
 from ._keys import scan_arguments
 from ._registry import declaring_module, register
 from ._runtime import _current, loop_runtime
-from ._task import DONE, LIGHT, Cost, Pending, Signature, Task, checked_cost, spec_keys
+from ._signature import Signature, spec_keys
+from ._task import DONE, LIGHT, Cost, Pending, Task, checked_cost
 from ._timeout import check_timeout
 from ._walk import ATOMS as _ATOMS
 

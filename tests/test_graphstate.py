@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from dataflow import CancelledTaskError
 from dataflow import _graphstate as gs
-from dataflow._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Signature, Task
+from dataflow._signature import Signature
+from dataflow._task import CANCELLED, DONE, FAILED, PENDING, READY, RUNNING, Task
 
 
 def task(*inputs: Task) -> Task:

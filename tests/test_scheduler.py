@@ -37,7 +37,8 @@ from dataflow._scheduler._placement import (
     parallel_gil,
     runs_inline,
 )
-from dataflow._task import FLOP_RATE, RUNNING, Signature, Task
+from dataflow._signature import Signature
+from dataflow._task import FLOP_RATE, RUNNING, Task
 from tests._helpers import Arr, Spec, gated
 
 Array = np.ndarray[Any, Any]

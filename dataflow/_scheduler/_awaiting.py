@@ -10,11 +10,11 @@ from typing import Any
 
 from .._errors import DataflowError
 from .._pool import GRAPH_LOCK
+from .._signature import Signature
 from .._task import (
     DONE,
     PENDING,
     READY,
-    Signature,
     Task,
 )
 from .._timeout import TimedKernel

@@ -21,12 +21,12 @@ from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._record import name_signature
+from .._signature import Signature
 from .._task import (
     DONE,
     LIGHT,
     READY,
     RUNNING,
-    Signature,
     Task,
     _next_id,
 )

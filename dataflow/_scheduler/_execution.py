@@ -21,10 +21,10 @@ from .._errors import (
 from .._instrument import ACTIVE
 from .._pool import GRAPH_LOCK, InteropPool, current_pool
 from .._protect import thaw
+from .._signature import Signature
 from .._task import (
     READY,
     RUNNING,
-    Signature,
     Task,
 )
 from .._threads import _cores

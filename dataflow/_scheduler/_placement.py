@@ -2,7 +2,7 @@
 
 The policy is in :mod:`dataflow._scheduler`'s docstring ("Small work runs where it is needed"
 and "The GIL lane"); this module holds its settings and the GIL measurement, which is pure
-arithmetic on a :class:`~dataflow._task.Signature` (unit-tested without threads).
+arithmetic on a :class:`~dataflow._signature.Signature` (unit-tested without threads).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .._errors import DataflowTypeError, DataflowValueError
 
 if TYPE_CHECKING:
     from .._pool import InteropPool
-    from .._task import Signature
+    from .._signature import Signature
 
 __all__ = [
     "AWAITED_AT_ONCE",

@@ -68,7 +68,8 @@ from typing import Any
 from .._errors import CancelledTaskError, DataflowError, describe
 from .._log import logger
 from .._pool import GRAPH_LOCK
-from .._task import DONE, READY, RUNNING, Signature, Task
+from .._signature import Signature
+from .._task import DONE, READY, RUNNING, Task
 from ._client import _HangUpQuietly, import_distributed
 from ._remote import _Remote
 from ._revive import Revival

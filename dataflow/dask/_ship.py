@@ -22,7 +22,8 @@ from .._errors import CancelledTaskError, TaskError, describe
 from .._instrument import ACTIVE
 from .._pool import GRAPH_LOCK
 from .._registry import op_for_kernel
-from .._task import DONE, READY, RUNNING, Pending, Signature, Task
+from .._signature import Signature
+from .._task import DONE, READY, RUNNING, Pending, Task
 from .._walk import replace
 from ._client import _key_ref, import_distributed
 from ._outcomes import Outcomes

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._errors import OpNotFoundError, describe
 from .._registry import lookup_op
-from .._task import Signature
+from .._signature import Signature
 from .._walk import replace
 
 __all__ = ["Call", "KernelFailed", "Ref", "fill", "run_op"]

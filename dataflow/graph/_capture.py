@@ -38,7 +38,8 @@ import numpy as np
 from .._errors import DataflowError, task_failed
 from .._registry import array_handle, op_for_kernel
 from .._runtime import Runtime
-from .._task import DONE, FAILED, Cost, Future, Pending, Signature, Task
+from .._signature import Signature
+from .._task import DONE, FAILED, Cost, Future, Pending, Task
 from ._errors import TracerWarning
 from ._frames import package, short_path, user_location
 from ._ir import (

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from .._errors import DataflowTypeError, OpInputError, OpTypeError
 from .._runtime import get_runtime
 from .._scheduler import scan
-from .._task import Pending, Signature, _next_id, estimate_seconds
+from .._signature import Signature
+from .._task import Pending, _next_id, estimate_seconds
 from ._fusion import FusedOp
 from ._ir import ConstRef, InputRef, NodeRef, Ref, iter_refs, type_of
 

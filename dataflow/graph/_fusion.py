@@ -38,7 +38,8 @@ import numpy as np
 
 from .._errors import DataflowValueError
 from .._scheduler import get_inline_threshold
-from .._task import Cost, Signature, Task, checked_cost, estimate_seconds
+from .._signature import Signature
+from .._task import Cost, Task, checked_cost, estimate_seconds
 from ._ir import (
     Builder,
     ConstRef,

@@ -44,7 +44,8 @@ from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._scheduler._placement import SPAWN_CPU_SHARE
-from .._task import PENDING, READY, Signature, Task, _next_id
+from .._signature import Signature
+from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
 from ._lean import _INPUT, _NODE, _NODE_OUT, LeanRun, ref_value
 

@@ -25,7 +25,8 @@ from typing import Any, cast
 import numpy as np
 
 from .._errors import DataflowTypeError, DataflowValueError
-from .._task import Signature, Task, checked_cost
+from .._signature import Signature
+from .._task import Task, checked_cost
 from ._archive import (
     MAX_MEMBERS,
     Problem,
