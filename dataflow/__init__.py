@@ -36,7 +36,6 @@ from ._logging import TaskLogger as TaskLogger
 from ._op import Op as Op
 from ._op import op as op
 from ._profile import Profiler as Profiler
-from ._profile import Summary as Summary
 from ._profile import profile as profile
 from ._protect import frozen_by as frozen_by
 from ._record import Recorder as Recorder
@@ -46,6 +45,7 @@ from ._runtime import current_runtime as current_runtime
 from ._scheduler import get_inline_threshold as get_inline_threshold
 from ._scheduler import set_inline_threshold as set_inline_threshold
 from ._signature import Signature as Signature
+from ._summary import Summary as Summary
 from ._task import Cost as Cost
 from ._task import Future as Future
 from ._task import Pending as Pending

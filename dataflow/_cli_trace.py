@@ -15,8 +15,8 @@ import sys
 
 import click
 
-from ._profile import op_table, summarize
 from ._render import render_html, render_svg
+from ._summary import op_table, summarize
 from ._trace import Trace
 from ._traceread import load
 

@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from ._errors import DataflowValueError
-from ._profile import active_span, format_seconds, op_stats, op_table, summarize, threads_text
+from ._summary import active_span, format_seconds, op_stats, op_table, summarize, threads_text
 from ._trace import TaskSpan, Trace, is_loop_lane, lanes
 
 __all__ = ["ARROWS", "MAX_ARROWS", "MAX_LABEL", "render_html", "render_svg"]

@@ -18,7 +18,7 @@ import dataflow
 import ops
 from dataflow import Pending, Task
 from dataflow._instrument import PROCESS
-from dataflow._profile import critical_path, op_stats, summarize
+from dataflow._summary import critical_path, op_stats, summarize
 from dataflow._trace import TaskSpan, Trace
 from dataflow._traceread import from_chrome, load
 

@@ -215,7 +215,7 @@ class TestTraceSummary:
         """`dataflow trace summary` recomputes the figures from the file."""
         result = CliRunner().invoke(cli, ["trace", "summary", str(saved_trace)])
         assert result.exit_code == 0, result.output
-        expected = str(dataflow._profile.summarize(load(saved_trace)))
+        expected = str(dataflow._summary.summarize(load(saved_trace)))
         assert result.stdout.startswith(expected)
         assert "matmul" in result.stdout and "share" in result.stdout
 
