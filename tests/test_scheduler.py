@@ -99,7 +99,12 @@ class TestPlacement:
             first = pool_where(slow)
             second = tiny_after(first, slow)
             gate.set()
-            return int((await first)[0]), int((await second)[0])
+            # Awaiting the chain's end first: a loop that awaited ``first`` could wake while
+            # ``second`` was queued and not yet started (the worker preempted in between, as
+            # under load) and run it itself, as it should (the awaiting loop runs a queued
+            # small task): that is another test's case.
+            s = int((await second)[0])
+            return int((await first)[0]), s
 
         first, second = dataflow.run(main, interop_threads=2)
         assert first == second != threading.get_ident()
