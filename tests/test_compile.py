@@ -276,8 +276,13 @@ class TestBatching:
             np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
         done = [i for i, e in enumerate(events) if e.startswith("call")]
         assert len(done) == len(xs)
-        # Callers of one batch never answer back to back: a tick runs between any two.
-        assert all(events[j - 1] == "tick" for j in done[1:])
+        # Call 0 finds nothing of the model running and launches alone; calls 1-7 arrive in
+        # the same loop iteration while it runs and form the next batch. The two batches'
+        # wake-ups may fall in one loop iteration (seen under load), so only the second
+        # batch's callers are checked: they never answer back to back, a tick runs between.
+        second = [i for i, e in enumerate(events) if e.startswith("call") and e != "call 0"]
+        assert len(second) == len(xs) - 1
+        assert all(events[j - 1] == "tick" for j in second[1:])
 
     def test_different_batch_sizes_share_a_batch(self) -> None:
         """Calls of 1, 2 and 3 rows batch together; each gets its own rows."""
