@@ -1,7 +1,7 @@
 """``dataflow trace summary`` and ``dataflow trace render``: report on a saved trace file.
 
 Design note: these commands only read a file (``_traceread.load``) and hand the
-:class:`~dataflow._trace.Trace` to the profiler's summary and op table (``_profile``) or to
+:class:`~dataflow._trace.Trace` to the profiler's summary and op table (``_summary``) or to
 the renderer (``_render``). They share nothing with running a script, so they live apart
 from ``_cli``, which adds :func:`trace_group` to the ``dataflow`` command as it adds
 ``graph`` (``dataflow.graph._commands``). A file that cannot be read is one

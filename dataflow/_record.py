@@ -6,7 +6,7 @@ tuple: its id, op, output spec, cost, the ids of its inputs, the thread it ran o
 became ready, started and ended. Forked coroutines and waits give one record each too, and a
 task that failed or was cancelled before running bumps a counter. That is all the profiler
 needs (``Recorder.trace()`` turns the records into a :class:`~dataflow._trace.Trace`, whose
-summary, op table and Chrome/Perfetto export are ``_profile``'s and ``_tracewrite``'s), and it
+summary, op table and Chrome/Perfetto export are ``_summary``'s and ``_tracewrite``'s), and it
 costs the runtime two clock reads and a list append per task instead of a Python call per
 event.
 
