@@ -47,7 +47,7 @@ import numpy as np
 from ._batching import ARRAY_SLOT, Batch, Timer, slice_rows, with_arrays
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
-from ._runtime import get_runtime
+from ._lookup import get_runtime
 from ._task import Pending
 from .graph._launch import launch
 from .graph._lean import run_here
