@@ -13,7 +13,7 @@ A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks an
 one; the *gather* task's value is the outputs, and awaiting it gives the arrays. (A short
 plan of small or GIL-bound kernels, under :data:`PLAN_HERE_SECONDS` in all, is run whole on
 the launching thread instead: ``Program.runs_here``; unobserved and called with arrays, a
-compiled forward runs such a plan without a launch at all, ``_lean.run_here``.) How the
+compiled forward runs such a plan without a launch at all, ``_here.run_here``.) How the
 nodes run depends on whether anything observes the runtime:
 
 * **Unobserved or recorded** (the usual case): the queued task is a *runner* of the lean plan
@@ -47,7 +47,8 @@ from .._scheduler._placement import SPAWN_CPU_SHARE
 from .._signature import Signature
 from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
-from ._lean import _INPUT, _NODE, _NODE_OUT, LeanRun, ref_value
+from ._lean import LeanRun
+from ._slots import _INPUT, _NODE, _NODE_OUT, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -128,7 +129,7 @@ class Program:
         self._here = False
         self._launches = 0
         # Whether every node reads only nodes before it (a traced graph's order): then a
-        # plan run here goes node after node (``_lean.run_here``).
+        # plan run here goes node after node (``_here.run_here``).
         self.ordered = all(j < i for i, read in enumerate(self.inputs) for j in read)
 
     def runs_here(self, inline_threshold: float) -> bool:
