@@ -46,7 +46,7 @@ runs show a kernel that breaks its meta rule.
 thread, start and end), and dropped or failed-unrun nodes are counted, so a profile of a
 compiled forward shows every node at two clock reads and a tuple a node. An instrument with
 hooks (events per task) sees tasks, so while one observes, a launch creates one task per node
-instead (``_launch.PlanRun``). Whether a launch records is decided when it is launched.
+instead (``_planrun.PlanRun``). Whether a launch records is decided when it is launched.
 """
 
 from __future__ import annotations
