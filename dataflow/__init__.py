@@ -33,6 +33,7 @@ from ._instrument import Instrument as Instrument
 from ._instrument import add_instrument as add_instrument
 from ._instrument import remove_instrument as remove_instrument
 from ._logging import TaskLogger as TaskLogger
+from ._lookup import current_runtime as current_runtime
 from ._op import Op as Op
 from ._op import op as op
 from ._profile import Profiler as Profiler
@@ -41,7 +42,6 @@ from ._protect import frozen_by as frozen_by
 from ._record import Recorder as Recorder
 from ._registry import set_array_handle as set_array_handle
 from ._runtime import Runtime as Runtime
-from ._runtime import current_runtime as current_runtime
 from ._scheduler import get_inline_threshold as get_inline_threshold
 from ._scheduler import set_inline_threshold as set_inline_threshold
 from ._signature import Signature as Signature

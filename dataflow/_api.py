@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from . import _loop
+from ._defaults import DEFAULT_MAX_PENDING, resolve_loop_factory
 from ._errors import DataflowError, DataflowTypeError
-from ._runtime import DEFAULT_MAX_PENDING, Runtime, resolve_loop_factory
+from ._runtime import Runtime
 from ._task import Future
 from ._walk import leaves, replace
 

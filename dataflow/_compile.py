@@ -47,10 +47,10 @@ import numpy as np
 from ._batching import ARRAY_SLOT, Batch, Timer, slice_rows, with_arrays
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
-from ._runtime import get_runtime
+from ._lookup import get_runtime
 from ._task import Pending
+from .graph._here import run_here
 from .graph._launch import launch
-from .graph._lean import run_here
 
 __all__ = ["Compiled", "compile"]
 
@@ -276,7 +276,7 @@ class Compiled(Generic[R]):
             and prog.runs_here(sched.inline_threshold)
         ):
             # A short plan of small kernels, unobserved: run it whole here, now, without
-            # the launch's tasks and waiter (``graph._lean.run_here``; the inputs are arrays:
+            # the launch's tasks and waiter (``graph._here.run_here``; the inputs are arrays:
             # ``__call__`` awaited any Tensor).
             return run_here(prog, rt, arrays)
         waiter = host.waiter()

@@ -45,7 +45,8 @@ from ._errors import (
 )
 from ._instrument import ACTIVE
 from ._logging import name_plain_fork
-from ._runtime import Runtime, current_runtime, get_runtime
+from ._lookup import current_runtime, get_runtime
+from ._runtime import Runtime
 from ._scheduler import scan
 from ._signature import Signature
 from ._task import DONE, Future, Pending, _next_id

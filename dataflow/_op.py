@@ -46,8 +46,8 @@ import numpy as np
 from ._args import resolve
 from ._errors import DataflowTypeError, DataflowValueError, NotReadyError, task_failed
 from ._keys import scan_arguments
+from ._lookup import _current, loop_runtime
 from ._registry import declaring_module, register
-from ._runtime import _current, loop_runtime
 from ._signature import Signature, spec_keys
 from ._task import DONE, LIGHT, Cost, Pending, Task, checked_cost
 from ._timeout import check_timeout

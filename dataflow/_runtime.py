@@ -14,26 +14,24 @@ finish); the wait itself is shielded from cancellation (an anyio ``CancelScope``
 pool's threads must be joined. A failure that nobody observed is raised (or logged, if the body
 already raised) when the runtime closes. The pool's threads are joined when the last runtime
 using the pool closes.
+
+Finding the runtime of the calling code (``current_runtime``, ``get_runtime``, the lookup every
+op call makes) is ``_lookup``'s: this module sets and clears what it reads. The defaults a
+runtime and a run start with, and the choice of event loop for a new run, are ``_defaults``'.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
-import os
 from collections.abc import Callable
 from typing import Any
 
 from . import _loop
 from ._backend import Backend, make_backend
-from ._errors import (
-    DataflowError,
-    DataflowTypeError,
-    DataflowValueError,
-    NoRuntimeError,
-    UnobservedTaskError,
-)
+from ._defaults import DEFAULT_MAX_PENDING
+from ._errors import DataflowError, DataflowTypeError, DataflowValueError, UnobservedTaskError
+from ._lookup import _by_loop, _current
 from ._pool import (
     InteropPool,
     acquire_shared_pool,
@@ -46,84 +44,7 @@ from ._task import Task
 from ._threads import _check_count, default_interop_threads
 from ._timeout import check_timeout
 
-__all__ = [
-    "DASK_ADDRESS_ENV",
-    "DEFAULT_MAX_PENDING",
-    "Runtime",
-    "current_runtime",
-    "get_runtime",
-    "loop_runtime",
-    "resolve_loop_factory",
-]
-
-_current: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar(
-    "dataflow_runtime", default=None
-)
-
-#: Tasks in flight (queued, waiting or running) past which dispatch is held back.
-DEFAULT_MAX_PENDING = 100_000
-
-# The Dask scheduler address `dataflow run --dask ADDRESS` sets for the script's runtimes.
-DASK_ADDRESS_ENV = "DATAFLOW_DASK_ADDRESS"
-
-# The runtimes open on each event loop, oldest first. Code on the loop that did not inherit the
-# context a Runtime was entered in (the handler tasks of a server started elsewhere) still
-# finds the loop's runtime through this; the context variable wins where it is set.
-_by_loop: dict[object, list[Runtime]] = {}
-
-
-def loop_runtime() -> Runtime | None:
-    """The oldest runtime open on the running event loop, if any (None off the loop)."""
-    if not _by_loop:
-        return None
-    key = _loop.loop_key()
-    rts = _by_loop.get(key) if key is not None else None
-    return rts[0] if rts else None
-
-
-def current_runtime() -> Runtime | None:
-    """The runtime of the calling context, or None outside of one.
-
-    That is the innermost ``Runtime`` entered in this context (inherited by the tasks and
-    threads it starts) or, failing that, the oldest one open on the running event loop.
-    """
-    return _current.get() or loop_runtime()
-
-
-def get_runtime(what: str) -> Runtime:
-    """The current runtime, or a NoRuntimeError that says how to start one."""
-    rt = _current.get() or loop_runtime()
-    if rt is None:
-        raise NoRuntimeError(
-            f"{what} needs a running dataflow runtime. Start one with "
-            "`dataflow.run(main)` in a script, or `async with dataflow.Runtime(): ...` "
-            "inside an application whose event loop is already running."
-        )
-    return rt
-
-
-def resolve_loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event-loop factory for ``loop`` = "auto" | "asyncio" | "uvloop" (None: asyncio's)."""
-    if loop == "auto":
-        # The CLI's --loop (and users) can set the process default through the environment.
-        loop = os.environ.get("DATAFLOW_LOOP", "auto") or "auto"
-    if loop == "asyncio":
-        return None
-    if loop not in ("auto", "uvloop"):
-        raise DataflowValueError(
-            f"loop must be 'auto', 'asyncio' or 'uvloop' (also in $DATAFLOW_LOOP), got {loop!r}"
-        )
-    try:
-        import uvloop
-    except ImportError:
-        if loop == "uvloop":
-            raise DataflowError(
-                "loop='uvloop' was asked for but uvloop is not installed: "
-                "`pip install uvloop` (not available on Windows), or use loop='asyncio'"
-            ) from None
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+__all__ = ["Runtime"]
 
 
 def _flag(value: object, what: str) -> bool:

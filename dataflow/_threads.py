@@ -143,7 +143,7 @@ def _loop_name() -> str:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from ._runtime import resolve_loop_factory
+        from ._defaults import resolve_loop_factory
 
         factory = resolve_loop_factory("auto")
         return "uvloop (default for new runs)" if factory is not None else "asyncio"

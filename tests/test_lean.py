@@ -395,7 +395,7 @@ def _small(forward: Any) -> Any:
 
 class TestRunHere:
     """A short plan of small kernels, unobserved, runs whole on the calling thread without a
-    launch (``_lean.run_here``): no gather or runner task, no waiter."""
+    launch (``_here.run_here``): no gather or runner task, no waiter."""
 
     def test_it_runs_the_nodes_here_without_a_launch(self, monkeypatch: pytest.MonkeyPatch) -> None:
         log = _Log()

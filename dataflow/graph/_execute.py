@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import DataflowTypeError, OpInputError, OpTypeError
-from .._runtime import get_runtime
+from .._lookup import get_runtime
 from .._scheduler import scan
 from .._signature import Signature
 from .._task import Pending, _next_id, estimate_seconds

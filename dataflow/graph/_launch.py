@@ -13,7 +13,7 @@ A launch (:func:`launch`) costs the calling thread O(1): it creates two tasks an
 one; the *gather* task's value is the outputs, and awaiting it gives the arrays. (A short
 plan of small or GIL-bound kernels, under :data:`PLAN_HERE_SECONDS` in all, is run whole on
 the launching thread instead: ``Program.runs_here``; unobserved and called with arrays, a
-compiled forward runs such a plan without a launch at all, ``_lean.run_here``.) How the
+compiled forward runs such a plan without a launch at all, ``_here.run_here``.) How the
 nodes run depends on whether anything observes the runtime:
 
 * **Unobserved or recorded** (the usual case): the queued task is a *runner* of the lean plan
@@ -22,7 +22,7 @@ nodes run depends on whether anything observes the runtime:
   Recorders (a profile, a server's rolling timeline) get one span record per node from it.
 * **Observed by an instrument with hooks** (events per task, or a recorder that overrides
   ``Recorder.task``): the queued task is a *launch* task
-  (:class:`PlanRun`) that creates every node's task on a pool thread, links them with the
+  (``_planrun.PlanRun``) that creates every node's task on a pool thread, links them with the
   static structure (no argument scans, no meta or cost rules, no handles), and queues those
   with no inputs; from there the scheduler runs them like any task (placement, continuation,
   the GIL lane, value checks, failures), so the trace sees every node. The gather task waits
@@ -46,14 +46,16 @@ from .._protect import protect
 from .._scheduler._placement import SPAWN_CPU_SHARE
 from .._signature import Signature
 from .._task import PENDING, READY, Task, _next_id
-from ._ir import ConstRef, InputRef, NodeRef, iter_refs, map_refs
-from ._lean import _INPUT, _NODE, _NODE_OUT, LeanRun, ref_value
+from ._ir import ConstRef, NodeRef, iter_refs
+from ._lean import LeanRun
+from ._planrun import PlanRun
+from ._slots import _flat_slots
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
     from ._ir import Graph
 
-__all__ = ["PLAN_HERE_EVERY", "PLAN_HERE_SECONDS", "PlanRun", "Program", "launch"]
+__all__ = ["PLAN_HERE_EVERY", "PLAN_HERE_SECONDS", "Program", "launch"]
 
 #: A plan whose kernels add up to less than this, none of them able to use a second thread,
 #: runs on the launching thread (``Program.runs_here``): blocking the event loop this long
@@ -128,7 +130,7 @@ class Program:
         self._here = False
         self._launches = 0
         # Whether every node reads only nodes before it (a traced graph's order): then a
-        # plan run here goes node after node (``_lean.run_here``).
+        # plan run here goes node after node (``_here.run_here``).
         self.ordered = all(j < i for i, read in enumerate(self.inputs) for j in read)
 
     def runs_here(self, inline_threshold: float) -> bool:
@@ -172,126 +174,6 @@ class Program:
         return f"{self.sigs[i].name} (node %{i} of {self.graph.name}{at})"
 
 
-def _flat_slots(args: tuple[Any, ...]) -> tuple[tuple[int, int, int, int | None], ...] | None:
-    """The reference slots of arguments whose references are all at the top level."""
-    slots = []
-    for pos, a in enumerate(args):
-        t = type(a)
-        if t is InputRef:
-            slots.append((pos, _INPUT, a.index, None))
-        elif t is NodeRef:
-            slots.append((pos, _NODE if a.index is None else _NODE_OUT, a.node, a.index))
-        elif t is not ConstRef and any(True for _ in iter_refs(a)):
-            return None
-    return tuple(slots)
-
-
-class PlanRun:
-    """One launch of a program: its node tasks, and the values they read."""
-
-    __slots__ = ("base", "gather", "inputs", "left", "owner", "prog", "rt", "tasks")
-
-    def __init__(self, prog: Program, rt: Runtime, inputs: Sequence[Any]) -> None:
-        self.prog = prog
-        self.rt = rt
-        self.inputs = inputs
-        self.tasks: list[Task] = []
-        # Per node, one token per reader still to run (list.pop is atomic under the GIL).
-        self.left: list[list[None]] = []
-        self.base = 0.0
-        self.gather: Task | None = None
-        self.owner: Any = None  # the request it was launched for (see _scheduler)
-
-    def _value(self, ref: Any) -> Any:
-        return ref_value(ref, self.inputs, self.prog.constants, self._node_value)
-
-    def _node_value(self, i: int) -> Any:
-        return self.tasks[i].value
-
-    def call(self, i: int) -> Any:
-        """Run node ``i``'s kernel on its inputs' values (a node task's kernel)."""
-        prog = self.prog
-        slots = prog.slots[i]
-        if slots is None:
-            args = map_refs(prog.args[i], self._value)
-            kwargs = prog.kwargs[i]
-            if kwargs:
-                kwargs = map_refs(kwargs, self._value)
-        else:
-            args = list(prog.args[i])
-            tasks = self.tasks
-            for pos, kind, src, index in slots:
-                if kind == _NODE:
-                    args[pos] = tasks[src].value
-                elif kind == _NODE_OUT:
-                    args[pos] = tasks[src].value[index]
-                else:
-                    args[pos] = self.inputs[src]
-            kwargs = None
-        value = prog.kernels[i](*args, **kwargs) if kwargs else prog.kernels[i](*args)
-        # This reader is done with its inputs: drop a value once its last reader is.
-        is_output = prog.is_output
-        for j in prog.inputs[i]:
-            tokens = self.left[j]
-            tokens.pop()
-            if not tokens and not is_output[j]:
-                self.tasks[j].value = None
-        return value
-
-    def start(self) -> None:
-        """Create and link every node's task, and queue the roots (the launch task's kernel)."""
-        prog = self.prog
-        rt = self.rt
-        sigs = prog.sigs
-        rank = prog.rank
-        base = self.base
-        call = self.call
-        calls = prog.calls
-        tasks = [Task(sigs[i], call, calls[i], None, rt) for i in range(prog.size)]
-        self.tasks = tasks
-        self.left = [[None] * len(r) for r in prog.readers]
-        for i, t in enumerate(tasks):
-            t.priority = base + rank[i]
-            readers = prog.readers[i]
-            if readers:
-                t.dependents = [tasks[k] for k in readers]
-            t.waiting = len(prog.inputs[i])
-        gather = self.gather
-        assert gather is not None
-        for j in prog.output_nodes:
-            t = tasks[j]
-            if t.dependents is None:
-                t.dependents = [gather]
-            else:
-                t.dependents.append(gather)
-        sched = rt._sched
-        owner = self.owner
-        with GRAPH_LOCK:
-            sched.inflight += len(tasks)
-            pool = sched.pool
-            for i in prog.roots:
-                tasks[i].state = READY
-            if owner is not None:
-                for t in tasks:
-                    owner.add(t)
-                if owner.dropped:  # the request was cancelled while this started
-                    gather.dependents = None
-                    sched.drop_locked_tasks(tasks)
-                    return
-            if pool is not None:
-                for i in prog.roots:
-                    pool.push_locked(tasks[i])
-        if pool is None:  # the synchronous mode: run them here, in order
-            for i in prog.roots:
-                sched.execute_now(tasks[i])
-
-    def finish(self, *inputs: Any) -> Any:
-        """The outputs, built from the output nodes' values (the gather task's kernel)."""
-        out = map_refs(self.prog.outputs, self._value)
-        self.tasks = []  # the run is over: let every value go
-        return out
-
-
 def launch(
     rt: Runtime,
     prog: Program,
@@ -313,7 +195,7 @@ def launch(
 
     Unobserved, or observed by recorders only (a profile), the nodes run on the lean executor
     (``_lean``, writing a span record per node for the recorders); while an instrument with
-    hooks observes the runtime, as one task each (:class:`PlanRun`), so it sees every event.
+    hooks observes the runtime, as one task each (``_planrun.PlanRun``), so it sees every event.
     """
     sched = rt._sched
     owner = sched.request()

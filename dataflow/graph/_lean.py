@@ -9,7 +9,8 @@ ready nodes ordered by the static critical-path rank. A *runner* (a pool task wh
 marks the readers whose last input this was ready and drops the values nobody reads any more;
 then it goes on with the next ready node. So a plan of small ops runs back to back on one
 thread, as the same numpy code run plainly would, at well under a microsecond of scheduling
-per node (``python -m benchmarks --only overhead``, the plan row).
+per node (``python -m benchmarks --only overhead``, the plan row). (A short plan that would run
+on the launching thread anyway skips all of this: ``_here.run_here``.)
 
 Parallelism and fairness, decided between nodes:
 
@@ -45,7 +46,7 @@ runs show a kernel that breaks its meta rule.
 thread, start and end), and dropped or failed-unrun nodes are counted, so a profile of a
 compiled forward shows every node at two clock reads and a tuple a node. An instrument with
 hooks (events per task) sees tasks, so while one observes, a launch creates one task per node
-instead (``_launch.PlanRun``). Whether a launch records is decided when it is launched.
+instead (``_planrun.PlanRun``). Whether a launch records is decided when it is launched.
 """
 
 from __future__ import annotations
@@ -53,26 +54,24 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CancelledTaskError, TaskError, task_failed
+from .._errors import CancelledTaskError, task_failed
 from .._instrument import GENERATION
 from .._pool import GRAPH_LOCK
 from .._protect import thaw
 from .._record import name_signature
 from .._scheduler._placement import FIRST_RUNS, MIN_MEASURED, SAMPLE, SPAWN_CPU_SHARE
 from .._task import PENDING, READY, Task, _next_id
-from ._ir import ConstRef, InputRef, map_refs
+from ._ir import map_refs
+from ._slots import _NODE, _NODE_OUT, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
     from ._launch import Program
 
-__all__ = ["LeanRun", "ref_value", "run_here"]
-
-# Slot kinds of a node's argument template (``_launch.Program.slots``).
-_INPUT, _NODE, _NODE_OUT = range(3)
+__all__ = ["LeanRun"]
 
 _heappush = heapq.heappush
 _heappop = heapq.heappop
@@ -378,20 +377,6 @@ class LeanRun:
                 sched._fail_locked(gather, err)
 
 
-def ref_value(
-    ref: Any, inputs: Sequence[Any], constants: Any, node: Callable[[int], Any]
-) -> Any:
-    """The value a reference in a node's arguments or the outputs stands for: an input of
-    the launch, a constant, or (``node(i)``: node i's value) a node's output."""
-    t = type(ref)
-    if t is InputRef:
-        return inputs[ref.index]
-    if t is ConstRef:
-        return constants[ref.name]
-    value = node(ref.node)
-    return value if ref.index is None else value[ref.index]
-
-
 def _big(ready: list[int], by_rank: list[int], sigs: Sequence[Any], threshold: float) -> bool:
     """Whether the best ready nodes (the heap's top three) hold big, GIL-free work: a kernel
     over the inline threshold, not serial, and keeping its thread on a CPU beside others
@@ -401,68 +386,3 @@ def _big(ready: list[int], by_rank: list[int], sigs: Sequence[Any], threshold: f
         if sig.seconds >= threshold and not sig.serial and sig.cpu_share >= SPAWN_CPU_SHARE:
             return True
     return False
-
-
-def run_here(prog: Program, rt: Runtime, inputs: Sequence[Any]) -> Any:
-    """Run a whole plan on the calling thread, now, node after node, and return its outputs.
-
-    For a launch that runs here anyway (``Program.runs_here``: a short plan of small or
-    GIL-bound kernels) while nothing observes the runtime, so ``launch``'s bookkeeping buys
-    nothing: no gather or runner task, no run lists, heap or lock, no trip through the
-    graph lock, no waiter. That bookkeeping cost about 7 us a call (a 3-layer MLP at batch 1,
-    five nodes of about 1 us each, took 19.8 us a call compiled, against numpy's 5.7 us).
-    The nodes run in graph order (a node reads only nodes before it: ``Program.ordered``),
-    their kernel times sampled and values checked as the lean executor's are. Nothing is
-    protected: no caller code runs until the plan is done. A kernel that raises fails the
-    call with the TaskError awaiting the launched run would raise (recorded in the runtime's
-    failures, as observed).
-    """
-    sched = rt._sched
-    n = prog.size
-    values: list[Any] = [None] * n
-    kernels = prog.kernels
-    sigs = prog.sigs
-    slots_of = prog.slots
-    args_of = prog.args
-    timed = sched._timed
-
-    def value_of(ref: Any) -> Any:
-        return ref_value(ref, inputs, prog.constants, values.__getitem__)
-
-    for i in range(n):
-        slots = slots_of[i]
-        if slots is None:
-            args = map_refs(args_of[i], value_of)
-            kwargs = prog.kwargs[i]
-            if kwargs:
-                kwargs = map_refs(kwargs, value_of)
-        else:
-            args = list(args_of[i])
-            for pos, kind, src, index in slots:
-                if kind == _NODE:
-                    args[pos] = values[src]
-                elif kind == _NODE_OUT:
-                    args[pos] = values[src][index]
-                else:
-                    args[pos] = inputs[src]
-            kwargs = None
-        sig = sigs[i]
-        fn = kernels[i]
-        calls = sig.calls = sig.calls + 1
-        try:
-            if calls <= FIRST_RUNS or not calls % SAMPLE:
-                value = timed(sig, fn, args, kwargs)
-                if sig.check is not None:
-                    sig.check_value(value)
-            else:
-                value = fn(*args, **kwargs) if kwargs else fn(*args)
-        except BaseException as exc:
-            err: TaskError = task_failed(prog.node_name(i), sig.name, exc)
-            err.observed = True
-            with GRAPH_LOCK:
-                sched.failures.append(err)
-            sched.inline_run += i
-            raise err from exc
-        values[i] = value
-    sched.inline_run += n
-    return map_refs(prog.outputs, value_of)

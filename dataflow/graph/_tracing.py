@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .._api import model_code
+from .._defaults import resolve_loop_factory
 from .._errors import DataflowError, DataflowTypeError
-from .._runtime import Runtime, resolve_loop_factory
+from .._runtime import Runtime
 from .._task import Future, Pending
 from ._capture import Tracer
 from ._check import check_trace
