@@ -16,13 +16,10 @@ from collections.abc import Callable
 
 from ._errors import DataflowError, DataflowValueError
 
-__all__ = ["DASK_ADDRESS_ENV", "DEFAULT_MAX_PENDING", "resolve_loop_factory"]
+__all__ = ["DEFAULT_MAX_PENDING", "resolve_loop_factory"]
 
 #: Tasks in flight (queued, waiting or running) past which dispatch is held back.
 DEFAULT_MAX_PENDING = 100_000
-
-# The Dask scheduler address `dataflow run --dask ADDRESS` sets for the script's runtimes.
-DASK_ADDRESS_ENV = "DATAFLOW_DASK_ADDRESS"
 
 
 def resolve_loop_factory(loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
