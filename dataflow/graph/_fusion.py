@@ -40,8 +40,8 @@ from .._errors import DataflowValueError
 from .._scheduler import get_inline_threshold
 from .._signature import Signature
 from .._task import Cost, Task, checked_cost, estimate_seconds
+from ._builder import Builder
 from ._ir import (
-    Builder,
     ConstRef,
     Graph,
     InputRef,

@@ -34,9 +34,9 @@ import numpy as np
 
 from .._errors import DataflowTypeError, DataflowValueError
 from .._task import Cost
+from ._builder import Builder
 from ._fusion import ENGINES, FusedOp, fuse_elementwise
 from ._ir import (
-    Builder,
     ConstRef,
     Graph,
     InputRef,
