@@ -35,7 +35,8 @@ import numpy as np
 from .._errors import DataflowTypeError, DataflowValueError
 from .._task import Cost
 from ._builder import Builder
-from ._fusion import ENGINES, FusedOp, fuse_elementwise
+from ._fused import ENGINES, FusedOp
+from ._fusion import fuse_elementwise
 from ._ir import (
     ConstRef,
     Graph,
