@@ -22,7 +22,7 @@ from dataflow.graph import (
     fuse_elementwise,
     optimize,
 )
-from dataflow.graph._fusion import Arg, Tmp
+from dataflow.graph._fused import Arg, Tmp
 from examples.lstm_ensemble import Ensemble
 
 Array = np.ndarray[Any, Any]

@@ -3,9 +3,11 @@
 ``dataflow.trace(fn, *example_inputs)`` records the ops a program issues into a
 :class:`~dataflow.Graph` (see ``docs/graph.md``). This package holds the pieces, one concern
 per module: the IR (``_ir``), tracing (``_tracing``: the entry points; ``_capture``: the tracer
-that records), the passes (``_passes``, ``_fusion``), running (``_execute``), printing
-(``_printer``) and the file format (``_format``: the format and writing it; ``_read``,
-``_decoder``, ``_archive``: reading it).
+that records, on ``_tracer_base``: its state, and computing a value the program awaits), the
+passes (``_passes``, ``_fusion``; ``_builder``: how a pass builds a new graph; ``_fused``: the
+op a fused group runs as, and its kernels), running (``_execute``), printing (``_printer``)
+and the file format (``_format``: the format and writing it; ``_read``, ``_decoder``,
+``_archive``: reading it).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from ._errors import GraphFormatError as GraphFormatError
 from ._errors import TracerWarning as TracerWarning
 from ._execute import Plan as Plan
 from ._format import FORMAT_VERSION as FORMAT_VERSION
-from ._fusion import FusedOp as FusedOp
+from ._fused import FusedOp as FusedOp
 from ._fusion import fuse_elementwise as fuse_elementwise
 from ._ir import ConstRef as ConstRef
 from ._ir import Graph as Graph

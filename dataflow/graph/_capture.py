@@ -22,25 +22,24 @@ plain function is traced through when its future is awaited (called with the pen
 so its op calls are recorded; the fork itself leaves no trace in the graph, which has all the
 parallelism anyway).
 
-This module holds the tracer alone (its recording runs for every traced op); the entry points,
+This module holds the tracer alone (its recording runs for every traced op), built on
+``_tracer_base`` (its state, and computing a value the program awaits); the entry points,
 :func:`trace` and :func:`trace_async`, which check their arguments and run a program under a
 tracer, are in ``_tracing``.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from .._errors import DataflowError, task_failed
+from .._errors import DataflowError
 from .._registry import array_handle, op_for_kernel
 from .._runtime import Runtime
 from .._signature import Signature
-from .._task import DONE, FAILED, Cost, Future, Pending, Task
-from ._errors import TracerWarning
+from .._task import DONE, Cost, Future, Pending, Task
 from ._frames import package, short_path, user_location
 from ._ir import (
     ConstRef,
@@ -51,38 +50,14 @@ from ._ir import (
     NodeRef,
     OpLike,
     Ref,
-    iter_refs,
     type_of,
 )
+from ._tracer_base import TracerBase, _Record
 
 __all__ = ["Tracer"]
 
 
-class _Record:
-    """A node being recorded (its references are final; its value may be computed later)."""
-
-    __slots__ = ("args", "cost", "kwargs", "location", "op", "spec", "task")
-
-    def __init__(
-        self,
-        op: OpLike,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        spec: Any,
-        cost: Cost | None,
-        location: str | None,
-        task: Task,
-    ) -> None:
-        self.op = op
-        self.args = args
-        self.kwargs = kwargs
-        self.spec = spec
-        self.cost = cost
-        self.location = location
-        self.task = task
-
-
-class Tracer:
+class Tracer(TracerBase):
     """A backend that records op calls as graph nodes instead of running them.
 
     Used by :func:`trace` (``Runtime(backend=Tracer(...), interop_threads=0)``); see the
@@ -91,33 +66,6 @@ class Tracer:
     """
 
     name = "trace"
-
-    def __init__(
-        self,
-        templates: Sequence[Any],
-        values: Sequence[np.ndarray[Any, Any]],
-        parameters: dict[int, tuple[str, np.ndarray[Any, Any]]],
-    ) -> None:
-        """``templates[k]``: input k as the program gets it (an array, or a handle whose type
-        and spec its placeholder copies); ``values[k]``: its value when the program reads it."""
-        self.runtime: Runtime = None  # type: ignore[assignment]  # set by __call__
-        self.records: list[_Record] = []
-        self.constants: dict[str, np.ndarray[Any, Any]] = {}
-        self.parameter_names: set[str] = set()
-        self._templates = list(templates)
-        self._examples = list(values)
-        self._node_of_task: dict[int, int] = {}
-        self._input_of_task: dict[int, int] = {}
-        self._input_arrays: dict[int, int] = {
-            id(v): k for k, v in enumerate(templates) if isinstance(v, np.ndarray)
-        }
-        self._parameters = parameters
-        self._const_ids: dict[int, str] = {}
-        # Values computed because the program read them: by node, and by identity (so an array
-        # that came out of an `await` and goes back into an op is still that node).
-        self._values: dict[int, Any] = {}
-        self._forced: dict[int, tuple[NodeRef, np.ndarray[Any, Any]]] = {}
-        self._plain_forks: dict[int, Task] = {}
 
     def __call__(self, runtime: Runtime) -> Tracer:
         """The backend factory ``Runtime(backend=...)`` calls: this tracer, bound to it."""
@@ -269,121 +217,6 @@ class Tracer:
             self.constants[name] = array
         return ConstRef(name)
 
-    # -- reading values ---------------------------------------------------------------------
-
-    def completion(self, task: Task) -> Any:
-        """``await handle``: compute the value now (and warn: the program reads it)."""
-        if task.state < DONE:
-            if task.id in self._plain_forks:
-                self._run_plain_fork(task)
-            elif task.id in self._input_of_task:
-                self._warn("the program awaited an input's value")
-                self._finish(task, self._examples[self._input_of_task[task.id]])
-            else:
-                node = self._node_of_task[task.id]
-                record = self.records[node]
-                self._warn(
-                    f"the program awaited the value of %{node} ({record.op.name}): Python code "
-                    "that uses a value is not recorded, so the graph may only be right for "
-                    "these example inputs. If it only returns the value, return the pending "
-                    "value instead of awaiting it"
-                )
-                self._force(node)
-        assert self.runtime.host is not None
-        return self.runtime.host.done_waiter()
-
-    def cancel(self, task: Task) -> bool:
-        """Nothing is queued while tracing: there is nothing to cancel."""
-        return False
-
-    def _warn(self, message: str) -> None:
-        where = user_location({"dataflow"}, start=3)
-        if where is None:
-            warnings.warn(message, TracerWarning, stacklevel=4)
-            return
-        filename, line, module_globals = where
-        registry = module_globals.setdefault("__warningregistry__", {})
-        warnings.warn_explicit(
-            message,
-            TracerWarning,
-            filename,
-            line,
-            module=module_globals.get("__name__"),
-            registry=registry,
-        )
-
-    def _finish(self, task: Task, value: Any) -> None:
-        task.value = value
-        task.state = DONE
-
-    def _run_plain_fork(self, task: Task) -> None:
-        """Call a forked plain function now, with the pending values: its ops get recorded."""
-        if task.state >= DONE:
-            return
-        fn, args, kwargs = task.fn, task.args or (), task.kwargs or {}
-        assert fn is not None
-        try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            err = task_failed(task.name, task.op, exc)
-            task.error = err
-            task.state = FAILED
-            self.runtime.failures.append(err)
-            return
-        self._finish(task, value)
-
-    def _value(self, ref: Any) -> Any:
-        if type(ref) is InputRef:
-            return self._examples[ref.index]
-        if type(ref) is ConstRef:
-            return self.constants[ref.name]
-        assert type(ref) is NodeRef
-        value = self._values[ref.node]
-        return value if ref.index is None else value[ref.index]
-
-    def _bind(self, value: Any) -> Any:
-        t = type(value)
-        if t is NodeRef or t is InputRef or t is ConstRef:
-            return self._value(value)
-        if t is tuple or t is list:
-            return t(self._bind(v) for v in value)
-        if t is dict:
-            return {k: self._bind(v) for k, v in value.items()}
-        if isinstance(value, tuple) and hasattr(t, "_fields"):
-            return t(*(self._bind(v) for v in value))
-        return value
-
-    def _force(self, node: int) -> None:
-        """Compute node ``node`` and the nodes it reads that are not computed yet."""
-        needed: set[int] = set()
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if n in needed or n in self._values:
-                continue
-            needed.add(n)
-            record = self.records[n]
-            for ref in _refs_of(record.args, record.kwargs):
-                if type(ref) is NodeRef:
-                    stack.append(ref.node)
-        for n in sorted(needed):  # node order is a topological order
-            record = self.records[n]
-            task = record.task
-            try:
-                value = record.op.kernel(*self._bind(record.args), **self._bind(record.kwargs))
-            except Exception as exc:
-                err = task_failed(task.name, task.op, exc)
-                task.error = err
-                task.state = FAILED
-                raise err from exc
-            self._values[n] = value
-            self._finish(task, value)
-            outputs = value if type(record.spec) is tuple else (value,)
-            for k, v in enumerate(outputs):
-                if isinstance(v, np.ndarray):
-                    ref = NodeRef(n, k if type(record.spec) is tuple else None)
-                    self._forced[id(v)] = (ref, v)
-
     # -- the result ---------------------------------------------------------------------
 
     async def capture_output(self, value: Any) -> Any:
@@ -430,7 +263,3 @@ class Tracer:
 
 def _input_kernel(*args: Any) -> Any:
     raise DataflowError("a graph input placeholder has no kernel")
-
-
-def _refs_of(args: Any, kwargs: Any) -> list[Any]:
-    return [*iter_refs(args), *iter_refs(kwargs)]

@@ -34,7 +34,7 @@ import numpy as np
 from .._registry import declaring_modules, lookup_op
 from ._archive import MAX_NBYTES, MAX_NDIM, Problem
 from ._format import _PYTHON_TYPES
-from ._fusion import Arg, Tmp
+from ._fused import Arg, Tmp
 from ._ir import (
     ConstRef,
     InputRef,

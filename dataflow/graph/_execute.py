@@ -35,7 +35,7 @@ from .._lookup import get_runtime
 from .._scheduler import scan
 from .._signature import Signature
 from .._task import Pending, _next_id, estimate_seconds
-from ._fusion import FusedOp
+from ._fused import FusedOp
 from ._ir import ConstRef, InputRef, NodeRef, Ref, iter_refs, type_of
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ import numpy as np
 
 from .._errors import DataflowTypeError
 from .._registry import lookup_op
-from ._fusion import Arg, FusedOp, Tmp
+from ._fused import Arg, FusedOp, Tmp
 from ._ir import (
     ConstRef,
     Graph,

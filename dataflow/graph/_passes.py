@@ -34,9 +34,10 @@ import numpy as np
 
 from .._errors import DataflowTypeError, DataflowValueError
 from .._task import Cost
-from ._fusion import ENGINES, FusedOp, fuse_elementwise
+from ._builder import Builder
+from ._fused import ENGINES, FusedOp
+from ._fusion import fuse_elementwise
 from ._ir import (
-    Builder,
     ConstRef,
     Graph,
     InputRef,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ._fusion import Arg, FusedOp, Tmp
+from ._fused import Arg, FusedOp, Tmp
 from ._ir import ConstRef, Graph, InputRef, Node, NodeRef, display_name, format_ref, iter_refs
 
 __all__ = ["format_code", "format_ir", "format_literal"]

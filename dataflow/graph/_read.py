@@ -38,7 +38,7 @@ from ._archive import (
 from ._decoder import _Decoder
 from ._errors import GraphFormatError
 from ._format import FORMAT_NAME, FORMAT_VERSION, FUSED, _path
-from ._fusion import ENGINES, Arg, FusedOp, FusedStep, Tmp
+from ._fused import ENGINES, Arg, FusedOp, FusedStep, Tmp
 from ._ir import (
     ConstRef,
     Graph,
