@@ -221,7 +221,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", "-B", type=int, default=None, help="batch size (default 50)")
     p.add_argument("--channels", "-C", type=int, default=None, help="channels (default 1024)")
     p.add_argument("--models", type=int, default=4, help="ensemble members (default 4)")
-    p.add_argument("--interop-threads", type=int, default=2, help="inter-op threads (default 2)")
+    p.add_argument(
+        "--interop-threads",
+        type=int,
+        default=None,
+        help="inter-op threads (default: dataflow's, the cores; the ensemble has 8 directions)",
+    )
     p.add_argument("--intraop-threads", type=int, default=1, help="BLAS threads per op (default 1)")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3; 5 small)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the input")
@@ -238,6 +243,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.batch = args.batch or small[1]
     args.channels = args.channels or small[2]
     args.rounds = args.rounds or (5 if args.small else 3)
+    if args.interop_threads is None:
+        args.interop_threads = dataflow.get_num_interop_threads()
     for name in ("steps", "batch", "channels", "models", "interop_threads", "rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
