@@ -294,6 +294,27 @@ class TestOverheadChildren:
         value = _fresh(c, self._spec()).measure()
         assert 0 < value < 1e4 and len(cpu) == 1 and cpu[0] > 0
 
+    def test_offloaded_in_waves_runs_every_task(self) -> None:
+        """The "1,000 in flight" row runs all of its tasks, in waves (the last one partial),
+        and is one of the batched table's contenders."""
+        import asyncio
+
+        from benchmarks import overhead
+
+        seen: list[int] = []
+
+        class Op:
+            def __call__(self, i: int) -> Any:
+                seen.append(i)
+                return asyncio.sleep(0)
+
+        asyncio.run(overhead._op_waves(Op(), overhead.IN_FLIGHT + 5))  # type: ignore[arg-type]
+        assert seen == list(range(overhead.IN_FLIGHT + 5))
+        assert overhead.OFFLOADED_IN_FLIGHT in {
+            c.name
+            for c in overhead._contenders("batched", self._spec()["counts"]["batched"], None)  # type: ignore[arg-type]
+        }
+
     def test_an_unknown_contender_fails_naming_it(self) -> None:
         from benchmarks._harness import Contender
         from benchmarks.overhead import ChildError, _fresh
