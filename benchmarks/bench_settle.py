@@ -27,7 +27,7 @@ learns, the later ones reuse it).
 This is meant for many-core machines, where the learning phase was found
 (``docs/benchmarks.md``, "Measured on 16 cores"). It measures whole processes from their
 first forward, so it makes no claim about the fresh-process figures of ``python -m
-benchmarks`` (which time after a warm-up round). ``--engine numba`` measures the numba
+benchmarks`` (which time after warming up). ``--engine numba`` measures the numba
 recurrent engine.
 """
 

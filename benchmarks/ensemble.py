@@ -13,15 +13,15 @@ inter-op thread per core.
 
 **Each contender's round runs in a fresh process** (``python -m benchmarks.ensemble
 --child ...``): it rebuilds the weights from their seeds, loads the reference output the
-parent saved once per size, builds its contender, runs one warm-up round (torch's profiling
-executor, dataflow's per-signature measurements, the recurrent weights' layout, BLAS's
-threads all settle there), then the timed round, checks the output, prints one JSON line and
-exits. So no contender inherits another's heap, threads or caches, and the order rotates
-every round. A round's value is the mean time of ``k`` forward passes back to back (``k`` =
-1 at the large sizes, more at the small ones so a round lasts ~0.25 s). dataflow runs its
-``k`` forwards inside one ``dataflow.run`` (so the runtime's start, ~1 ms and measured in the
-``overhead`` benchmark, is not counted); each forward is timed from dispatch until its
-output array is ready.
+parent saved once per size, builds its contender, runs warm-up rounds for at least half a
+second (at least one; torch's profiling executor, dataflow's per-signature measurements, the
+recurrent weights' layout, BLAS's threads all settle there), then the timed round, checks
+the output, prints one JSON line and exits. So no contender inherits another's heap, threads
+or caches, and the order rotates every round. A round's value is the mean time of ``k``
+forward passes back to back (``k`` = 1 at the large sizes, more at the small ones so a round
+lasts ~0.25 s). dataflow runs its ``k`` forwards inside one ``dataflow.run`` (so the
+runtime's start, ~1 ms and measured in the ``overhead`` benchmark, is not counted); each
+forward is timed from dispatch until its output array is ready.
 
 Columns: ``median`` and ``min`` (the best round) of the rounds; ``vs numpy sequential``, the
 median of per-round ratios; ``best vs best``, the ratio of the best rounds (noise on a shared
@@ -540,6 +540,10 @@ def _child_contender(
     return Contender(name, measure, note=note)
 
 
+#: A fresh process's warm-up lasts at least this long (whole rounds; at least one).
+WARM_UP_SECONDS = 0.5
+
+
 def child_main(spec: str) -> None:
     """One contender, one round, in this fresh process: warm-up, timed round, check, JSON."""
     d = json.loads(spec)
@@ -547,7 +551,14 @@ def child_main(spec: str) -> None:
     expected = np.load(d["expected"])
     w = Workload(size, False, expected=expected, repeats=int(d["repeats"]))
     contender = w.factories()[d["name"]][2]()
-    contender.measure()  # warm-up round (checked too)
+    # Warm-up rounds (checked too), for at least WARM_UP_SECONDS: one round of two forwards
+    # at (50, 50, 256) left a fresh runtime still measuring where its kernels belong (its
+    # first 4-5 forwards took 76-119 ms, later ones 66-77), so two of three timed rounds
+    # read 99-104 ms. At the seed size one round is longer than this already.
+    start = time.perf_counter()
+    contender.measure()
+    while time.perf_counter() - start < WARM_UP_SECONDS:
+        contender.measure()
     seconds = contender.measure()
     print(json.dumps({"name": d["name"], "seconds": seconds}), flush=True)
     # torch's thread pools have aborted at interpreter exit: the report is out, leave now.
@@ -639,7 +650,7 @@ def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
                             "quick check: one round of each contender in this process"
                             if cfg.quick
                             else f"{rounds} rounds, each contender's round in a fresh process "
-                            "after a warm-up round there"
+                            f"after warming up there (at least {WARM_UP_SECONDS:g} s)"
                         )
                         + f"; round value = mean of {w.repeats} forward(s); "
                         "ratio = median of per-round ratios to numpy sequential, best vs "
