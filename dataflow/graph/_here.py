@@ -53,6 +53,8 @@ def run_here(prog: Program, rt: Runtime, inputs: Sequence[Any]) -> Any:
         return ref_value(ref, inputs, prog.constants, values.__getitem__)
 
     for i in range(n):
+        # A node's arguments are bound here as ``LeanRun``'s runner binds them (``_lean``),
+        # inline in both: a shared helper would cost a call per node on both hot paths.
         slots = slots_of[i]
         if slots is None:
             args = map_refs(args_of[i], value_of)
