@@ -246,7 +246,12 @@ class TestInfo:
 
     def test_info_does_not_warn_about_defaults(self) -> None:
         """`dataflow info` with nothing chosen prints no oversubscription warning."""
-        chosen = ("DATAFLOW_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+        from dataflow import _threads
+
+        # Every variable that counts as a choice: a Dask cluster with worker processes, as
+        # test_dask.py starts, sets OMP_, MKL_ and OPENBLAS_NUM_THREADS in this process's
+        # environment for its workers, and the subprocess would inherit MKL_NUM_THREADS.
+        chosen = (_threads._ENV_INTEROP, *_threads._ENV_INTRAOP)
         env = {k: v for k, v in os.environ.items() if k not in chosen}
         r = subprocess.run(
             [sys.executable, "-m", "dataflow", "info"],
