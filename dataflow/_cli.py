@@ -23,7 +23,7 @@ from typing import Any, TextIO, cast
 
 import click
 
-from ._cli_hooks import _run_hooks
+from ._cli_hooks import run_hooks
 from ._cli_trace import trace_group
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
 from .graph._commands import graph_group
@@ -216,7 +216,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
     sys.argv = [script if script is not None else str(module), *args]
     try:
         with ExitStack() as stack:
-            for hook in _run_hooks:
+            for hook in run_hooks:
                 stack.enter_context(hook(options))
             if module is not None:
                 runpy.run_module(module, run_name="__main__", alter_sys=True)

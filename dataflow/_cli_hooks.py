@@ -1,7 +1,7 @@
 """The hooks that wrap ``dataflow run``'s script: ``--trace``, ``--log-tasks``, ``--progress``.
 
 Each hook is a context manager factory taking the ``run`` command's options (a ``RunHook``);
-the run command (``_cli``) enters every hook in ``_run_hooks`` around the script, so a hook
+the run command (``_cli``) enters every hook in ``run_hooks`` around the script, so a hook
 sees the script end however it ends (the trace is written also when the script fails).
 
 Design note: these are the CLI's features built on the instruments (a Profiler, a
@@ -24,12 +24,12 @@ from ._instrument import add_instrument, remove_instrument
 from ._logging import Progress, TaskLogger
 from ._profile import Profiler
 
-__all__ = ["RunHook"]
+__all__ = ["RunHook", "run_hooks"]
 
 # Hooks other CLI features (tracing, progress) wrap the script run with: each is a context
 # manager factory taking the `run` command's options.
 RunHook = Callable[[dict[str, Any]], Any]
-_run_hooks: list[RunHook] = []
+run_hooks: list[RunHook] = []
 
 
 # -- run hooks: --trace, --log-tasks, --progress ---------------------------------------------
@@ -161,4 +161,4 @@ def _progress_hook(options: dict[str, Any]) -> Iterator[None]:
         inst.close()
 
 
-_run_hooks.extend((_trace_hook, _log_tasks_hook, _progress_hook))
+run_hooks.extend((_trace_hook, _log_tasks_hook, _progress_hook))

@@ -24,7 +24,7 @@ from dataflow.dask import Call as _Call
 from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
 from dataflow.dask import fill as _fill
-from dataflow.dask._client import _HangUpQuietly
+from dataflow.dask._client import HangUpQuietly
 from dataflow.dask._lost import dropped, killed_worker_error, lost_workers
 from examples.lstm_ensemble import Ensemble, ensemble_forked
 from tests._helpers import Arr, Spec, add, boom, neg_inline, sleep_op, where_run
@@ -809,7 +809,7 @@ class TestLossRules:
 
 
 class _Sender:
-    """Just enough of distributed's BatchedSend for _HangUpQuietly."""
+    """Just enough of distributed's BatchedSend for HangUpQuietly."""
 
     def __init__(self) -> None:
         self.comm = object()
@@ -832,7 +832,7 @@ class TestClosing:
         log = logging.getLogger("distributed.batched")
         other = object()
         with caplog.at_level(logging.INFO, logger="distributed.batched"):
-            async with _HangUpQuietly(client):
+            async with HangUpQuietly(client):
                 log.info("Batched Comm Closed %r", sender.comm)
                 log.info("Batched Comm Closed %r", other)
             log.info("Batched Comm Closed %r", sender.comm)
@@ -841,7 +841,7 @@ class TestClosing:
         batched = [r for r in caplog.records if r.name == "distributed.batched"]
         assert [r.args[0] for r in batched] == [other, sender.comm]  # type: ignore[index]
         assert sender.aborted, "what was still queued is dropped before the filter goes"
-        assert _HangUpQuietly not in {type(f) for f in log.filters}
+        assert HangUpQuietly not in {type(f) for f in log.filters}
 
     def test_closing_runtimes_log_no_comm_errors(
         self, address: str, caplog: pytest.LogCaptureFixture

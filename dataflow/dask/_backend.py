@@ -28,7 +28,7 @@ still the same object), so a weight passed to every step of a recurrence is sent
 values travel inside the task. An array is treated as immutable once passed to an op.
 
 State of a cluster task, from the client's point of view: READY while queued for the next
-flush, RUNNING once sent (its :class:`_Remote` is in ``task.value``), DONE once fetched;
+flush, RUNNING once sent (its :class:`Remote` is in ``task.value``), DONE once fetched;
 FAILED or CANCELLED as on the local backend. ``Pending.done()`` means the value is on the
 client. One watcher coroutine per sent batch turns each future's final status into the
 scheduler's accounting: the task no longer holds up closing, its failure is recorded (a
@@ -70,8 +70,8 @@ from .._log import logger
 from .._pool import GRAPH_LOCK
 from .._signature import Signature
 from .._task import DONE, READY, RUNNING, Task
-from ._client import _HangUpQuietly, import_distributed
-from ._remote import _Remote
+from ._client import HangUpQuietly, import_distributed
+from ._remote import Remote
 from ._revive import Revival
 
 __all__ = ["DaskBackend", "place"]
@@ -86,7 +86,7 @@ def place(sig: Signature, inputs: tuple[Task, ...], local_threshold: float, fork
     remote_inputs = local_pending = False
     for t in inputs:
         if t.state < DONE:
-            if type(t.value) is _Remote:
+            if type(t.value) is Remote:
                 remote_inputs = True
             else:
                 local_pending = True
@@ -164,7 +164,7 @@ class DaskBackend(Revival):
             ) from exc
 
     def cancel_everything(self) -> None:
-        futures = [t.value.future for t in self._remote.values() if type(t.value) is _Remote]
+        futures = [t.value.future for t in self._remote.values() if type(t.value) is Remote]
         if futures and self.client is not None:
             self._spawn(self._cancel_futures(futures))
 
@@ -194,7 +194,7 @@ class DaskBackend(Revival):
             if self._subscribed:
                 client.unsubscribe_topic(self._topic)
             if self._own_client:
-                async with _HangUpQuietly(client):
+                async with HangUpQuietly(client):
                     await client.close()
         except Exception as exc:  # the scheduler went away: nothing is left to release
             logger.warning("closing the Dask client failed", error=repr(exc))
@@ -225,7 +225,7 @@ class DaskBackend(Revival):
         if place(sig, inputs, self.local_threshold, sig.op is None) == "local":
             # Inputs still on the cluster are fetched; the local graph parks the task on them.
             for t in inputs:
-                if type(t.value) is _Remote and t.state < DONE:
+                if type(t.value) is Remote and t.state < DONE:
                     self._call_on_loop(self._want, t)
             self.local_ops += 1
             return sched.submit(
@@ -238,7 +238,7 @@ class DaskBackend(Revival):
     def cancel(self, task: Task) -> bool:
         """Cancel a task not yet computed; on the cluster, its dependents are cancelled too."""
         rem = task.value
-        if type(rem) is not _Remote:
+        if type(rem) is not Remote:
             return self._sched.cancel(task)
         err = CancelledTaskError(f"{task.name} was cancelled before it ran")
         with GRAPH_LOCK:
@@ -253,7 +253,7 @@ class DaskBackend(Revival):
         return True
 
     def completion(self, task: Task) -> Any:
-        if type(task.value) is not _Remote:
+        if type(task.value) is not Remote:
             return self._sched.completion(task)
         waiter = self._sched.waiter(task)  # never run here: it is the cluster's to run
         if task.state < DONE:

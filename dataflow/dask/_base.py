@@ -21,7 +21,7 @@ from .._log import logger
 from .._scheduler import Scheduler
 from .._task import Task
 from ._client import import_distributed
-from ._scatter import _Scattered
+from ._scatter import Scattered
 from ._timing import Relay
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class BackendBase:
         self._flush_scheduled = False
         # Sent and not settled: task id -> task (to cancel them all when the body fails).
         self._remote: dict[int, Task] = {}
-        self._scattered = _Scattered()
+        self._scattered = Scattered()
         # Failures by the name of the task whose kernel raised: one TaskError for all of them.
         self._errors: dict[str, TaskError] = {}
         self._reviving = asyncio.Lock()  # one _revive at a time (made again on open)

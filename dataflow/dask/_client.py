@@ -3,9 +3,9 @@ and closing a connection quietly.
 
 Dask is an optional extra: :func:`import_distributed` imports it where the backend needs it
 and, when it is missing, raises a DataflowError naming the command that installs it (on the
-client and on every worker). :func:`_key_ref` is the one difference between Dask versions the
+client and on every worker). :func:`key_ref` is the one difference between Dask versions the
 backend meets: how a task's graph names another key (``dask.task_spec.Alias``; older Dask
-takes a future made early, see ``_ship``). :class:`_HangUpQuietly` closes a client the
+takes a future made early, see ``_ship``). :class:`HangUpQuietly` closes a client the
 runtime connected itself without the traceback Dask logs for its own hang-up. None of it
 reads the backend's state, so it sits apart from the backend's layers.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from .._errors import DataflowError
 
-__all__ = ["INSTALL_HINT", "import_distributed"]
+__all__ = ["INSTALL_HINT", "HangUpQuietly", "import_distributed", "key_ref"]
 
 INSTALL_HINT = "pip install 'dask[distributed]>=2024.1'"
 
@@ -35,7 +35,7 @@ def import_distributed() -> Any:
     return distributed
 
 
-def _key_ref() -> Any:
+def key_ref() -> Any:
     """``dask.task_spec.Alias``, which names a key in a graph; None before Dask had it."""
     try:
         from dask.task_spec import Alias
@@ -44,7 +44,7 @@ def _key_ref() -> Any:
     return Alias
 
 
-class _HangUpQuietly(logging.Filter):
+class HangUpQuietly(logging.Filter):
     """Close a client without the ``CommClosedError`` traceback of its own hang-up.
 
     ``Client.close`` tells the scheduler it leaves, and the scheduler closes the connection.

@@ -22,7 +22,7 @@ from .._scheduler import Scheduler
 from .._task import CANCELLED, DONE, FAILED, Task
 from ._base import BackendBase
 from ._lost import cancel_reason, killed_worker_error
-from ._remote import _inputs, _Remote, _was_lost
+from ._remote import Remote, task_inputs, was_lost
 from ._worker import KernelFailed
 
 __all__ = ["Outcomes"]
@@ -40,7 +40,7 @@ class Outcomes(BackendBase):
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    async def _watch(self, watched: list[tuple[Task, _Remote]]) -> None:
+    async def _watch(self, watched: list[tuple[Task, Remote]]) -> None:
         """Settle a batch's tasks as they end: account for them, record failures."""
         for task, rem in watched:
             if await self._outcome(task, rem):
@@ -50,7 +50,7 @@ class Outcomes(BackendBase):
                         task.inputs = ()
                 self.remote_done += 1
 
-    async def _outcome(self, task: Task, rem: _Remote) -> bool:
+    async def _outcome(self, task: Task, rem: Remote) -> bool:
         """Wait until the task's future ends; True when it finished, else fail the task.
 
         A task Dask dropped because a worker was lost is sent again (``_revive``), and
@@ -70,14 +70,14 @@ class Outcomes(BackendBase):
                 tb = await fut.traceback()
                 self._failed(task, rem, exc, tb)
                 return False
-            if _was_lost(task) and not self._sched.cancelling:
+            if was_lost(task) and not self._sched.cancelling:
                 await self._revive([task])
                 if rem.future is not fut and task.state < DONE:
                     continue
             self._cancelled(task, rem)
             return False
 
-    def _settle_locked(self, task: Task, rem: _Remote) -> None:
+    def _settle_locked(self, task: Task, rem: Remote) -> None:
         """A sent task ended (once): it no longer holds up the runtime's closing."""
         if rem.settled:
             return
@@ -89,7 +89,7 @@ class Outcomes(BackendBase):
             sched.host.wake([sched._drained])
             sched._drained = None
 
-    def _failed(self, task: Task, rem: _Remote, exc: BaseException, tb: Any) -> None:
+    def _failed(self, task: Task, rem: Remote, exc: BaseException, tb: Any) -> None:
         if task.state >= DONE:  # the watcher and a fetch both saw it
             return
         if isinstance(exc, KernelFailed):
@@ -140,9 +140,9 @@ class Outcomes(BackendBase):
             return key, key
         return f"{op}#{rest.split('-', 1)[0]}", op
 
-    def _cancelled(self, task: Task, rem: _Remote) -> None:
+    def _cancelled(self, task: Task, rem: Remote) -> None:
         err: BaseException | None = next(
-            (t.error for t in _inputs(task) if t.state == CANCELLED and t.error is not None),
+            (t.error for t in task_inputs(task) if t.state == CANCELLED and t.error is not None),
             None,
         )
         if err is None:
@@ -154,7 +154,7 @@ class Outcomes(BackendBase):
             err = CancelledTaskError(f"{task.name} was not run: {why}")
         self._finish_failed(task, rem, err, ran=False)
 
-    def _finish_failed(self, task: Task, rem: _Remote, err: BaseException, ran: bool) -> None:
+    def _finish_failed(self, task: Task, rem: Remote, err: BaseException, ran: bool) -> None:
         """Fail a sent task, and what waits for it on the client.
 
         A kernel that ran while timed reports its own span (ending in task_failed) through
@@ -190,13 +190,13 @@ class Outcomes(BackendBase):
     def _want(self, task: Task) -> None:
         """Bring the task's value to the client once computed (call on the loop thread)."""
         rem = task.value
-        if type(rem) is not _Remote or task.state >= DONE or rem.wanted:
+        if type(rem) is not Remote or task.state >= DONE or rem.wanted:
             return
         rem.wanted = True
         if rem.future is not None:  # else _sent starts the fetch
             self._spawn(self._fetch(task, rem))
 
-    async def _fetch(self, task: Task, rem: _Remote) -> None:
+    async def _fetch(self, task: Task, rem: Remote) -> None:
         rem.fetching = True
         while True:
             if not await self._outcome(task, rem):
@@ -205,7 +205,7 @@ class Outcomes(BackendBase):
             try:
                 value = await self.client.gather(fut)
             except Exception as exc:
-                if rem.future is not fut or _was_lost(task):
+                if rem.future is not fut or was_lost(task):
                     continue  # lost with its worker meanwhile: _outcome sends it again
                 err = TaskError(
                     f"{task.name}: its value could not be fetched from the Dask cluster: "

@@ -1,9 +1,9 @@
-"""A cluster task's client-side state (:class:`_Remote`), and the pure questions the layers ask
+"""A cluster task's client-side state (:class:`Remote`), and the pure questions the layers ask
 of a task: what it reads, whether one of its inputs failed, whether Dask dropped it.
 
-A task placed on the cluster keeps a ``_Remote`` in ``task.value`` from dispatch until its
+A task placed on the cluster keeps a ``Remote`` in ``task.value`` from dispatch until its
 value is on the client: READY while queued for the next flush, RUNNING once sent (the
-``_Remote`` holds its Dask future), DONE once fetched (see :mod:`dataflow.dask._backend`).
+``Remote`` holds its Dask future), DONE once fetched (see :mod:`dataflow.dask._backend`).
 Every layer reads it, and :func:`~dataflow.dask._backend.place` tells a cluster input by it,
 so it sits below them all: plain data, no asyncio, no client.
 """
@@ -16,10 +16,10 @@ from .._scheduler import scan
 from .._task import DONE, Task
 from ._lost import dropped
 
-__all__: list[str] = []
+__all__ = ["Remote", "failed_input", "task_inputs", "was_lost"]
 
 
-class _Remote:
+class Remote:
     """A cluster task's client-side state, kept in ``task.value`` until the value is fetched."""
 
     __slots__ = ("fetching", "future", "key", "sends", "settled", "timed", "wanted")
@@ -37,7 +37,7 @@ class _Remote:
         return f"<remote {self.key}>"
 
 
-def _inputs(task: Task) -> tuple[Task, ...]:
+def task_inputs(task: Task) -> tuple[Task, ...]:
     """The tasks a task reads (its ``inputs`` are dropped once it settled; its arguments are
     kept until its value is on the client, so it can be sent again)."""
     if task.inputs or task.args is None:
@@ -45,16 +45,16 @@ def _inputs(task: Task) -> tuple[Task, ...]:
     return scan(task.args, task.kwargs)[0]
 
 
-def _failed_input(task: Task) -> Task | None:
-    return next((t for t in _inputs(task) if t.state > DONE), None)
+def failed_input(task: Task) -> Task | None:
+    return next((t for t in task_inputs(task) if t.state > DONE), None)
 
 
-def _was_lost(task: Task) -> bool:
+def was_lost(task: Task) -> bool:
     """A task sent to the cluster and not finished on the client that Dask dropped because
     data it needs was lost with a worker (see ``_lost``)."""
     rem = task.value
     return (
-        type(rem) is _Remote
+        type(rem) is Remote
         and task.state < DONE
         and rem.future is not None
         and dropped(rem.future) in ("lost", "unsaid")

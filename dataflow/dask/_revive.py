@@ -21,7 +21,7 @@ from ._lost import (
     resend_failed_error,
     resend_limit_error,
 )
-from ._remote import _inputs, _Remote, _was_lost
+from ._remote import Remote, task_inputs, was_lost
 from ._ship import Shipping
 
 __all__ = ["Revival"]
@@ -45,16 +45,16 @@ class Revival(Shipping):
             stack = [*tasks, *self._remote.values()]
             while stack:
                 t = stack.pop()
-                if t.id in found or not _was_lost(t):
+                if t.id in found or not was_lost(t):
                     continue
                 found[t.id] = t
-                stack.extend(_inputs(t))
+                stack.extend(task_inputs(t))
             if not found or self._sched.cancelling:
                 return
             again = sorted(found.values(), key=lambda t: t.id)
             workers = await self._lost_workers()
             for t in list(again):
-                rem: _Remote = t.value
+                rem: Remote = t.value
                 if not workers and dropped(rem.future) == "unsaid":
                     # Cancelled with no reason, and no worker holding our keys was lost:
                     # a cancel after all (another client's, with our key).
@@ -73,13 +73,13 @@ class Revival(Shipping):
                 scattered = await self._scatter(again)
             except Exception as exc:
                 for t in again:
-                    if _was_lost(t):
+                    if was_lost(t):
                         err = resend_failed_error(t.name, t.op, workers, exc)
                         self._sched.failures.append(err)
                         self._finish_failed(t, t.value, err, ran=False)
                 return
             # While it scattered, a task may have been cancelled, or the runtime be closing.
-            again = [t for t in again if _was_lost(t)]
+            again = [t for t in again if was_lost(t)]
             if not again or self._sched.cancelling:
                 return
             logger.warning(

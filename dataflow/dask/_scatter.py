@@ -1,5 +1,5 @@
-"""The arrays scattered to the cluster (:class:`_Scattered`), and which of a task's arguments
-to scatter (:func:`_arrays`).
+"""The arrays scattered to the cluster (:class:`Scattered`), and which of a task's arguments
+to scatter (:func:`scattered_arrays`).
 
 numpy arrays of at least ``scatter_bytes`` among a task's arguments (client-side values
 included) are scattered once per runtime and found again by identity: a weakref checks that
@@ -20,10 +20,10 @@ import numpy as np
 from .._task import DONE, Pending
 from .._walk import leaves
 
-__all__: list[str] = []
+__all__ = ["Scattered", "scattered_arrays"]
 
 
-class _Scattered:
+class Scattered:
     """numpy arrays scattered to the cluster, by identity: each is sent once per runtime."""
 
     def __init__(self) -> None:
@@ -62,7 +62,7 @@ class _Scattered:
         self.keys.clear()
 
 
-def _arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]]:
+def scattered_arrays(args: Any, kwargs: Any, threshold: int) -> list[np.ndarray[Any, Any]]:
     """The numpy arrays to scatter among a task's arguments (client-side values included)."""
     out: list[np.ndarray[Any, Any]] = []
     stack: list[Any] = [args, kwargs] if kwargs else [args]

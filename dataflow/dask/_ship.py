@@ -25,10 +25,10 @@ from .._registry import op_for_kernel
 from .._signature import Signature
 from .._task import DONE, READY, RUNNING, Pending, Task
 from .._walk import replace
-from ._client import _key_ref, import_distributed
+from ._client import import_distributed, key_ref
 from ._outcomes import Outcomes
-from ._remote import _failed_input, _Remote, _was_lost
-from ._scatter import _arrays
+from ._remote import Remote, failed_input, was_lost
+from ._scatter import scattered_arrays
 from ._worker import Call, Ref, run_op
 
 __all__ = ["Shipping"]
@@ -54,7 +54,7 @@ class Shipping(Outcomes):
         if timed:
             self._sched.emit("task_created", task)
             self._timed[task.id] = task
-        task.value = _Remote(f"{sig.name}-{self.token}-{task.id}", timed)
+        task.value = Remote(f"{sig.name}-{self.token}-{task.id}", timed)
         sched = self._sched
         with GRAPH_LOCK:
             sched.inflight += 1
@@ -95,7 +95,7 @@ class Shipping(Outcomes):
         """Scatter the batch's new arrays, then send its tasks as one ``client.map``."""
         # Inputs Dask dropped since they were sent (lost with a worker) go again first: a
         # graph naming a key Dask forgot is cancelled as a whole.
-        lost = [t for task in batch if task.state == READY for t in task.inputs if _was_lost(t)]
+        lost = [t for task in batch if task.state == READY for t in task.inputs if was_lost(t)]
         if lost:
             await self._revive(lost)
         await self._scatter([task for task in batch if task.state == READY])
@@ -106,7 +106,7 @@ class Shipping(Outcomes):
             if self._sched.cancelling:
                 self._cancel_unsent(task)
                 continue
-            rem: _Remote = task.value
+            rem: Remote = task.value
             if rem.timed and not self._subscribed:
                 self.client.subscribe_topic(self._topic, self._on_timing)
                 self._subscribed = True
@@ -119,7 +119,7 @@ class Shipping(Outcomes):
         cache = self._scattered
         new: dict[int, np.ndarray[Any, Any]] = {}
         for task in tasks:
-            for a in _arrays(task.args, task.kwargs, self.scatter_bytes):
+            for a in scattered_arrays(task.args, task.kwargs, self.scatter_bytes):
                 if cache.get(a) is None:
                     new[id(a)] = a
         if not new:
@@ -141,19 +141,19 @@ class Shipping(Outcomes):
         self, tasks: list[Task], fail: Callable[[Task, BaseException], None]
     ) -> list[tuple[Task, Any]]:
         """Send ``tasks`` (in dependency order) as one ``client.map``, each under its
-        ``_Remote.key``; returns (task, future) pairs. A task that cannot be sent (an argument
+        ``Remote.key``; returns (task, future) pairs. A task that cannot be sent (an argument
         that does not pickle) or whose input failed is given to ``fail`` with its error."""
-        ref = _key_ref()
+        ref = key_ref()
         keys: list[str] = []
         calls: list[Call] = []
         deps: list[list[Any]] = []
         sent: list[Task] = []
         for task in tasks:
-            failed = _failed_input(task)
+            failed = failed_input(task)
             if failed is not None:
                 fail(task, failed.error)  # type: ignore[arg-type]
                 continue
-            rem: _Remote = task.value
+            rem: Remote = task.value
             try:
                 call, slots = self._encode(task, ref)
             except Exception as exc:
@@ -174,7 +174,7 @@ class Shipping(Outcomes):
             # by one, so only that one (and what depends on it) fails.
             pairs = []
             for task, call, slots in zip(sent, calls, deps, strict=True):
-                failed = _failed_input(task)
+                failed = failed_input(task)
                 if failed is not None:
                     fail(task, failed.error)  # type: ignore[arg-type]
                     continue
@@ -206,11 +206,11 @@ class Shipping(Outcomes):
             self._sched._fail_locked(task, err)
 
     def _sent(self, pairs: list[tuple[Task, Any]]) -> None:
-        watched: list[tuple[Task, _Remote]] = []
+        watched: list[tuple[Task, Remote]] = []
         dropped: list[Any] = []
         with GRAPH_LOCK:
             for task, fut in pairs:
-                rem: _Remote = task.value
+                rem: Remote = task.value
                 rem.future = fut
                 if task.state == READY:
                     task.state = RUNNING
@@ -251,7 +251,7 @@ class Shipping(Outcomes):
                 if t.state == DONE:  # on the client: ship the value
                     return replace(v.result(), leaf)
                 rem = t.value
-                assert type(rem) is _Remote, (t, rem)
+                assert type(rem) is Remote, (t, rem)
                 return Ref(slot(rem.key, rem.future), v._index)
             if isinstance(v, np.ndarray) and v.nbytes >= threshold:
                 fut = cache.get(v)

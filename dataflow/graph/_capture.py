@@ -52,7 +52,7 @@ from ._ir import (
     Ref,
     type_of,
 )
-from ._tracer_base import TracerBase, _Record
+from ._tracer_base import Record, TracerBase
 
 __all__ = ["Tracer"]
 
@@ -151,7 +151,7 @@ class Tracer(TracerBase):
         location = f"{short_path(where[0])}:{where[1]}" if where is not None else None
         task = Task(Signature(op.name, spec, cost, op=op), op.kernel, (), None, self.runtime)
         self._node_of_task[task.id] = len(self.records)
-        self.records.append(_Record(op, captured, captured_kw, spec, cost, location, task))
+        self.records.append(Record(op, captured, captured_kw, spec, cost, location, task))
         return task
 
     def _capture(self, value: Any) -> Any:

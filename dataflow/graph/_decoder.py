@@ -1,7 +1,7 @@
 """Decoding a graph file's values, and the one place its names are resolved (or refused).
 
 ``_read`` reads the document; every value in it (arguments, outputs, types, dtypes, op and
-NamedTuple names) becomes a Python value here, in :class:`_Decoder`. A name is the only way a
+NamedTuple names) becomes a Python value here, in :class:`Decoder`. A name is the only way a
 file could reach code, so the checks that keep loading from running any are all in this module,
 apart from the reading itself:
 
@@ -44,7 +44,7 @@ from ._ir import (
     ValueType,
 )
 
-__all__ = ["Opaque", "_Decoder"]
+__all__ = ["Decoder", "Opaque"]
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def _import(module: str, what: str, trust: tuple[str, ...]) -> Any:
         raise Problem(f"{what}: importing {module!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-class _Decoder:
+class Decoder:
     """Turns graph.json values back into Python values (resolving names when asked to)."""
 
     def __init__(self, resolve: bool, trust: tuple[str, ...]) -> None:

@@ -17,7 +17,7 @@ from .._errors import TaskError, task_failed
 from .._pool import GRAPH_LOCK
 from .._scheduler._placement import FIRST_RUNS, SAMPLE
 from ._ir import map_refs
-from ._slots import _NODE, _NODE_OUT, ref_value
+from ._slots import NODE, NODE_OUT, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -64,9 +64,9 @@ def run_here(prog: Program, rt: Runtime, inputs: Sequence[Any]) -> Any:
         else:
             args = list(args_of[i])
             for pos, kind, src, index in slots:
-                if kind == _NODE:
+                if kind == NODE:
                     args[pos] = values[src]
-                elif kind == _NODE_OUT:
+                elif kind == NODE_OUT:
                     args[pos] = values[src][index]
                 else:
                     args[pos] = inputs[src]

@@ -49,7 +49,7 @@ from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, NodeRef, iter_refs
 from ._lean import LeanRun
 from ._planrun import PlanRun
-from ._slots import _flat_slots
+from ._slots import flat_slots
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -89,7 +89,7 @@ class Program:
             self.inputs.append(tuple(read))
             for j in read:
                 self.readers[j].append(i)
-            flat = _flat_slots(node.args)
+            flat = flat_slots(node.args)
             if flat is None or node.kwargs:
                 # Nested references (a list of values to stack): bound by the generic walk.
                 self.args.append(node.args)

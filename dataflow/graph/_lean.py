@@ -65,7 +65,7 @@ from .._record import name_signature
 from .._scheduler._placement import FIRST_RUNS, MIN_MEASURED, SAMPLE, SPAWN_CPU_SHARE
 from .._task import PENDING, READY, Task, _next_id
 from ._ir import map_refs
-from ._slots import _NODE, _NODE_OUT, ref_value
+from ._slots import NODE, NODE_OUT, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -234,9 +234,9 @@ class LeanRun:
             else:
                 args = list(args_of[i])
                 for pos, kind, src, index in slots:
-                    if kind == _NODE:
+                    if kind == NODE:
                         args[pos] = values[src]
-                    elif kind == _NODE_OUT:
+                    elif kind == NODE_OUT:
                         args[pos] = values[src][index]
                     else:
                         args[pos] = inputs[src]

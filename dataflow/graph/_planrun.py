@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .._pool import GRAPH_LOCK
 from .._task import READY, Task
 from ._ir import map_refs
-from ._slots import _NODE, _NODE_OUT, ref_value
+from ._slots import NODE, NODE_OUT, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -63,9 +63,9 @@ class PlanRun:
             args = list(prog.args[i])
             tasks = self.tasks
             for pos, kind, src, index in slots:
-                if kind == _NODE:
+                if kind == NODE:
                     args[pos] = tasks[src].value
-                elif kind == _NODE_OUT:
+                elif kind == NODE_OUT:
                     args[pos] = tasks[src].value[index]
                 else:
                     args[pos] = self.inputs[src]

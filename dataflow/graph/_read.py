@@ -35,7 +35,7 @@ from ._archive import (
     read_json,
     read_params,
 )
-from ._decoder import _Decoder
+from ._decoder import Decoder
 from ._errors import GraphFormatError
 from ._format import FORMAT_NAME, FORMAT_VERSION, FUSED, _path
 from ._fused import ENGINES, Arg, FusedOp, FusedStep, Tmp
@@ -82,7 +82,7 @@ def _graph_json(zf: zipfile.ZipFile) -> dict[str, Any]:
     return doc
 
 
-def _declared_constants(doc: dict[str, Any], dec: _Decoder, file_size: int) -> dict[str, ValueType]:
+def _declared_constants(doc: dict[str, Any], dec: Decoder, file_size: int) -> dict[str, ValueType]:
     """Each constant's declared type, their total checked against the file's size on disk."""
     declared: dict[str, ValueType] = {}
     for entry in _field(doc, "constants", list, "graph.json"):
@@ -119,7 +119,7 @@ def _bind(value: Any, env: dict[Any, Any], where: str) -> Any:
     return value
 
 
-def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: _Decoder) -> Graph:
+def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: Decoder) -> Graph:
     name = _field(doc, "name", str, "graph.json")
     inputs = []
     for k, entry in enumerate(_field(doc, "inputs", list, "graph.json")):
@@ -242,7 +242,7 @@ def _infer(
 def _read(path: str | os.PathLike[str], resolve: bool, trust: Iterable[str] | str) -> Graph:
     trusted = (trust,) if isinstance(trust, str) else tuple(trust)
     name = _path(path, "dataflow.load" if resolve else "dataflow.graph.read")
-    dec = _Decoder(resolve, trusted)
+    dec = Decoder(resolve, trusted)
     try:
         with open(name, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size

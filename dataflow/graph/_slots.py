@@ -1,10 +1,10 @@
 """A node's arguments at run time: the slots of a prepared argument template, and references.
 
 A program (``_launch.Program``) prepares each node's arguments once. Where every reference is
-at the top level of the arguments (:func:`_flat_slots`), the node gets a template (its
+at the top level of the arguments (:func:`flat_slots`), the node gets a template (its
 constants already in place) and a tuple of *slots* ``(position, kind, source, index)`` to
-fill per run: ``_INPUT``, the launch's input ``source``; ``_NODE``, node ``source``'s value;
-``_NODE_OUT``, output ``index`` of node ``source``'s value. Other arguments (nested
+fill per run: ``INPUT``, the launch's input ``source``; ``NODE``, node ``source``'s value;
+``NODE_OUT``, output ``index`` of node ``source``'s value. Other arguments (nested
 references, keyword arguments) are bound by the generic walk, ``map_refs`` with
 :func:`ref_value`, which also builds the outputs.
 
@@ -21,10 +21,10 @@ from typing import Any
 
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs
 
-__all__ = ["ref_value"]
+__all__ = ["INPUT", "NODE", "NODE_OUT", "flat_slots", "ref_value"]
 
 # Slot kinds of a node's argument template (``_launch.Program.slots``).
-_INPUT, _NODE, _NODE_OUT = range(3)
+INPUT, NODE, NODE_OUT = range(3)
 
 
 def ref_value(ref: Any, inputs: Sequence[Any], constants: Any, node: Callable[[int], Any]) -> Any:
@@ -39,15 +39,15 @@ def ref_value(ref: Any, inputs: Sequence[Any], constants: Any, node: Callable[[i
     return value if ref.index is None else value[ref.index]
 
 
-def _flat_slots(args: tuple[Any, ...]) -> tuple[tuple[int, int, int, int | None], ...] | None:
+def flat_slots(args: tuple[Any, ...]) -> tuple[tuple[int, int, int, int | None], ...] | None:
     """The reference slots of arguments whose references are all at the top level."""
     slots = []
     for pos, a in enumerate(args):
         t = type(a)
         if t is InputRef:
-            slots.append((pos, _INPUT, a.index, None))
+            slots.append((pos, INPUT, a.index, None))
         elif t is NodeRef:
-            slots.append((pos, _NODE if a.index is None else _NODE_OUT, a.node, a.index))
+            slots.append((pos, NODE if a.index is None else NODE_OUT, a.node, a.index))
         elif t is not ConstRef and any(True for _ in iter_refs(a)):
             return None
     return tuple(slots)

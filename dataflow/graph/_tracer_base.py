@@ -27,10 +27,10 @@ from ._errors import TracerWarning
 from ._frames import user_location
 from ._ir import ConstRef, InputRef, NodeRef, OpLike, iter_refs
 
-__all__ = ["TracerBase"]
+__all__ = ["Record", "TracerBase"]
 
 
-class _Record:
+class Record:
     """A node being recorded (its references are final; its value may be computed later)."""
 
     __slots__ = ("args", "cost", "kwargs", "location", "op", "spec", "task")
@@ -70,7 +70,7 @@ class TracerBase:
         """``templates[k]``: input k as the program gets it (an array, or a handle whose type
         and spec its placeholder copies); ``values[k]``: its value when the program reads it."""
         self.runtime: Runtime = None  # type: ignore[assignment]  # set by __call__
-        self.records: list[_Record] = []
+        self.records: list[Record] = []
         self.constants: dict[str, np.ndarray[Any, Any]] = {}
         self.parameter_names: set[str] = set()
         self._templates = list(templates)
