@@ -36,6 +36,24 @@ ROOT = Path(__file__).resolve().parent.parent
 Array = np.ndarray[Any, Any]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _restore_environ() -> Iterator[None]:
+    """Put this process's environment back after this module's tests: a cluster with worker
+    processes (distributed's nanny) sets OMP_, MKL_ and OPENBLAS_NUM_THREADS,
+    MALLOC_TRIM_THRESHOLD_ and more in it for its workers, and every later test's
+    subprocesses would inherit them (the million-op stress test's child then grew 300 MiB
+    against its 200 MiB bound). Module scope, so it is set up before the module's clusters
+    and torn down after them; pytest's own PYTEST_CURRENT_TEST is left to pytest."""
+    saved = dict(os.environ)
+    yield
+    own = "PYTEST_CURRENT_TEST"
+    for key in [k for k in os.environ if k not in saved and k != own]:
+        del os.environ[key]
+    for key, value in saved.items():
+        if key != own and os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 # -- kernels the tests ship (module level: worker processes import them by name) -------------
 
 
