@@ -20,7 +20,7 @@ import dataflow
 import ops
 from tests.stress import _programs
 from tests.stress._programs import root, tiny
-from tests.stress._support import run_python, spec_op
+from tests.stress._support import Gate, run_python, spec_op
 
 
 def _chains(n: int, chains: int, start: Any, sample: list[int]) -> list[Any]:
@@ -58,9 +58,13 @@ class TestBackpressure:
     def test_no_limit(self) -> None:
         """max_pending=None lets dispatch run ahead of the pool without bound."""
         sample: list[int] = []
+        # Held until all 5,000 are dispatched (a root that slept 0.3 s finished first when
+        # dispatch was slow: a process heavy with earlier tests' objects).
+        gate = Gate("no_limit_root")
 
         async def main() -> float:
-            heads = _chains(5_000, 10, root(np.zeros(1), 0.3), sample)
+            heads = _chains(5_000, 10, gate.op(np.zeros(1)), sample)
+            gate.open()
             return await _total(heads)
 
         assert dataflow.run(main, interop_threads=2, max_pending=None) == 5_000.0
