@@ -50,11 +50,13 @@ from ._machine import cores
 
 __all__ = ["run"]
 
+#: The ops in flight at once in the in-flight row: about a model forward's worth.
+IN_FLIGHT = 1000
 # The batched no-op offloaded in waves of IN_FLIGHT rather than all at once: what a task costs
 # with a model forward's worth in flight. All at once (the "batched" row, as every other
 # contender runs), the collector's passes over the pending tasks and the ready queue's depth
 # add 3-4 us a task at 100,000 in flight (5.2 us a task at 1,000, 9.5 at 100,000).
-OFFLOADED_IN_FLIGHT = "dataflow op, offloaded, 1,000 in flight"
+OFFLOADED_IN_FLIGHT = f"dataflow op, offloaded, {IN_FLIGHT:,} in flight"
 
 # The dataflow targets this benchmark reports against (us per task).
 TARGETS = {
@@ -112,10 +114,6 @@ async def _op_batched(op: dataflow.Op[..., Any], n: int) -> None:
     handles = [op(i) for i in range(n)]
     for h in handles:
         await h
-
-
-#: The ops in flight at once in the "1,000 in flight" row: about a model forward's worth.
-IN_FLIGHT = 1000
 
 
 async def _op_waves(op: dataflow.Op[..., Any], n: int) -> None:
@@ -275,19 +273,6 @@ def _contenders(mode: str, counts: dict[str, int], ex: ThreadPoolExecutor) -> li
             f"uvloop, {threads}",
             None,
         ),
-        *(
-            [
-                (
-                    OFFLOADED_IN_FLIGHT,
-                    df(lambda n: _op_waves(noop_offloaded, n)),
-                    big,
-                    f"uvloop, {threads}",
-                    None,
-                )
-            ]
-            if batched
-            else []
-        ),
         (
             "dataflow fork+wait, async fn",
             df(lambda n: fork_body(_aidentity, n)),
@@ -345,6 +330,9 @@ def _contenders(mode: str, counts: dict[str, int], ex: ThreadPoolExecutor) -> li
             _missing("torch"),
         ),
     ]
+    if batched:  # beside the all-at-once offloaded row
+        waves = df(lambda n: _op_waves(noop_offloaded, n))
+        specs.insert(2, (OFFLOADED_IN_FLIGHT, waves, big, f"uvloop, {threads}", None))
     out = []
     for name, fn, n, note, skip in specs:
         target = TARGETS.get((mode, name))

@@ -177,13 +177,14 @@ def parallel_info() -> str:
         f"intra-op threads (BLAS): {intra}"
         + ("" if "intra-op" in chosen else " (default: BLAS's own)"),
     ]
-    for info in _blas_info():
+    blas = _blas_info()  # (threadpoolctl inspects the loaded libraries: read once)
+    for info in blas:
         lines.append(
             f"BLAS: {info.get('internal_api')} {info.get('version')} "
             f"threading={info.get('threading_layer')} architecture={info.get('architecture')} "
             f"threads={info.get('num_threads')}"
         )
-    if not _blas_info():
+    if not blas:
         lines.append("BLAS: none found by threadpoolctl")
     for var in (
         "OMP_NUM_THREADS",
@@ -195,7 +196,7 @@ def parallel_info() -> str:
         if var in os.environ:
             lines.append(f"{var}={os.environ[var]}")
     lines.append(f"event loop: {_loop_name()}")
-    if interop > 1 and intra > 1 and any(_serial_blas(info) for info in _blas_info()):
+    if interop > 1 and intra > 1 and any(_serial_blas(info) for info in blas):
         lines.append(
             "note: OpenBLAS runs one multithreaded call at a time, so GEMMs on several "
             "inter-op threads wait for each other unless BLAS has one thread: for a program "
