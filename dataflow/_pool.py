@@ -33,6 +33,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from . import _blas
 from ._errors import DataflowError
 from ._task import READY, RUNNING
 
@@ -121,6 +122,14 @@ class InteropPool:
         self.busy_integral += self.busy * (now - self._busy_since)
         self._busy_since = now
         self.busy += delta
+        gov = _blas.GOVERNOR
+        if gov is not None:  # adaptive intra-op threads (see _blas): inline, a hot path
+            n = gov.running = gov.running + delta
+            if n > 1:
+                if delta > 0 and gov.current != 1:
+                    gov.change(1)
+            elif n == 1 and gov.current == 1 and (delta > 0 or not self._heap):
+                gov.change(gov.own)
 
     def busy_integral_now(self) -> float:
         """The busy integral up to now (read without the lock: for statistics only)."""

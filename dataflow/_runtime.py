@@ -27,7 +27,7 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
-from . import _loop
+from . import _blas, _loop
 from ._backend import Backend, make_backend
 from ._defaults import DEFAULT_MAX_PENDING
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError, UnobservedTaskError
@@ -154,6 +154,7 @@ class Runtime:
         self._pool: InteropPool | None = None
         self._token: contextvars.Token[Runtime | None] | None = None
         self._limits: Any = None
+        self._governed = False  # holds the adaptive intra-op governor (see _blas)
         self._entered = False
         self._closed = False
         # Submit a task to the backend: the backend's own ``submit`` once the runtime is open.
@@ -241,6 +242,8 @@ class Runtime:
                 from threadpoolctl import threadpool_limits
 
                 self._limits = threadpool_limits(limits=self.intraop_threads, user_api="blas")
+            elif self._pool is not None and not self.simulate:
+                self._governed = _blas.acquire(self._pool.num_threads)
             await host.open()
             await self._backend.open()
         except BaseException:
@@ -324,6 +327,9 @@ class Runtime:
             if self._limits is not None:
                 self._limits.restore_original_limits()
                 self._limits = None
+            if self._governed:
+                self._governed = False
+                _blas.release()
             if self._pool is not None:
                 if self.private_pool:
                     self._pool.close()

@@ -7,9 +7,9 @@
 The product of the two should not exceed the cores, or the threads fight for them.
 :func:`parallel_info` warns when a count someone *chose* (a call, a ``run``/CLI option or an
 environment variable) makes it exceed them. The defaults (inter-op: the cores; intra-op:
-BLAS's own default, the cores) never warn: they are what a newcomer gets, and on 2 cores with
-OpenBLAS, 2 inter-op x 2 BLAS threads showed no consistent cost against 2 x 1 (see
-docs/getting-started.md).
+BLAS's own default, the cores) never warn: where BLAS is OpenBLAS's pthreads build, which runs
+one multithreaded call at a time, a runtime on the defaults gives BLAS one thread while
+kernels run side by side and its own count to a kernel that runs alone (see ``_blas``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import platform
 import sys
 from typing import Any
 
+from . import _blas
 from ._errors import DataflowRuntimeError, DataflowValueError
 from ._pool import shared_pool_size
 
@@ -112,8 +113,15 @@ def set_num_threads(n: int) -> None:
 
     global _intraop_chosen
     n = _check_count(n, "set_num_threads(n)")
+    _blas.stop(n)
     threadpool_limits(limits=n, user_api="blas")
     _intraop_chosen = True
+
+
+def intraop_chosen() -> bool:
+    """Whether the program chose the intra-op count: :func:`set_num_threads` was called, or
+    an environment variable sets BLAS's threads."""
+    return _intraop_chosen or any(var in os.environ for var in _ENV_INTRAOP)
 
 
 def get_num_threads() -> int:
@@ -165,7 +173,8 @@ def parallel_info() -> str:
     cores = _cores()
     interop = get_num_interop_threads()
     running = shared_pool_size() is not None
-    intra = get_num_threads()
+    own = _blas.governed()  # a governed runtime runs: BLAS's count now may be its 1
+    intra = get_num_threads() if own is None else own
     chosen = _chosen(interop, cores)
     lines = [
         f"dataflow {_version()} on Python {platform.python_version()} ({sys.platform})",
@@ -174,10 +183,16 @@ def parallel_info() -> str:
         f"inter-op threads: {interop}"
         + (" (shared pool running)" if running else "")
         + ("" if "inter-op" in chosen else " (default: the cores)"),
-        f"intra-op threads (BLAS): {intra}"
-        + ("" if "intra-op" in chosen else " (default: BLAS's own)"),
     ]
     blas = _blas_info()  # (threadpoolctl inspects the loaded libraries: read once)
+    serial = any(_serial_blas(info) for info in blas)
+    adaptive = "intra-op" not in chosen and serial and intra > 1 and interop > 1
+    lines.append(
+        f"intra-op threads (BLAS): {intra}"
+        + ("" if "intra-op" in chosen else " (default: BLAS's own")
+        + (", 1 while kernels run side by side)" if adaptive else "")
+        + ("" if "intra-op" in chosen or adaptive else ")")
+    )
     for info in blas:
         lines.append(
             f"BLAS: {info.get('internal_api')} {info.get('version')} "
@@ -196,12 +211,12 @@ def parallel_info() -> str:
         if var in os.environ:
             lines.append(f"{var}={os.environ[var]}")
     lines.append(f"event loop: {_loop_name()}")
-    if interop > 1 and intra > 1 and any(_serial_blas(info) for info in blas):
+    if interop > 1 and intra > 1 and serial and "intra-op" in chosen:
         lines.append(
             "note: OpenBLAS runs one multithreaded call at a time, so GEMMs on several "
             "inter-op threads wait for each other unless BLAS has one thread: for a program "
-            "with parallel branches, set_num_threads(1) (or intraop_threads=1); for one chain "
-            "of large GEMMs, keep BLAS's threads."
+            "with parallel branches, set_num_threads(1) (or intraop_threads=1), or leave the "
+            "count unset (a runtime then gives BLAS one thread while kernels run side by side)."
         )
     if interop * intra > cores and chosen:
         lines.append(

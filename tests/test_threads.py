@@ -107,7 +107,7 @@ class TestParallelInfo:
         info = dataflow.parallel_info()
         assert "WARNING" not in info
         assert "inter-op threads: 2 (default: the cores)" in info
-        assert "intra-op threads (BLAS): 2 (default: BLAS's own)" in info
+        assert "intra-op threads (BLAS): 2 (default: BLAS's own" in info
 
     def test_env_choice_warns(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """$OMP_NUM_THREADS is a choice: 2 x 2 on 2 cores is then warned about."""
@@ -118,7 +118,18 @@ class TestParallelInfo:
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert "WARNING: inter-op x intra-op threads = 2 x 2" in dataflow.parallel_info()
 
-    def _blas(self, monkeypatch: pytest.MonkeyPatch, interop: int, intra: int, lib: str) -> str:
+    def _blas(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        interop: int,
+        intra: int,
+        lib: str,
+        chosen: bool = True,
+    ) -> str:
+        monkeypatch.setattr(_threads, "intraop_chosen", lambda: chosen)
+        monkeypatch.setattr(_threads, "_intraop_chosen", chosen)
+        for var in _threads._ENV_INTRAOP:
+            monkeypatch.delenv(var, raising=False)
         monkeypatch.setattr(_threads, "get_num_interop_threads", lambda: interop)
         monkeypatch.setattr(_threads, "get_num_threads", lambda: intra)
         info = {"internal_api": lib, "version": "0.3.34", "num_threads": intra}
@@ -129,11 +140,23 @@ class TestParallelInfo:
     def test_notes_that_openblas_runs_one_threaded_call_at_a_time(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Several inter-op threads beside a multithreaded OpenBLAS (pthreads): a note, not a
-        warning (the defaults give it), naming what to set."""
+        """Several inter-op threads beside a multithreaded OpenBLAS (pthreads) that the
+        program chose: a note naming what to set."""
         info = self._blas(monkeypatch, 16, 16, "openblas")
         assert "note: OpenBLAS runs one multithreaded call at a time" in info
         assert "set_num_threads(1)" in info
+        assert "or leave the count unset" in info
+
+    def test_defaults_adapt_instead_of_a_note(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Left at the defaults, the same setting needs no note: the report says that BLAS
+        gets one thread while kernels run side by side."""
+        info = self._blas(monkeypatch, 16, 16, "openblas", chosen=False)
+        assert "note:" not in info
+        assert "intra-op threads (BLAS): 16 (default: BLAS's own, 1 while kernels run " in info
+        for interop, intra, lib in ((1, 16, "openblas"), (16, 16, "mkl"), (16, 1, "openblas")):
+            info = self._blas(monkeypatch, interop, intra, lib, chosen=False)
+            assert "side by side" not in info
+            assert f"intra-op threads (BLAS): {intra} (default: BLAS's own)" in info
 
     def test_no_note_where_it_does_not_apply(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for interop, intra, lib in ((16, 1, "openblas"), (1, 16, "openblas"), (16, 16, "mkl")):

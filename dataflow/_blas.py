@@ -1,0 +1,161 @@
+"""Adaptive intra-op threads: BLAS gets one thread while kernels run side by side.
+
+OpenBLAS's pthreads build (the one numpy's wheels bundle) runs one multithreaded call at a
+time: GEMMs issued from several inter-op threads with BLAS's default thread count (the cores)
+wait for each other. Measured on this project's 2-vCPU VM, the seed ensemble's forward took
+1.45-1.92 s with the defaults (2 inter-op x 2 BLAS threads) against 1.05-1.51 s with one BLAS
+thread, and plain numpy 1.26-1.51 s; on 16 cores, 2.1-2.7 s against 0.89 s. One BLAS thread
+everywhere is no answer either: a single chain of large GEMMs then loses the intra-op level.
+
+So while a runtime with the default intra-op setting runs, the count of kernels running
+(every pool's, under the graph lock, process-wide like OpenBLAS's own setting) steers the
+count:
+
+* a kernel that starts beside another sets BLAS to one thread;
+* a kernel that starts alone, or the end of a kernel that leaves one running with nothing
+  queued behind it, puts BLAS's own count back.
+
+OpenBLAS reads its count when a call starts, so a running kernel follows from its next BLAS
+call (an LSTM's next time step). A change costs about 0.2 us (one C call) and happens only at
+those transitions: a busy pool, whose workers go from one task to the next, changes nothing.
+
+The governor is off (BLAS keeps one count) when the program chose the count itself
+(``intraop_threads=`` or :func:`dataflow.set_num_threads`), when the pool has one thread,
+and for BLAS builds without the serialization (OpenMP builds, MKL): see
+:func:`dataflow.parallel_info`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["GOVERNOR", "BlasGovernor", "acquire", "governed", "release", "stop"]
+
+
+class BlasGovernor:
+    """The intra-op count of one serializing OpenBLAS, set from the kernels running (every
+    pool's, counted under the graph lock by ``InteropPool.busy_locked``)."""
+
+    __slots__ = ("_set", "current", "own", "running")
+
+    def __init__(self, set_threads: Callable[[int], Any], own: int) -> None:
+        self._set = set_threads
+        self.own = own  # BLAS's own count: what a lone kernel gets
+        self.current = own  # the count set now
+        self.running = 0  # kernels running now, every pool's
+
+    def change(self, n: int) -> None:
+        """Set BLAS's count to ``n``. Holds the graph lock.
+
+        The pools call it from ``InteropPool.busy_locked`` (inline there: it runs at every
+        kernel's start and end) when the count of kernels running crosses one: a kernel that
+        starts beside another sets 1; one that starts alone, or an end that leaves one
+        kernel running with nothing queued in its pool, sets :attr:`own`.
+        """
+        self.current = n
+        self._set(n)
+
+    def restore(self) -> None:
+        """Put BLAS's own count back (the last governed runtime closed)."""
+        if self.current != self.own:
+            self.change(self.own)
+
+
+#: The governor while a governed runtime is open (read by the pools at every kernel's start
+#: and end); None otherwise.
+GOVERNOR: BlasGovernor | None = None
+
+_users = 0
+_lock = threading.Lock()
+# The serializing OpenBLAS's (set, get) functions, found once: [] where there is none.
+_found: list[tuple[Callable[[int], Any], Callable[[], int]]] | None = None
+
+
+def _openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
+    """The C setter and getter of the loaded OpenBLAS whose pthreads build serializes
+    multithreaded calls; None if there is none (looked up once per process)."""
+    global _found
+    if _found is None:
+        _found = []
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            libs = ThreadpoolController().select(internal_api="openblas").lib_controllers
+        except Exception:  # pragma: no cover - threadpoolctl failing: govern nothing
+            libs = []
+        for lib in libs:
+            if getattr(lib, "threading_layer", None) == "openmp":
+                continue  # its threads are per caller: no serialization
+            prefix = getattr(lib, "_symbol_prefix", "") or ""
+            suffix = getattr(lib, "_symbol_suffix", "") or ""
+            try:
+                setter = getattr(lib.dynlib, f"{prefix}openblas_set_num_threads{suffix}")
+                getter = getattr(lib.dynlib, f"{prefix}openblas_get_num_threads{suffix}")
+            except AttributeError:  # pragma: no cover - an OpenBLAS without them
+                continue
+            setter.argtypes = [ctypes.c_int]
+            setter.restype = None
+            getter.argtypes = []
+            getter.restype = ctypes.c_int
+            _found.append((setter, getter))
+            break
+    return _found[0] if _found else None
+
+
+def acquire(interop_threads: int) -> bool:
+    """A runtime with the default intra-op setting opens on ``interop_threads`` threads:
+    govern BLAS's count while it runs, where that helps. True: call :func:`release` at its
+    close."""
+    global GOVERNOR, _users
+    if interop_threads < 2:
+        return False
+    from . import _threads
+
+    if _threads.intraop_chosen():
+        return False
+    fns = _openblas()
+    if fns is None:
+        return False
+    with _lock:
+        if GOVERNOR is None:
+            own = int(fns[1]())
+            if own < 2:
+                return False
+            GOVERNOR = BlasGovernor(fns[0], own)
+        _users += 1
+    return True
+
+
+def release() -> None:
+    """The runtime that acquired the governor closed; the last one restores BLAS's count."""
+    global GOVERNOR, _users
+    from ._pool import GRAPH_LOCK
+
+    with _lock:
+        _users -= 1
+        if _users > 0 or GOVERNOR is None:
+            return
+        with GRAPH_LOCK:
+            gov, GOVERNOR = GOVERNOR, None
+            gov.restore()
+
+
+def stop(n: int | None = None) -> None:
+    """The program chose the intra-op count (``set_num_threads``): stop governing, so that
+    the count it set stays. ``n``: that count, kept as the one to restore."""
+    global GOVERNOR
+    from ._pool import GRAPH_LOCK
+
+    with _lock, GRAPH_LOCK:
+        gov, GOVERNOR = GOVERNOR, None
+        if gov is not None and n is None:
+            gov.restore()
+
+
+def governed() -> int | None:
+    """BLAS's own count while the governor is on (for parallel_info); None when off."""
+    gov = GOVERNOR
+    return None if gov is None else gov.own

@@ -1,0 +1,239 @@
+"""Adaptive intra-op threads (dataflow._blas): BLAS gets one thread while kernels run side by
+side, its own count for a kernel that runs alone, and the program's count where it chose one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dataflow
+from dataflow import _blas, _pool, _threads
+from tests._helpers import Arr, _same
+
+_fns = _blas._openblas()
+needs_openblas = pytest.mark.skipif(
+    _fns is None, reason="needs OpenBLAS's pthreads build (numpy's wheels bundle it)"
+)
+
+
+def _blas_now() -> int:
+    assert _fns is not None
+    return int(_fns[1]())
+
+
+def _paired_kernel(x: Any, barrier: threading.Barrier) -> Any:
+    """Wait until the other kernel runs too, then read BLAS's count (and wait again, so that
+    neither ends before both have read it)."""
+    barrier.wait(10)
+    n = _blas_now()
+    barrier.wait(10)
+    return np.full_like(x, n)
+
+
+def _count_kernel(x: Any) -> Any:
+    return np.full_like(x, _blas_now())
+
+
+paired = dataflow.op("paired_blas", meta=_same, handle=Arr, inline=False)(_paired_kernel)
+count = dataflow.op("count_blas", meta=_same, handle=Arr, inline=False)(_count_kernel)
+
+
+@pytest.fixture
+def own_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """BLAS at 2 threads and nothing chosen by the program; restored afterwards."""
+    assert _fns is not None
+    before = _blas_now()
+    for var in _threads._ENV_INTRAOP:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(_threads, "_intraop_chosen", False)
+    _fns[0](2)
+    yield
+    _fns[0](before)
+
+
+async def _pair_then_alone() -> tuple[float, float, float, int | None]:
+    barrier = threading.Barrier(2)
+    x = np.zeros(4)
+    a, b = paired(x, barrier), paired(x, barrier)
+    side_by_side = await dataflow.materialize(a), await dataflow.materialize(b)
+    alone = await dataflow.materialize(count(x))
+    return side_by_side[0][0], side_by_side[1][0], alone[0], _blas.governed()
+
+
+@needs_openblas
+class TestRuntime:
+    def test_side_by_side_one_thread_alone_its_own(self, own_two: None) -> None:
+        """Two kernels running at once each see BLAS at one thread; a kernel that runs alone
+        afterwards sees BLAS's own count; after the run, BLAS has its own count again."""
+        first, second, alone, own = dataflow.run(_pair_then_alone, interop_threads=2)
+        assert (first, second) == (1, 1)
+        assert alone == 2
+        assert own == 2  # what parallel_info reports meanwhile
+        assert _blas_now() == 2
+        assert _blas.GOVERNOR is None
+
+    def test_private_pool_too(self, own_two: None) -> None:
+        async def main() -> tuple[float, float, float, int | None]:
+            async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                return await _pair_then_alone()
+
+        assert dataflow.run(main, interop_threads=1)[:3] == (1, 1, 2)
+        assert _blas_now() == 2
+
+    def test_parallel_info_reports_the_own_count(self, own_two: None) -> None:
+        """While kernels run side by side (BLAS at 1), parallel_info reports BLAS's own."""
+        barrier = threading.Barrier(3)
+
+        def kernel(x: Any) -> Any:
+            barrier.wait(10)
+            barrier.wait(10)
+            return x
+
+        op = dataflow.op("held_blas", meta=_same, handle=Arr, inline=False)(kernel)
+
+        async def main() -> tuple[int, str]:
+            x = np.zeros(2)
+            a, b = op(x), op(x)
+            loop_barrier = dataflow.fork(barrier.wait, 10)
+            await loop_barrier
+            now, info = _blas_now(), dataflow.parallel_info()
+            await dataflow.fork(barrier.wait, 10)
+            await dataflow.materialize(a)
+            await dataflow.materialize(b)
+            return now, info
+
+        now, info = dataflow.run(main, interop_threads=3)
+        assert now == 1
+        assert "intra-op threads (BLAS): 2 (default: BLAS's own, 1 while kernels run" in info
+
+    def test_a_chosen_count_stays(self, own_two: None) -> None:
+        """intraop_threads= on the runtime, or set_num_threads: BLAS keeps that count."""
+        first, second, alone, own = dataflow.run(
+            _pair_then_alone, interop_threads=2, intraop_threads=2
+        )
+        assert (first, second, alone, own) == (2, 2, 2, None)
+        dataflow.set_num_threads(2)
+        assert dataflow.run(_pair_then_alone, interop_threads=2)[:3] == (2, 2, 2)
+
+    def test_environment_choice_stays(self, own_two: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert dataflow.run(_pair_then_alone, interop_threads=2)[:3] == (2, 2, 2)
+
+    def test_one_inter_op_thread_is_not_governed(self, own_two: None) -> None:
+        async def main() -> tuple[int | None, float]:
+            alone = await dataflow.materialize(count(np.zeros(2)))
+            return _blas.governed(), alone[0]
+
+        assert dataflow.run(main, interop_threads=1) == (None, 2)
+
+    def test_set_num_threads_while_governed_stops_it(self, own_two: None) -> None:
+        """A count set while a governed runtime runs is the count from then on."""
+
+        async def main() -> tuple[int | None, float, float]:
+            before = _blas.governed()
+            dataflow.set_num_threads(2)
+            barrier = threading.Barrier(2)
+            x = np.zeros(2)
+            a, b = paired(x, barrier), paired(x, barrier)
+            return before, (await dataflow.materialize(a))[0], (await dataflow.materialize(b))[0]
+
+        assert dataflow.run(main, interop_threads=2) == (2, 2, 2)
+        assert _blas.GOVERNOR is None
+        assert _blas_now() == 2
+
+    def test_nested_runtimes_restore_at_the_last_close(self, own_two: None) -> None:
+        async def main() -> tuple[bool, bool]:
+            async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                inner = _blas.GOVERNOR is not None
+            return inner, _blas.GOVERNOR is not None
+
+        assert dataflow.run(main, interop_threads=2) == (True, True)
+        assert _blas.GOVERNOR is None
+
+
+class _Pool:
+    """The counting part of an inter-op pool (no threads): its ``busy_locked`` runs the
+    governor's transitions."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+        self.busy_integral = 0.0
+        self._busy_since = 0.0
+        self._heap: list[Any] = []
+
+    def step(self, delta: int, queued: bool) -> None:
+        self._heap[:] = [object()] if queued else []
+        _pool.InteropPool.busy_locked(self, delta)  # type: ignore[arg-type]
+
+
+class TestGovernor:
+    """The transitions, with a recording setter (no BLAS needed)."""
+
+    @pytest.fixture
+    def pool(self, monkeypatch: pytest.MonkeyPatch) -> tuple[_Pool, list[int]]:
+        calls: list[int] = []
+        monkeypatch.setattr(_blas, "GOVERNOR", _blas.BlasGovernor(calls.append, 4))
+        return _Pool(), calls
+
+    def test_a_lone_chain_sets_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
+        p, calls = pool
+        for _ in range(3):
+            p.step(1, False)
+            p.step(-1, False)
+        assert calls == []
+
+    def test_second_kernel_sets_one_and_the_lone_end_restores(
+        self, pool: tuple[_Pool, list[int]]
+    ) -> None:
+        p, calls = pool
+        p.step(1, False)
+        p.step(1, False)
+        assert calls == [1]
+        p.step(1, False)  # a third: already one
+        p.step(-1, False)  # two left: stays one
+        assert calls == [1]
+        p.step(-1, False)  # one left, nothing queued: its own count
+        assert calls == [1, 4]
+
+    def test_a_busy_pool_changes_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
+        """Workers going from one task to the next (ready tasks queued) set nothing."""
+        p, calls = pool
+        p.step(1, True)
+        p.step(1, True)
+        for _ in range(5):
+            p.step(-1, True)
+            p.step(1, True)
+        assert calls == [1]
+
+    def test_a_kernel_starting_alone_gets_the_own_count(
+        self, pool: tuple[_Pool, list[int]]
+    ) -> None:
+        p, calls = pool
+        p.step(1, True)
+        p.step(1, True)
+        p.step(-1, True)  # queued work: stays one
+        p.step(-1, True)
+        p.step(1, False)  # alone
+        assert calls == [1, 4]
+
+    def test_pools_share_one_count(self, pool: tuple[_Pool, list[int]]) -> None:
+        """OpenBLAS's count is process-wide: kernels of two pools count together."""
+        a, calls = pool
+        b = _Pool()
+        a.step(1, False)
+        b.step(1, False)
+        assert calls == [1]
+        assert (a.busy, b.busy) == (1, 1)
+
+    def test_restore(self) -> None:
+        calls: list[int] = []
+        gov = _blas.BlasGovernor(calls.append, 4)
+        gov.restore()
+        assert calls == []
+        gov.change(1)
+        gov.restore()
+        assert calls == [1, 4]
