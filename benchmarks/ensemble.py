@@ -229,7 +229,9 @@ class Workload:
             "numpy, directions on ThreadPoolExecutor", f"{n} threads, BLAS 1", run, blas=1
         )
 
-    def dataflow(self, name: str, interop: int, blas: int, forked: bool) -> Contender:
+    def dataflow(
+        self, name: str, interop: int, blas: int, forked: bool, note: str | None = None
+    ) -> Contender:
         skip = _models.unavailable()
         ens: Any = None
         if skip is None:
@@ -239,7 +241,8 @@ class Workload:
         def run(k: int) -> tuple[float, Any]:
             return run_dataflow(forward, ens, self.x, interop, k)
 
-        return self.contender(name, f"inter-op {interop}, BLAS {blas}", run, blas=blas, skip=skip)
+        note = f"inter-op {interop}, BLAS {blas}" if note is None else note
+        return self.contender(name, note, run, blas=blas, skip=skip)
 
     def numba_engine(self, compiled: bool = False) -> Contender:
         """dataflow with small directions on the compiled loops that release the GIL
@@ -398,6 +401,15 @@ class Workload:
                 f"inter-op {n}, BLAS 1",
                 True,
                 lambda: self.dataflow("dataflow, automatic", n, 1, forked=False),
+            ),
+            # Nothing set: BLAS keeps its own count (the cores), which a runtime lowers to one
+            # thread while kernels run side by side (dataflow._blas).
+            "dataflow, defaults": (
+                f"inter-op {n}, BLAS adaptive",
+                True,
+                lambda: self.dataflow(
+                    "dataflow, defaults", n, n, forked=False, note=f"inter-op {n}, BLAS adaptive"
+                ),
             ),
             "dataflow, numba engine": (f"inter-op {n}, BLAS 1", True, self.numba_engine),
             "dataflow, traced graph": (f"inter-op {n}, BLAS 1", True, self.traced),
