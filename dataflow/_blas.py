@@ -7,17 +7,18 @@ wait for each other. Measured on this project's 2-vCPU VM, the seed ensemble's f
 thread, and plain numpy 1.26-1.51 s; on 16 cores, 2.1-2.7 s against 0.89 s. One BLAS thread
 everywhere is no answer either: a single chain of large GEMMs then loses the intra-op level.
 
-So while a runtime with the default intra-op setting runs, the count of kernels running
-(every pool's, under the graph lock, process-wide like OpenBLAS's own setting) steers the
+So while a runtime with the default intra-op setting runs, the kernels running (every
+pool's, counted under the graph lock, process-wide like OpenBLAS's own setting) steer the
 count:
 
 * a kernel that starts beside another sets BLAS to one thread;
-* a kernel that starts alone, or the end of a kernel that leaves one running with nothing
-  queued behind it, puts BLAS's own count back.
+* a kernel that starts alone gives BLAS its own count back, once no kernel has started beside
+  another for :data:`HOLD_SECONDS` (a program that is one chain of GEMMs keeps BLAS's threads
+  throughout; one with parallel branches keeps one thread between its branches).
 
 OpenBLAS reads its count when a call starts, so a running kernel follows from its next BLAS
 call (an LSTM's next time step). A change costs about 0.2 us (one C call) and happens only at
-those transitions: a busy pool, whose workers go from one task to the next, changes nothing.
+those transitions; the check at each kernel's start and end costs about 30 ns.
 
 The governor is off (BLAS keeps one count) when the program chose the count itself
 (``intraop_threads=`` or :func:`dataflow.set_num_threads`), when the pool has one thread,
@@ -28,32 +29,44 @@ and for BLAS builds without the serialization (OpenMP builds, MKL): see
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GOVERNOR", "BlasGovernor", "acquire", "governed", "release", "stop"]
+__all__ = ["GOVERNOR", "HOLD_SECONDS", "BlasGovernor", "acquire", "governed", "release", "stop"]
+
+#: A kernel that starts alone gets BLAS's own count back only once no kernel has started
+#: beside another for this long. After a multithreaded call, OpenBLAS's helper threads spin
+#: for about 0.1 s (2**28 cycles, ``$OPENBLAS_THREAD_TIMEOUT``) waiting for the next one:
+#: each burns a core. Measured at (50, 50, 256), giving the first kernel of each forward
+#: (alone for microseconds, until the dispatch queued the next) its own 2 threads made the
+#: forward 100-120 ms against 70-80 at one thread: one worker's kernels ran 2-3x slower
+#: beside the spinning helper. A pause longer than the spin pays for it.
+HOLD_SECONDS = 0.25
 
 
 class BlasGovernor:
     """The intra-op count of one serializing OpenBLAS, set from the kernels running (every
     pool's, counted under the graph lock by ``InteropPool.busy_locked``)."""
 
-    __slots__ = ("_set", "current", "own", "running")
+    __slots__ = ("_set", "current", "own", "paired", "running")
 
     def __init__(self, set_threads: Callable[[int], Any], own: int) -> None:
         self._set = set_threads
         self.own = own  # BLAS's own count: what a lone kernel gets
         self.current = own  # the count set now
         self.running = 0  # kernels running now, every pool's
+        self.paired = -math.inf  # when a kernel last started beside another (perf_counter)
 
     def change(self, n: int) -> None:
         """Set BLAS's count to ``n``. Holds the graph lock.
 
         The pools call it from ``InteropPool.busy_locked`` (inline there: it runs at every
-        kernel's start and end) when the count of kernels running crosses one: a kernel that
-        starts beside another sets 1; one that starts alone, or an end that leaves one
-        kernel running with nothing queued in its pool, sets :attr:`own`.
+        kernel's start and end): a kernel that starts beside another sets 1; one that starts
+        alone sets :attr:`own` once no kernel has started beside another for
+        :data:`HOLD_SECONDS`.
         """
         self.current = n
         self._set(n)
@@ -70,6 +83,10 @@ GOVERNOR: BlasGovernor | None = None
 
 _users = 0
 _lock = threading.Lock()
+# When a kernel last started beside another under a governor that has since been released:
+# the next runtime (a loop of short runs) starts at one thread if that was under HOLD_SECONDS
+# ago, rather than give its first kernel the threads that then spin beside the second.
+_paired = -math.inf
 # The serializing OpenBLAS's (set, get) functions, found once: [] where there is none.
 _found: list[tuple[Callable[[int], Any], Callable[[], int]]] | None = None
 
@@ -124,14 +141,18 @@ def acquire(interop_threads: int) -> bool:
             own = int(fns[1]())
             if own < 2:
                 return False
-            GOVERNOR = BlasGovernor(fns[0], own)
+            gov = BlasGovernor(fns[0], own)
+            gov.paired = _paired
+            if time.perf_counter() - _paired <= HOLD_SECONDS:
+                gov.change(1)
+            GOVERNOR = gov
         _users += 1
     return True
 
 
 def release() -> None:
     """The runtime that acquired the governor closed; the last one restores BLAS's count."""
-    global GOVERNOR, _users
+    global GOVERNOR, _paired, _users
     from ._pool import GRAPH_LOCK
 
     with _lock:
@@ -140,6 +161,7 @@ def release() -> None:
             return
         with GRAPH_LOCK:
             gov, GOVERNOR = GOVERNOR, None
+            _paired = gov.paired
             gov.restore()
 
 

@@ -124,12 +124,14 @@ class InteropPool:
         self.busy += delta
         gov = _blas.GOVERNOR
         if gov is not None:  # adaptive intra-op threads (see _blas): inline, a hot path
-            n = gov.running = gov.running + delta
-            if n > 1:
-                if delta > 0 and gov.current != 1:
-                    gov.change(1)
-            elif n == 1 and gov.current == 1 and (delta > 0 or not self._heap):
-                gov.change(gov.own)
+            if delta > 0:
+                if gov.running:  # beside another kernel
+                    gov.paired = now
+                    if gov.current != 1:
+                        gov.change(1)
+                elif gov.current == 1 and now - gov.paired > _blas.HOLD_SECONDS:
+                    gov.change(gov.own)
+            gov.running += delta
 
     def busy_integral_now(self) -> float:
         """The busy integral up to now (read without the lock: for statistics only)."""

@@ -3,6 +3,8 @@ side, its own count for a kernel that runs alone, and the program's count where 
 
 from __future__ import annotations
 
+import asyncio
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -44,22 +46,28 @@ count = dataflow.op("count_blas", meta=_same, handle=Arr, inline=False)(_count_k
 
 @pytest.fixture
 def own_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """BLAS at 2 threads and nothing chosen by the program; restored afterwards."""
+    """BLAS at 2 threads and nothing chosen by the program, a short hold and no pairing in
+    a previous runtime; restored afterwards."""
     assert _fns is not None
     before = _blas_now()
     for var in _threads._ENV_INTRAOP:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(_threads, "_intraop_chosen", False)
+    monkeypatch.setattr(_blas, "HOLD_SECONDS", 0.05)
+    monkeypatch.setattr(_blas, "_paired", -math.inf)
     _fns[0](2)
     yield
     _fns[0](before)
 
 
 async def _pair_then_alone() -> tuple[float, float, float, int | None]:
+    """Two kernels side by side, then one alone once the hold has passed: the counts each
+    saw, and what parallel_info reports meanwhile."""
     barrier = threading.Barrier(2)
     x = np.zeros(4)
     a, b = paired(x, barrier), paired(x, barrier)
     side_by_side = await dataflow.materialize(a), await dataflow.materialize(b)
+    await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
     alone = await dataflow.materialize(count(x))
     return side_by_side[0][0], side_by_side[1][0], alone[0], _blas.governed()
 
@@ -68,13 +76,33 @@ async def _pair_then_alone() -> tuple[float, float, float, int | None]:
 class TestRuntime:
     def test_side_by_side_one_thread_alone_its_own(self, own_two: None) -> None:
         """Two kernels running at once each see BLAS at one thread; a kernel that runs alone
-        afterwards sees BLAS's own count; after the run, BLAS has its own count again."""
+        once the hold has passed sees BLAS's own count; after the run, BLAS has its own count
+        again."""
         first, second, alone, own = dataflow.run(_pair_then_alone, interop_threads=2)
         assert (first, second) == (1, 1)
         assert alone == 2
         assert own == 2  # what parallel_info reports meanwhile
         assert _blas_now() == 2
         assert _blas.GOVERNOR is None
+
+    def test_a_lone_kernel_within_the_hold_keeps_one_thread(self, own_two: None) -> None:
+        """Right after kernels ran side by side, a kernel alone keeps BLAS at one thread (its
+        own threads would spin beside the next parallel branch)."""
+        _blas.HOLD_SECONDS = 60.0
+
+        async def main() -> tuple[float, float]:
+            barrier = threading.Barrier(2)
+            x = np.zeros(4)
+            a, b = paired(x, barrier), paired(x, barrier)
+            await dataflow.materialize(a)
+            await dataflow.materialize(b)
+            first = (await dataflow.materialize(count(x)))[0]
+            return first, (await dataflow.materialize(count(x)))[0]
+
+        assert dataflow.run(main, interop_threads=2) == (1, 1)
+        assert _blas_now() == 2  # restored at the close
+        # The next runtime, within the hold, starts at one thread.
+        assert dataflow.run(main, interop_threads=2) == (1, 1)
 
     def test_private_pool_too(self, own_two: None) -> None:
         async def main() -> tuple[float, float, float, int | None]:
@@ -163,10 +191,8 @@ class _Pool:
         self.busy = 0
         self.busy_integral = 0.0
         self._busy_since = 0.0
-        self._heap: list[Any] = []
 
-    def step(self, delta: int, queued: bool) -> None:
-        self._heap[:] = [object()] if queued else []
+    def step(self, delta: int) -> None:
         _pool.InteropPool.busy_locked(self, delta)  # type: ignore[arg-type]
 
 
@@ -179,53 +205,61 @@ class TestGovernor:
         monkeypatch.setattr(_blas, "GOVERNOR", _blas.BlasGovernor(calls.append, 4))
         return _Pool(), calls
 
+    def _age(self) -> None:
+        """As if no kernel had started beside another for longer than the hold."""
+        gov = _blas.GOVERNOR
+        assert gov is not None
+        gov.paired -= _blas.HOLD_SECONDS + 1
+
     def test_a_lone_chain_sets_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
         p, calls = pool
         for _ in range(3):
-            p.step(1, False)
-            p.step(-1, False)
+            p.step(1)
+            p.step(-1)
         assert calls == []
 
-    def test_second_kernel_sets_one_and_the_lone_end_restores(
-        self, pool: tuple[_Pool, list[int]]
-    ) -> None:
+    def test_second_kernel_sets_one(self, pool: tuple[_Pool, list[int]]) -> None:
         p, calls = pool
-        p.step(1, False)
-        p.step(1, False)
+        p.step(1)
+        p.step(1)
         assert calls == [1]
-        p.step(1, False)  # a third: already one
-        p.step(-1, False)  # two left: stays one
+        p.step(1)  # a third: already one
+        p.step(-1)
+        p.step(-1)  # ends change nothing
+        p.step(-1)
         assert calls == [1]
-        p.step(-1, False)  # one left, nothing queued: its own count
+
+    def test_a_lone_start_restores_after_the_hold_only(self, pool: tuple[_Pool, list[int]]) -> None:
+        p, calls = pool
+        p.step(1)
+        p.step(1)
+        p.step(-1)
+        p.step(-1)
+        p.step(1)  # alone, within the hold: stays one
+        p.step(-1)
+        assert calls == [1]
+        self._age()
+        p.step(1)  # alone, the hold passed: its own count
         assert calls == [1, 4]
+        p.step(1)  # and beside it again: one
+        assert calls == [1, 4, 1]
 
     def test_a_busy_pool_changes_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
-        """Workers going from one task to the next (ready tasks queued) set nothing."""
+        """Workers going from one task to the next set nothing."""
         p, calls = pool
-        p.step(1, True)
-        p.step(1, True)
+        p.step(1)
+        p.step(1)
         for _ in range(5):
-            p.step(-1, True)
-            p.step(1, True)
+            p.step(-1)
+            p.step(1)
         assert calls == [1]
-
-    def test_a_kernel_starting_alone_gets_the_own_count(
-        self, pool: tuple[_Pool, list[int]]
-    ) -> None:
-        p, calls = pool
-        p.step(1, True)
-        p.step(1, True)
-        p.step(-1, True)  # queued work: stays one
-        p.step(-1, True)
-        p.step(1, False)  # alone
-        assert calls == [1, 4]
 
     def test_pools_share_one_count(self, pool: tuple[_Pool, list[int]]) -> None:
         """OpenBLAS's count is process-wide: kernels of two pools count together."""
         a, calls = pool
         b = _Pool()
-        a.step(1, False)
-        b.step(1, False)
+        a.step(1)
+        b.step(1)
         assert calls == [1]
         assert (a.busy, b.busy) == (1, 1)
 
