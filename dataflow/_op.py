@@ -45,6 +45,7 @@ import numpy as np
 
 from ._args import resolve
 from ._errors import DataflowTypeError, DataflowValueError, NotReadyError, task_failed
+from ._fold import fold_stack
 from ._keys import scan_arguments
 from ._lookup import _current, loop_runtime
 from ._registry import declaring_module, register
@@ -290,6 +291,10 @@ class Op(Generic[P, R]):
         if rt is None:
             out: Any = _run_eagerly(self, sig, args, kwargs)
         else:
+            if not ready and sig.folds and rt.folds:  # a reduction of a pending stack
+                folded = fold_stack(self, sig, args, kwargs)
+                if folded is not None:
+                    return folded  # type: ignore[no-any-return]
             timeout = self.timeout
             out = rt.dispatch(
                 sig,

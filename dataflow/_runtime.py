@@ -149,6 +149,8 @@ class Runtime:
                 )
         self._inline_threshold = inline_threshold
         self._backend: Backend = make_backend(self, backend, options)
+        # A reduction of a pending stack runs as a fold (``_fold``): local kernels only.
+        self.folds = self._backend.name == "local"
         self.host: _loop.HostLoop | None = None
         self._sched: Scheduler = None  # type: ignore[assignment]  # set on entry
         self._pool: InteropPool | None = None

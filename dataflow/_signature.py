@@ -94,6 +94,7 @@ class Signature:
         "check",
         "cost",
         "cpu_share",
+        "folds",
         "gil",
         "inline",
         "keys",
@@ -140,6 +141,8 @@ class Signature:
         self.cpu_share = 1.0
         self.runner = False
         self.measure = True
+        # The op reduces a pending stack as a fold of its binary op (``_fold``).
+        self.folds = op is not None and getattr(op, "stack_fold", None) is not None
         # check(spec, value) -> error message | None (the op's; see dataflow.op).
         self.check: Callable[[Any, Any], str | None] | None = getattr(op, "check", None)
         # Each output spec as a small int (equal specs, equal ints): what a handle on this

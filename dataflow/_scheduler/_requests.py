@@ -135,9 +135,15 @@ class Requests(SchedulerBase):
             owner.refs = []
         return dropped
 
-    def drop_locked_tasks(self, tasks: list[Task]) -> int:
+    def drop_locked_tasks(
+        self,
+        tasks: list[Task],
+        why: str = "the request that dispatched it was cancelled and nothing else was waiting "
+        "for its value",
+    ) -> int:
         """Drop the tasks of ``tasks`` that have not started and that nobody else needs,
-        last first (see :meth:`drop`). Holds the lock; returns how many were dropped."""
+        last first (see :meth:`drop`); ``why`` goes into their CancelledTaskError. Holds the
+        lock; returns how many were dropped."""
         dropped = 0
         for t in reversed(tasks):
             if t.state > READY:
@@ -155,10 +161,7 @@ class Requests(SchedulerBase):
             deps = t.dependents
             if deps and any(d.state < DONE for d in deps):
                 continue  # someone else's unfinished task reads it
-            err = CancelledTaskError(
-                f"{t.name} was dropped unrun: the request that dispatched it was cancelled "
-                "and nothing else was waiting for its value"
-            )
+            err = CancelledTaskError(f"{t.name} was dropped unrun: {why}")
             t.runtime._sched._fail_locked(t, err)  # type: ignore[union-attr]
             dropped += 1
         if dropped:
