@@ -251,10 +251,26 @@ def _stack_fold(graph: Graph, i: int, readers: list[int]) -> tuple[Any, list[Any
     st, out = stack.types[0] if stack.types else None, node.types[0] if node.types else None
     if st is None or out is None or st.dtype != out.dtype or st.dtype.kind != "f":
         return None
+    if any(_dtype_of(graph, v) != st.dtype for v in items):
+        return None  # the stack promotes mixed dtypes first: a fold would round differently
     ndim = len(st.shape)
     if not -ndim <= axis < ndim or axis % ndim != stack_axis % ndim:
         return None
     return fold, list(items)
+
+
+def _dtype_of(graph: Graph, ref: Any) -> Any:
+    """The dtype of the value ``ref`` names (None when unknown)."""
+    t = type(ref)
+    if t is NodeRef:
+        types = graph.nodes[ref.node].types
+        vt = types[ref.index or 0] if types else None
+        return None if vt is None else vt.dtype
+    if t is InputRef:
+        return graph.inputs[ref.index].type.dtype
+    if t is ConstRef:
+        return graph.constants[ref.name].dtype
+    return None
 
 
 def fold_stack_reductions(graph: Graph) -> Graph:
