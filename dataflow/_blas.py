@@ -12,9 +12,10 @@ pool's, counted under the graph lock, process-wide like OpenBLAS's own setting) 
 count:
 
 * a kernel that starts beside another sets BLAS to one thread;
-* a kernel that starts alone gives BLAS its own count back, once no kernel has started beside
-  another for :data:`HOLD_SECONDS` (a program that is one chain of GEMMs keeps BLAS's threads
-  throughout; one with parallel branches keeps one thread between its branches).
+* a kernel that starts alone gives BLAS its own count back, once no two kernels have run side
+  by side for :data:`HOLD_SECONDS` (a program that is one chain of GEMMs keeps BLAS's threads
+  throughout; one with parallel branches keeps one thread between its branches, and between
+  one forward's last branches and the next forward's first).
 
 OpenBLAS reads its count when a call starts, so a running kernel follows from its next BLAS
 call (an LSTM's next time step). A change costs about 0.2 us (one C call) and happens only at
@@ -37,8 +38,8 @@ from typing import Any
 
 __all__ = ["GOVERNOR", "HOLD_SECONDS", "BlasGovernor", "acquire", "governed", "release", "stop"]
 
-#: A kernel that starts alone gets BLAS's own count back only once no kernel has started
-#: beside another for this long. After a multithreaded call, OpenBLAS's helper threads spin
+#: A kernel that starts alone gets BLAS's own count back only once no two kernels have run
+#: side by side for this long. After a multithreaded call, OpenBLAS's helper threads spin
 #: for about 0.1 s (2**28 cycles, ``$OPENBLAS_THREAD_TIMEOUT``) waiting for the next one:
 #: each burns a core. Measured at (50, 50, 256), giving the first kernel of each forward
 #: (alone for microseconds, until the dispatch queued the next) its own 2 threads made the
@@ -58,15 +59,16 @@ class BlasGovernor:
         self.own = own  # BLAS's own count: what a lone kernel gets
         self.current = own  # the count set now
         self.running = 0  # kernels running now, every pool's
-        self.paired = -math.inf  # when a kernel last started beside another (perf_counter)
+        self.paired = -math.inf  # when two kernels last ran side by side (perf_counter)
 
     def change(self, n: int) -> None:
         """Set BLAS's count to ``n``. Holds the graph lock.
 
         The pools call it from ``InteropPool.busy_locked`` (inline there: it runs at every
         kernel's start and end): a kernel that starts beside another sets 1; one that starts
-        alone sets :attr:`own` once no kernel has started beside another for
-        :data:`HOLD_SECONDS`.
+        alone sets :attr:`own` once no two kernels have run side by side for
+        :data:`HOLD_SECONDS` (:attr:`paired`: the last start beside another, or end while
+        another ran).
         """
         self.current = n
         self._set(n)

@@ -131,6 +131,8 @@ class InteropPool:
                         gov.change(1)
                 elif gov.current == 1 and now - gov.paired > _blas.HOLD_SECONDS:
                     gov.change(gov.own)
+            elif gov.running > 1:  # it ran beside another until now
+                gov.paired = now
             gov.running += delta
 
     def busy_integral_now(self) -> float:

@@ -244,6 +244,20 @@ class TestGovernor:
         p.step(1)  # and beside it again: one
         assert calls == [1, 4, 1]
 
+    def test_the_hold_counts_from_the_last_end_beside_another(
+        self, pool: tuple[_Pool, list[int]]
+    ) -> None:
+        """A long parallel phase: the hold starts when its kernels stop running side by side,
+        not when the last of them started."""
+        p, calls = pool
+        p.step(1)
+        p.step(1)
+        self._age()  # they started long ago ...
+        p.step(-1)  # ... and ran side by side until now
+        p.step(-1)
+        p.step(1)  # alone, right after: stays one
+        assert calls == [1]
+
     def test_a_busy_pool_changes_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
         """Workers going from one task to the next set nothing."""
         p, calls = pool

@@ -67,8 +67,10 @@ class _NotPending:
         self.task = task
 
 
+# inline=True: runs at dispatch whatever its kernel measured (placement otherwise follows the
+# measured time, and a slow moment of a loaded machine once sent it to the pool).
 plain_handle_op = dataflow.op(  # type: ignore[type-var]
-    "light_plain_handle", meta=_ident_meta, handle=_NotPending, cost=_tiny
+    "light_plain_handle", meta=_ident_meta, handle=_NotPending, cost=_tiny, inline=True
 )(np.positive)
 
 
