@@ -77,6 +77,16 @@ def _rounds(text: str) -> int:
     return n
 
 
+def _size(text: str) -> tuple[int, int, int]:
+    try:
+        t, b, c = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is T,B,C (three ints), got {text!r}") from None
+    if min(t, b, c) < 1:
+        raise argparse.ArgumentTypeError(f"a size's T, B and C must be >= 1, got {text!r}")
+    return t, b, c
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
@@ -120,6 +130,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=DEFAULT_OUT,
         help="directory for the JSON results (default benchmarks/results/)",
     )
+    p.add_argument(
+        "--size",
+        action="append",
+        type=_size,
+        metavar="T,B,C",
+        help="'ensemble' only: run this size (repeatable; default: its three sizes)",
+    )
+    p.add_argument(
+        "--contender",
+        action="append",
+        metavar="NAME",
+        help="'ensemble' only: run this contender (repeatable; the baseline, numpy "
+        "sequential, always runs; default: all)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-round progress on stderr")
     args = p.parse_args(argv)
     try:
@@ -149,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=args.threads,
         verbose=not args.quiet,
         big_rounds=args.big_rounds,
+        sizes=tuple(args.size or ()),
+        contenders=tuple(args.contender or ()),
     )
     log = _log(args.quiet)
     machine = describe(argv)

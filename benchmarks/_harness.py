@@ -46,6 +46,9 @@ class Config:
     threads: tuple[int, ...] = (1, 2, 4, 8, 16)
     verbose: bool = True
     big_rounds: int | None = None  # rounds at the seed size (50, 50, 1024); None: ``rounds``
+    # 'ensemble' only: these sizes and contenders (the baseline always runs); empty: all.
+    sizes: tuple[tuple[int, int, int], ...] = ()
+    contenders: tuple[str, ...] = ()
 
     def rounds_for(self, size: tuple[int, ...]) -> int:
         """Rounds for a workload: ``big_rounds`` at the seed size when given."""

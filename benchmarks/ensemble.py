@@ -601,20 +601,38 @@ def size_table(
     )
 
 
+def chosen(factories: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The contenders named (``--contender``), with the baseline; all when none is named.
+
+    Raises:
+        ValueError: a name that is no contender (the message lists them).
+    """
+    if not names:
+        return factories
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(
+            f"ensemble: no contender named {', '.join(map(repr, unknown))}; the contenders: "
+            + ", ".join(map(repr, factories))
+        )
+    return {k: v for k, v in factories.items() if k == "numpy sequential" or k in names}
+
+
 def run(cfg: Config, log: Callable[[str], None]) -> list[Comparison]:
     """One table per size; every round of every contender in a fresh process (quick mode:
     every contender in this process, once, on a tiny size, as a check that each still runs
     and matches the reference)."""
     n = cores()
     comparisons = []
+    sizes = QUICK_SIZES if cfg.quick else (cfg.sizes or SIZES)
     with tempfile.TemporaryDirectory(prefix="dataflow-bench-") as tmp:
-        for size in QUICK_SIZES if cfg.quick else SIZES:
+        for size in sizes:
+            w = Workload(size, cfg.quick)
+            factories = chosen(w.factories(), cfg.contenders)
             log(f"ensemble: {size}: measuring the GEMM rates at the workload's shapes")
             rates = measure_rates(size, cfg.quick)
-            w = Workload(size, cfg.quick)
             expected = Path(tmp) / f"expected-{'x'.join(map(str, size))}.npy"
             np.save(expected, w.expected)
-            factories = w.factories()
             contenders: list[Contender] = []
             roofline: dict[str, float] = {}
             for name, (note, parallel, build) in factories.items():

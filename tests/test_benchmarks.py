@@ -221,6 +221,35 @@ class TestCommand:
         assert "unknown benchmark 'nope'" in proc.stderr and "overhead" in proc.stderr
 
 
+class TestChosenContenders:
+    """``--size`` and ``--contender`` narrow the ensemble benchmark (the baseline stays)."""
+
+    def test_chosen(self) -> None:
+        from benchmarks.ensemble import chosen
+
+        factories = {"numpy sequential": 1, "dataflow, automatic": 2, "torch eager": 3}
+        assert chosen(factories, ()) == factories
+        assert chosen(factories, ("torch eager",)) == {"numpy sequential": 1, "torch eager": 3}
+        with pytest.raises(ValueError, match=r"no contender named 'nope'.*'torch eager'"):
+            chosen(factories, ("nope",))
+
+    def test_a_bad_size_is_a_usage_error(self, tmp_path: Path) -> None:
+        proc = _run("--only", "ensemble", "--size", "50,50", out=tmp_path)
+        assert proc.returncode == 2
+        assert "a size is T,B,C" in proc.stderr
+
+    def test_one_size_and_one_contender(self, tmp_path: Path) -> None:
+        proc = _run(
+            "--only", "ensemble", "--size", "4,2,8", "--contender", "dataflow, defaults",
+            "--rounds", "1", out=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        saved = json.loads((tmp_path / "latest.json").read_text())
+        (table,) = saved["benchmarks"]["ensemble"]["comparisons"]
+        assert table["params"]["size"] == [4, 2, 8]
+        assert [r["name"] for r in table["rows"]] == ["numpy sequential", "dataflow, defaults"]
+
+
 class TestFreshProcessContenders:
     """benchmarks/ensemble.py runs each contender's round in a fresh child process."""
 
