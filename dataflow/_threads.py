@@ -164,9 +164,11 @@ def parallel_info() -> str:
 
     Lists the inter-op and intra-op thread counts, the BLAS library and its version, the event
     loop in use, and warns when inter-op x intra-op threads exceed the cores because of a
-    count someone chose (the defaults never warn; see the module docstring). Where OpenBLAS
-    (pthreads) has several threads beside several inter-op threads, a note says that its
-    multithreaded calls run one at a time (docs/getting-started.md, section 5).
+    count someone chose (the defaults never warn; see the module docstring). Left unset,
+    where a runtime adapts BLAS's count (``_blas``), the intra-op line says so ("1 while
+    kernels run side by side"); where a chosen count gives OpenBLAS (pthreads) several threads
+    beside several inter-op threads, a note says that its multithreaded calls run one at a
+    time (docs/getting-started.md, section 5).
     """
     import numpy as np
 
