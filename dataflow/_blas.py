@@ -22,7 +22,9 @@ call (an LSTM's next time step). A change costs about 0.2 us (one C call) and ha
 those transitions; the check at each kernel's start and end costs about 30 ns.
 
 The governor is off (BLAS keeps one count) when the program chose the count itself
-(``intraop_threads=`` or :func:`dataflow.set_num_threads`), when the pool has one thread,
+(``intraop_threads=``, :func:`dataflow.set_num_threads` or a thread environment variable; a
+count set otherwise while a governed runtime runs, with threadpoolctl say, is found at the
+governor's next change, and it steps aside), when the pool has one thread,
 and for BLAS builds without the serialization (OpenMP builds, MKL): see
 :func:`dataflow.parallel_info`.
 """
@@ -52,10 +54,16 @@ class BlasGovernor:
     """The intra-op count of one serializing OpenBLAS, set from the kernels running (every
     pool's, counted under the graph lock by ``InteropPool.busy_locked``)."""
 
-    __slots__ = ("_set", "current", "own", "paired", "running")
+    __slots__ = ("_get", "_set", "current", "own", "paired", "running")
 
-    def __init__(self, set_threads: Callable[[int], Any], own: int) -> None:
+    def __init__(
+        self,
+        set_threads: Callable[[int], Any],
+        own: int,
+        get_threads: Callable[[], int] | None = None,
+    ) -> None:
         self._set = set_threads
+        self._get = get_threads
         self.own = own  # BLAS's own count: what a lone kernel gets
         self.current = own  # the count set now
         self.running = 0  # kernels running now, every pool's
@@ -69,7 +77,15 @@ class BlasGovernor:
         alone sets :attr:`own` once no two kernels have run side by side for
         :data:`HOLD_SECONDS` (:attr:`paired`: the last start beside another, or end while
         another ran).
+
+        If BLAS's count is not the one this governor set (someone set it meanwhile:
+        threadpoolctl, another library), that count stays and the governor steps aside for
+        good: it stops governing, and restores nothing at the end.
         """
+        get = self._get
+        if get is not None and get() != self.current:
+            _step_aside(self)
+            return
         self.current = n
         self._set(n)
 
@@ -143,13 +159,21 @@ def acquire(interop_threads: int) -> bool:
             own = int(fns[1]())
             if own < 2:
                 return False
-            gov = BlasGovernor(fns[0], own)
+            gov = BlasGovernor(fns[0], own, fns[1])
             gov.paired = _paired
             if time.perf_counter() - _paired <= HOLD_SECONDS:
                 gov.change(1)
             GOVERNOR = gov
         _users += 1
     return True
+
+
+def _step_aside(gov: BlasGovernor) -> None:
+    """``gov`` found a count it did not set: leave it, govern no more (this process's
+    runtimes open from now on find that count and govern again only if it is above 1)."""
+    global GOVERNOR
+    if GOVERNOR is gov:
+        GOVERNOR = None  # (so the last runtime's release restores nothing either)
 
 
 def release() -> None:

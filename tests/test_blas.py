@@ -173,6 +173,29 @@ class TestRuntime:
         assert _blas.GOVERNOR is None
         assert _blas_now() == 2
 
+    def test_a_count_someone_else_sets_stays(self, own_two: None) -> None:
+        """threadpoolctl (or any library) setting BLAS's count while a governed runtime runs:
+        the governor finds a count it did not set at its next change and steps aside."""
+        assert _fns is not None
+        setter = _fns[0]
+
+        async def main() -> tuple[float, int | None]:
+            barrier = threading.Barrier(2)
+            x = np.zeros(4)
+            a, b = paired(x, barrier), paired(x, barrier)
+            await dataflow.materialize(a)
+            await dataflow.materialize(b)  # BLAS at 1 now
+            setter(2)  # someone else's choice
+            await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
+            barrier = threading.Barrier(2)
+            a, b = paired(x, barrier), paired(x, barrier)  # would set 1: steps aside instead
+            first = (await dataflow.materialize(a))[0]
+            await dataflow.materialize(b)
+            return first, _blas.governed()
+
+        assert dataflow.run(main, interop_threads=2) == (2, None)
+        assert _blas_now() == 2
+
     def test_nested_runtimes_restore_at_the_last_close(self, own_two: None) -> None:
         async def main() -> tuple[bool, bool]:
             async with dataflow.Runtime(interop_threads=2, private_pool=True):
@@ -276,6 +299,18 @@ class TestGovernor:
         b.step(1)
         assert calls == [1]
         assert (a.busy, b.busy) == (1, 1)
+
+    def test_steps_aside_from_a_count_it_did_not_set(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        calls: list[int] = []
+        now = [4]
+        gov = _blas.BlasGovernor(calls.append, 4, lambda: now[0])
+        monkeypatch.setattr(_blas, "GOVERNOR", gov)
+        p = _Pool()
+        p.step(1)
+        now[0] = 3  # someone else set 3
+        p.step(1)  # would set 1
+        assert calls == []
+        assert _blas.GOVERNOR is None
 
     def test_restore(self) -> None:
         calls: list[int] = []
