@@ -125,13 +125,13 @@ class InteropPool:
         gov = _blas.GOVERNOR
         if gov is not None:  # adaptive intra-op threads (see _blas): inline, a hot path
             if delta > 0:
-                if gov.running:  # beside another kernel
+                if gov.running >= gov.crowd - 1:  # it makes a crowd: one thread each
                     gov.paired = now
                     if gov.current != 1:
                         gov.change(1)
                 elif gov.current == 1 and now - gov.paired > _blas.HOLD_SECONDS:
                     gov.change(gov.own)
-            elif gov.running > 1:  # it ran beside another until now
+            elif gov.running >= gov.crowd:  # it ran in a crowd until now
                 gov.paired = now
             gov.running += delta
 

@@ -192,7 +192,7 @@ def parallel_info() -> str:
     lines.append(
         f"intra-op threads (BLAS): {intra}"
         + ("" if "intra-op" in chosen else " (default: BLAS's own")
-        + (", 1 while kernels run side by side)" if adaptive else "")
+        + (f", 1 while {max(2, intra // 2)}+ kernels run side by side)" if adaptive else "")
         + ("" if "intra-op" in chosen or adaptive else ")")
     )
     for info in blas:
@@ -218,7 +218,8 @@ def parallel_info() -> str:
             "note: OpenBLAS runs one multithreaded call at a time, so GEMMs on several "
             "inter-op threads wait for each other unless BLAS has one thread: for a program "
             "with parallel branches, set_num_threads(1) (or intraop_threads=1), or leave the "
-            "count unset (a runtime then gives BLAS one thread while kernels run side by side)."
+            "count unset (a runtime then gives BLAS one thread while many kernels run side by "
+            "side)."
         )
     if interop * intra > cores and chosen:
         lines.append(

@@ -136,7 +136,7 @@ class TestRuntime:
 
         now, info = dataflow.run(main, interop_threads=3)
         assert now == 1
-        assert "intra-op threads (BLAS): 2 (default: BLAS's own, 1 while kernels run" in info
+        assert "intra-op threads (BLAS): 2 (default: BLAS's own, 1 while 2+ kernels run" in info
 
     def test_a_chosen_count_stays(self, own_two: None) -> None:
         """intraop_threads= on the runtime, or set_num_threads: BLAS keeps that count."""
@@ -299,6 +299,28 @@ class TestGovernor:
         b.step(1)
         assert calls == [1]
         assert (a.busy, b.busy) == (1, 1)
+
+    def test_a_crowd_is_half_the_own_count(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With 16 BLAS threads, up to 7 kernels side by side keep them (one multithreaded
+        call at a time); the 8th sets one thread each."""
+        calls: list[int] = []
+        gov = _blas.BlasGovernor(calls.append, 16)
+        assert gov.crowd == 8
+        assert [_blas.BlasGovernor(calls.append, n).crowd for n in (2, 3, 5, 6)] == [2, 2, 2, 3]
+        monkeypatch.setattr(_blas, "GOVERNOR", gov)
+        p = _Pool()
+        for _ in range(7):
+            p.step(1)
+        assert calls == []
+        p.step(1)
+        assert calls == [1]
+        for _ in range(6):
+            p.step(-1)  # two left: no crowd, but within the hold
+        p.step(1)
+        assert calls == [1]
+        self._age()  # the crowd ran long ago
+        p.step(1)
+        assert calls == [1, 16]  # (4 running: no crowd)
 
     def test_steps_aside_from_a_count_it_did_not_set(self, monkeypatch: pytest.MonkeyPatch) -> None:
         calls: list[int] = []
