@@ -10,7 +10,9 @@ with no stacked array, and the first additions run while later members still com
 graph pass :func:`dataflow.graph.fold_stack_reductions` does the same to a traced graph, and
 the same declarations drive both: ``op.stacks = True`` on a stack (a list of equal arrays,
 then the new axis) and ``op.stack_fold = binary_op`` on a reduction called as ``(x, axis,
-keepdims=False)``; only floating values are folded.
+keepdims=False)``, with, optionally, ``op.stack_finish = binary_op`` applied last as
+``finish(folded, count)`` (a mean: the sum's fold divided by the count) and
+``op.stack_fold_dtypes`` naming the only dtypes folded; only floating values are folded.
 
 The stack task itself is left alone while anyone may read it: when its handle dies (the
 ``ops.stack(...)`` temporary, right after the reduction call) and no other task reads it, it
@@ -81,10 +83,16 @@ def fold_stack(
         return None
     if any(getattr(item, "dtype", None) != dtype for item in items):
         return None  # the stack promotes mixed dtypes first: a fold would round differently
+    only = getattr(op, "stack_fold_dtypes", None)
+    if only is not None and np.dtype(dtype).name not in only:
+        return None
     fold: Any = op.stack_fold  # type: ignore[attr-defined]
     acc: Any = items[0]
     for item in items[1:]:
         acc = fold(acc, item)
+    finish: Any = getattr(op, "stack_finish", None)
+    if finish is not None:
+        acc = finish(acc, len(items))
     # The stack: dropped unrun once its handle is gone, unless something else reads it.
     stack.handles = weakref.ref(x, functools.partial(_on_death, stack))
     return acc

@@ -81,6 +81,11 @@ del annotations  # the `from __future__` feature, not part of the API (dir(ops))
 sum.stack_fold = add  # type: ignore[attr-defined]
 max.stack_fold = maximum  # type: ignore[attr-defined]
 min.stack_fold = minimum  # type: ignore[attr-defined]
+# mean: the sum's fold, then divided by the count (numpy's own order: bit for bit). Not for
+# float16, which numpy's mean adds up in float32.
+mean.stack_fold = add  # type: ignore[attr-defined]
+mean.stack_finish = divide  # type: ignore[attr-defined]
+mean.stack_fold_dtypes = ("float32", "float64")  # type: ignore[attr-defined]
 
 __all__ = (
     # the pending array

@@ -285,7 +285,6 @@ class Tensor(Pending[np.ndarray]):
         return impl(*args, **kwargs)
 
 
-
 def spec_of(x: Any) -> TensorSpec:
     """The spec of a Tensor or an array-like (scalars and lists are converted).
 

@@ -73,6 +73,49 @@ class TestFold:
         np.testing.assert_array_equal(value, binary(np.stack(xs), axis=0))
         assert "stack" not in ran
 
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_mean_folds_then_divides_bit_for_bit(self, dtype: Any) -> None:
+        xs = _members(5, dtype)
+
+        async def main() -> tuple[Any, list[str], Any]:
+            return await _folded(ops.mean, xs, axis=0)
+
+        value, ran, stack = dataflow.run(main)
+        np.testing.assert_array_equal(value, np.mean(np.stack(xs), axis=0))
+        assert value.dtype == dtype
+        assert "stack" not in ran and "mean" not in ran
+        assert ran.count("add") == 4 and ran.count("divide") == 1
+        assert stack.state == CANCELLED
+
+    def test_a_float16_mean_is_not_folded(self) -> None:
+        """numpy's mean adds float16 values in float32: a float16 fold would differ."""
+        xs = _members(4, np.float16)
+
+        async def main() -> tuple[Any, list[str], Any]:
+            return await _folded(ops.mean, xs, axis=0)
+
+        value, ran, _ = dataflow.run(main)
+        np.testing.assert_array_equal(value, np.mean(np.stack(xs), axis=0))
+        assert "stack" in ran and "mean" in ran
+
+    def test_the_graph_pass_folds_a_mean(self) -> None:
+        xs = _members(4, np.float64)
+
+        async def program(a: Any, b: Any, c: Any, d: Any) -> Any:
+            return ops.mean(ops.stack([ops.exp(a), ops.exp(b), ops.exp(c), ops.exp(d)]), axis=0)
+
+        graph = dataflow.graph.fold_stack_reductions(dataflow.trace(program, *xs))
+        graph = dataflow.graph.eliminate_dead_code(graph)
+        names = [n.op.name for n in graph.nodes]
+        assert "stack" not in names and "mean" not in names
+        assert names.count("add") == 3 and names.count("divide") == 1
+
+        async def main() -> Any:
+            return await graph(*xs)
+
+        want = np.mean(np.stack([np.exp(x) for x in xs]), axis=0)
+        np.testing.assert_array_equal(dataflow.run(main), want)
+
     def test_negative_axis_and_positional_arguments(self) -> None:
         xs = _members(3)
 

@@ -14,8 +14,11 @@
   additions running while later members still compute. ``dataflow`` knows no op library, so
   ops declare it: ``op.stacks = True`` on a stack (a list of equal arrays, then the new axis),
   and ``op.stack_fold = binary_op`` on a reduction called as ``(x, axis, keepdims=False)``
-  (``ops`` declares ``sum``/``add``, ``max``/``maximum``, ``min``/``minimum``). Only floating
-  values are rewritten, where the stacked array has no other reader.
+  (``ops`` declares ``sum``/``add``, ``max``/``maximum``, ``min``/``minimum``), with,
+  optionally, ``op.stack_finish = binary_op`` applied last as ``finish(folded, count)`` and
+  ``op.stack_fold_dtypes``, the only dtypes folded (``ops`` declares ``mean``: ``add``, then
+  ``divide`` by the count, float32 and float64). Only floating values of one dtype are
+  rewritten, where the stacked array has no other reader.
 * :func:`~dataflow.graph.fuse_elementwise`: trees of elementwise ops become one task.
 * :func:`optimize`: all of them, in that order (the stack folding after CSE), then dead code
   again.
@@ -226,9 +229,9 @@ def _argument(node: Node, pos: int, name: str, default: Any) -> Any:
     return node.kwargs.get(name, default)
 
 
-def _stack_fold(graph: Graph, i: int, readers: list[int]) -> tuple[Any, list[Any]] | None:
-    """(binary op, stacked values) when node ``i`` reduces a stack along its new axis and can be
-    rewritten as a fold (see the module docstring); else None."""
+def _stack_fold(graph: Graph, i: int, readers: list[int]) -> tuple[Any, list[Any], Any] | None:
+    """(binary op, stacked values, finishing op or None) when node ``i`` reduces a stack along
+    its new axis and can be rewritten as a fold (see the module docstring); else None."""
     node = graph.nodes[i]
     fold = getattr(node.op, "stack_fold", None)
     if fold is None or set(node.kwargs) - {"axis", "keepdims"} or len(node.args) > 3:
@@ -253,10 +256,13 @@ def _stack_fold(graph: Graph, i: int, readers: list[int]) -> tuple[Any, list[Any
         return None
     if any(_dtype_of(graph, v) != st.dtype for v in items):
         return None  # the stack promotes mixed dtypes first: a fold would round differently
+    only = getattr(node.op, "stack_fold_dtypes", None)
+    if only is not None and st.dtype.name not in only:
+        return None
     ndim = len(st.shape)
     if not -ndim <= axis < ndim or axis % ndim != stack_axis % ndim:
         return None
-    return fold, list(items)
+    return fold, list(items), getattr(node.op, "stack_finish", None)
 
 
 def _dtype_of(graph: Graph, ref: Any) -> Any:
@@ -296,17 +302,21 @@ def fold_stack_reductions(graph: Graph) -> Graph:
         if i not in folds:
             b.keep(i)
             continue
-        fold, items = folds[i]
+        fold, items, finish = folds[i]
         out = node.types[0]
         assert out is not None
         size = int(np.prod(out.shape))
         cost = Cost(float(size), 3.0 * size * out.dtype.itemsize)
         acc: Any = b.remap(items[0])
         for k, item in enumerate(items[1:], start=2):
-            last = k == len(items)
+            last = k == len(items) and finish is None
             step = Node(fold, (acc, b.remap(item)), {}, node.spec, node.types, False, cost,
                         node.location)  # fmt: skip
             acc = NodeRef(b.add(step, replaces=i if last else None))
+        if finish is not None:
+            step = Node(finish, (acc, len(items)), {}, node.spec, node.types, False, cost,
+                        node.location)  # fmt: skip
+            b.add(step, replaces=i)
     return b.finish()
 
 
