@@ -94,15 +94,11 @@ def fold_stack(
     if finish is not None:
         acc = finish(acc, len(items))
     # The stack: dropped unrun once its handle is gone, unless something else reads it.
-    stack.handles = weakref.ref(x, functools.partial(_on_death, stack))
+    stack.handles = weakref.ref(x, functools.partial(_unwanted, stack))
     return acc
 
 
-def _on_death(stack: Task, _ref: object) -> None:
-    _unwanted(stack)
-
-
-def _unwanted(stack: Task) -> None:
+def _unwanted(stack: Task, _ref: object = None) -> None:
     """The stack's handle died, in any thread (perhaps one that holds the graph lock): drop
     it now if the lock is free, else on the loop thread soon, if nothing else wants it."""
     if stack.state > READY:
