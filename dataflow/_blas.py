@@ -169,7 +169,11 @@ def acquire(interop_threads: int) -> bool:
             gov.paired = _paired
             if time.perf_counter() - _paired <= HOLD_SECONDS:
                 gov.change(1)
-            GOVERNOR = gov
+            from ._pool import GRAPH_LOCK, kernels_running_locked
+
+            with GRAPH_LOCK:  # kernels of runtimes not governed may run already: count them
+                gov.running = kernels_running_locked()
+                GOVERNOR = gov
         _users += 1
     return True
 

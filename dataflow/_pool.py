@@ -31,6 +31,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from . import _blas
@@ -45,6 +46,7 @@ __all__ = [
     "InteropPool",
     "acquire_shared_pool",
     "current_pool",
+    "kernels_running_locked",
     "on_pool_thread",
     "on_shared_pool_thread",
     "release_shared_pool",
@@ -56,6 +58,13 @@ GRAPH_LOCK = threading.Lock()
 
 # Which pool the current thread works for (set once per worker thread).
 _local = threading.local()
+# Every pool alive (for the kernels running process-wide: kernels_running_locked).
+_pools: weakref.WeakSet[InteropPool] = weakref.WeakSet()
+
+
+def kernels_running_locked() -> int:
+    """Kernels running now on behalf of any pool, process-wide. Holds the lock."""
+    return sum(p.busy for p in list(_pools))
 
 
 class InteropPool:
@@ -83,6 +92,7 @@ class InteropPool:
         self.busy = 0
         self.busy_integral = 0.0
         self._busy_since = time.perf_counter()
+        _pools.add(self)
         for i in range(num_threads):
             self._start_worker(i)
 

@@ -196,6 +196,32 @@ class TestRuntime:
         assert dataflow.run(main, interop_threads=2) == (2, None)
         assert _blas_now() == 2
 
+    def test_kernels_running_before_it_count(self, own_two: None) -> None:
+        """A governor made while another runtime's kernel runs counts that kernel (its end
+        would otherwise leave the count one short for the governor's life)."""
+        gate = threading.Event()
+
+        def hold(x: Any) -> Any:
+            gate.wait(10)
+            return x
+
+        held = dataflow.op("held_kernel", meta=_same, handle=Arr, inline=False)(hold)
+
+        async def main() -> tuple[int, int]:
+            h = held(np.zeros(2))  # (this runtime chose BLAS's count: not governed)
+            while dataflow.current_runtime().running == 0:  # type: ignore[union-attr]
+                await asyncio.sleep(0.001)
+            async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                gov = _blas.GOVERNOR
+                assert gov is not None
+                seeded = gov.running
+                gate.set()
+                await h
+                await asyncio.sleep(0.05)
+                return seeded, gov.running
+
+        assert dataflow.run(main, interop_threads=2, intraop_threads=2) == (1, 0)
+
     def test_nested_runtimes_restore_at_the_last_close(self, own_two: None) -> None:
         async def main() -> tuple[bool, bool]:
             async with dataflow.Runtime(interop_threads=2, private_pool=True):
