@@ -10,7 +10,11 @@ op (where a hand-off to a worker and back would double its time) to a few millis
 * **numpy** (``benchmarks._reference.lstm_forward``, the obvious numpy LSTM), BLAS 1;
 * **dataflow, automatic** (inter-op threads on every core) and **dataflow, 1 inter-op
   thread**, both BLAS 1: ``out, _ = await lstm(x)`` then ``await dataflow.materialize(out)``
-  at every call, ``lstm = ops.nn.LSTM(C, C)`` with the same weights.
+  at every call, ``lstm = ops.nn.LSTM(C, C)`` with the same weights;
+* **numpy, BLAS n** and **dataflow, defaults**: the same with nothing set, BLAS on every core
+  (a runtime adapts that count, ``dataflow._blas``: one call at a time here, so it keeps all
+  of them). The last size, (50, 50, 1024), is one direction of the tutorial's model: a chain
+  of large GEMMs, where BLAS's threads are worth having.
 
 Every contender's round runs in a fresh process (``python -m benchmarks.awaited --child``)
 that warms up for one round first; rounds are interleaved with the order rotated, and every
@@ -46,9 +50,17 @@ from ._reference import LSTMWeights, allclose, lstm_forward
 __all__ = ["CONTENDERS", "SIZES", "run"]
 
 #: (T, B, C) of the one LSTM, fastest call first.
-SIZES = ((10, 1, 32), (50, 1, 128), (20, 1, 256), (50, 4, 128), (50, 16, 256))
+SIZES = ((10, 1, 32), (50, 1, 128), (20, 1, 256), (50, 4, 128), (50, 16, 256), (50, 50, 1024))
 QUICK_SIZES = ((5, 1, 16),)
-CONTENDERS = ("numpy", "dataflow, automatic", "dataflow, 1 inter-op thread")
+CONTENDERS = (
+    "numpy",
+    "dataflow, automatic",
+    "dataflow, 1 inter-op thread",
+    "numpy, BLAS n",
+    "dataflow, defaults",
+)
+#: Contenders that set nothing: BLAS keeps its own thread count (the cores).
+_NOTHING_SET = ("numpy, BLAS n", "dataflow, defaults")
 ROUND_SECONDS = 0.25  # calls per round: about this long
 
 
@@ -84,8 +96,8 @@ def measure(name: str, size: tuple[int, int, int], calls: int) -> tuple[float, A
     import dataflow
 
     lstm, x, w = _setup(size)
-    with threadpool_limits(limits=1, user_api="blas"):
-        if name == "numpy":
+    with threadpool_limits(limits=cores() if name in _NOTHING_SET else 1, user_api="blas"):
+        if name.startswith("numpy"):
             t0 = time.perf_counter()
             for _ in range(calls):
                 out = lstm_forward(x, w)
@@ -148,6 +160,10 @@ def _in_process(name: str, size: tuple[int, int, int], calls: int) -> Contender:
 def _note(name: str) -> str:
     if name == "numpy":
         return "BLAS 1"
+    if name == "numpy, BLAS n":
+        return f"BLAS {cores()}"
+    if name == "dataflow, defaults":
+        return f"inter-op {cores()}, BLAS adaptive"
     return f"inter-op {1 if name.endswith('1 inter-op thread') else cores()}, BLAS 1"
 
 
@@ -157,10 +173,11 @@ def summary(per_size: list[tuple[tuple[int, int, int], list[Row]]]) -> Compariso
     rows = []
     for size, measured in per_size:
         extra: dict[str, Any] = {
-            col: best_ratio(measured, name, ("numpy",))
-            for col, name in (
-                ("auto / numpy", "dataflow, automatic"),
-                ("1 thread / numpy", "dataflow, 1 inter-op thread"),
+            col: best_ratio(measured, name, (base,))
+            for col, name, base in (
+                ("auto / numpy", "dataflow, automatic", "numpy"),
+                ("1 thread / numpy", "dataflow, 1 inter-op thread", "numpy"),
+                ("defaults / numpy n", "dataflow, defaults", "numpy, BLAS n"),
             )
         }
         extra["holds"] = all(v is not None and v <= 1.05 for v in extra.values())
@@ -172,8 +189,11 @@ def summary(per_size: list[tuple[tuple[int, int, int], list[Row]]]) -> Compariso
         "s",
         "",
         rows,
-        columns=("auto / numpy", "1 thread / numpy", "holds"),
-        notes=["holds: both dataflow contenders within 5% of numpy (best rounds)"],
+        columns=("auto / numpy", "1 thread / numpy", "defaults / numpy n", "holds"),
+        notes=[
+            "holds: every dataflow contender within 5% of numpy at the same BLAS setting "
+            "(best rounds; the defaults against numpy with nothing set)"
+        ],
     )
 
 
