@@ -201,16 +201,14 @@ def release() -> None:
             gov.restore()
 
 
-def stop(n: int | None = None) -> None:
-    """The program chose the intra-op count (``set_num_threads``): stop governing, so that
-    the count it set stays. ``n``: that count, kept as the one to restore."""
+def stop() -> None:
+    """The program is choosing the intra-op count (``set_num_threads``, which sets it right
+    after): stop governing, and restore nothing, so that the count it sets stays."""
     global GOVERNOR
     from ._pool import GRAPH_LOCK
 
     with _lock, GRAPH_LOCK:
-        gov, GOVERNOR = GOVERNOR, None
-        if gov is not None and n is None:
-            gov.restore()
+        GOVERNOR = None
 
 
 def governed() -> int | None:

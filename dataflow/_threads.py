@@ -113,7 +113,7 @@ def set_num_threads(n: int) -> None:
 
     global _intraop_chosen
     n = _check_count(n, "set_num_threads(n)")
-    _blas.stop(n)
+    _blas.stop()
     threadpool_limits(limits=n, user_api="blas")
     _intraop_chosen = True
 
