@@ -42,7 +42,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GOVERNOR", "HOLD_SECONDS", "BlasGovernor", "acquire", "governed", "release", "stop"]
+__all__ = [
+    "GOVERNOR",
+    "HOLD_SECONDS",
+    "BlasGovernor",
+    "acquire",
+    "crowd",
+    "governed",
+    "release",
+    "stop",
+]
 
 #: A kernel that starts without a crowd gets BLAS's own count back only once no crowd has run
 #: for this long. After a multithreaded call, OpenBLAS's helper threads spin
@@ -52,6 +61,12 @@ __all__ = ["GOVERNOR", "HOLD_SECONDS", "BlasGovernor", "acquire", "governed", "r
 #: forward 100-120 ms against 70-80 at one thread: one worker's kernels ran 2-3x slower
 #: beside the spinning helper. A pause longer than the spin pays for it.
 HOLD_SECONDS = 0.25
+
+
+def crowd(own: int) -> int:
+    """How many kernels side by side run one BLAS thread each, for BLAS's own count ``own``:
+    half of it, at least 2 (see the module docstring)."""
+    return max(2, own // 2)
 
 
 class BlasGovernor:
@@ -72,8 +87,7 @@ class BlasGovernor:
         self.current = own  # the count set now
         self.running = 0  # kernels running now, every pool's
         self.paired = -math.inf  # when a crowd of kernels last ran (perf_counter)
-        # This many kernels side by side run one BLAS thread each (see the module docstring).
-        self.crowd = max(2, own // 2)
+        self.crowd = crowd(own)
 
     def change(self, n: int) -> None:
         """Set BLAS's count to ``n``. Holds the graph lock.

@@ -192,7 +192,7 @@ def parallel_info() -> str:
     lines.append(
         f"intra-op threads (BLAS): {intra}"
         + ("" if "intra-op" in chosen else " (default: BLAS's own")
-        + (f", 1 while {max(2, intra // 2)}+ kernels run side by side)" if adaptive else "")
+        + (f", 1 while {_blas.crowd(intra)}+ kernels run side by side)" if adaptive else "")
         + ("" if "intra-op" in chosen or adaptive else ")")
     )
     for info in blas:
