@@ -7,13 +7,16 @@ wait for each other. Measured on this project's 2-vCPU VM, the seed ensemble's f
 thread, and plain numpy 1.26-1.51 s; on 16 cores, 2.1-2.7 s against 0.89 s. One BLAS thread
 everywhere is no answer either: a single chain of large GEMMs then loses the intra-op level.
 
-So while a runtime with the default intra-op setting runs, the kernels running (every
-pool's, counted under the graph lock, process-wide like OpenBLAS's own setting) steer the
-count. A *crowd* is as many kernels side by side as half BLAS's own count, at least 2 (2 on
-2-5 cores, 8 on 16): k kernels on one thread each keep k cores busy, one multithreaded call
-at a time keeps all of them busy at the efficiency of BLAS's threading, about half on 16
-cores (there, 8 inter-op threads at one BLAS thread each ran the seed ensemble in 0.76-0.89 s
-against 0.83 s for plain numpy at 16 BLAS threads, tenth session).
+So while a runtime with the default intra-op setting runs, the *long* kernels running (those
+whose signature measures at least :data:`LONG_SECONDS`; every pool's, counted under the graph
+lock, process-wide like OpenBLAS's own setting) steer the count. A *crowd* is as many long
+kernels side by side as half BLAS's own count, at least 2 (2 on 2-5 cores, 8 on 16): k
+kernels on one thread each keep k cores busy, one multithreaded call at a time keeps all of
+them busy at the efficiency of BLAS's threading, about half on 16 cores (there, 8 inter-op
+threads at one BLAS thread each ran the seed ensemble in 0.76-0.89 s against 0.83 s for
+plain numpy at 16 BLAS threads, tenth session). Short kernels do not count: one LSTM layer
+at the tutorial's size beside a stream of small ops on the pool took 139-462 ms a forward
+when they did, against 142-166 ms with BLAS's 2 threads kept.
 
 * a kernel that starts and makes a crowd sets BLAS to one thread;
 * a kernel that starts without one gives BLAS its own count back, once no crowd has run for
@@ -23,7 +26,7 @@ against 0.83 s for plain numpy at 16 BLAS threads, tenth session).
 
 OpenBLAS reads its count when a call starts, so a running kernel follows from its next BLAS
 call (an LSTM's next time step). A change costs about 0.2 us (one C call) and happens only at
-those transitions; the check at each kernel's start and end costs about 30 ns.
+those transitions; a short kernel pays a comparison at its start and a test at its end.
 
 The governor is off (BLAS keeps one count) when the program chose the count itself
 (``intraop_threads=``, :func:`dataflow.set_num_threads` or a thread environment variable; a
@@ -45,6 +48,7 @@ from typing import Any
 __all__ = [
     "GOVERNOR",
     "HOLD_SECONDS",
+    "LONG_SECONDS",
     "BlasGovernor",
     "acquire",
     "crowd",
@@ -62,6 +66,11 @@ __all__ = [
 #: beside the spinning helper. A pause longer than the spin pays for it.
 HOLD_SECONDS = 0.25
 
+#: Kernels whose signature measures at least this long count toward a crowd. Below it a
+#: kernel's GEMMs are small enough that BLAS's threads matter little to it, while counting
+#: it would take them from a long kernel beside it.
+LONG_SECONDS = 1e-3
+
 
 def crowd(own: int) -> int:
     """How many kernels side by side run one BLAS thread each, for BLAS's own count ``own``:
@@ -70,10 +79,11 @@ def crowd(own: int) -> int:
 
 
 class BlasGovernor:
-    """The intra-op count of one serializing OpenBLAS, set from the kernels running (every
-    pool's, counted under the graph lock by ``InteropPool.busy_locked``)."""
+    """The intra-op count of one serializing OpenBLAS, set from the long kernels running
+    (every pool's: the scheduler calls :meth:`start_locked` and :meth:`end_locked` under the
+    graph lock)."""
 
-    __slots__ = ("_get", "_set", "crowd", "current", "own", "paired", "running")
+    __slots__ = ("_get", "_set", "crowd", "current", "long", "own", "paired")
 
     def __init__(
         self,
@@ -85,18 +95,37 @@ class BlasGovernor:
         self._get = get_threads
         self.own = own  # BLAS's own count: what a lone kernel gets
         self.current = own  # the count set now
-        self.running = 0  # kernels running now, every pool's
-        self.paired = -math.inf  # when a crowd of kernels last ran (perf_counter)
+        # The long kernels running now (task ids, every pool's): decided at each one's start,
+        # as its signature's time then stood, so that its end takes off what its start added.
+        # Kernels that started before this governor existed are not in it.
+        self.long: set[int] = set()
+        self.paired = -math.inf  # when a crowd of long kernels last ran (perf_counter)
         self.crowd = crowd(own)
+
+    def start_locked(self, task_id: int) -> None:
+        """A long kernel starts: if it makes a crowd, BLAS gets one thread; else BLAS's own
+        count, once no crowd has run for :data:`HOLD_SECONDS`. Holds the graph lock."""
+        now = time.perf_counter()
+        running = self.long
+        if len(running) >= self.crowd - 1:
+            self.paired = now
+            if self.current != 1:
+                self.change(1)
+        elif self.current == 1 and now - self.paired > HOLD_SECONDS:
+            self.change(self.own)
+        running.add(task_id)
+
+    def end_locked(self, task_id: int) -> None:
+        """A kernel ends: if it was a long one in a crowd, the crowd ran until now. Holds the
+        graph lock."""
+        running = self.long
+        if task_id in running:
+            if len(running) >= self.crowd:
+                self.paired = time.perf_counter()
+            running.discard(task_id)
 
     def change(self, n: int) -> None:
         """Set BLAS's count to ``n``. Holds the graph lock.
-
-        The pools call it from ``InteropPool.busy_locked`` (inline there: it runs at every
-        kernel's start and end): a kernel that starts and makes a crowd (:attr:`crowd`
-        kernels running) sets 1; one that starts without sets :attr:`own` once no crowd has
-        run for :data:`HOLD_SECONDS` (:attr:`paired`: the last start in a crowd, or end of a
-        kernel that ran in one).
 
         If BLAS's count is not the one this governor set (someone set it meanwhile:
         threadpoolctl, another library), that count stays and the governor steps aside for
@@ -115,8 +144,8 @@ class BlasGovernor:
             self.change(self.own)
 
 
-#: The governor while a governed runtime is open (read by the pools at every kernel's start
-#: and end); None otherwise.
+#: The governor while a governed runtime is open (read by the scheduler at every kernel's
+#: start and end); None otherwise.
 GOVERNOR: BlasGovernor | None = None
 
 _users = 0
@@ -183,11 +212,7 @@ def acquire(interop_threads: int) -> bool:
             gov.paired = _paired
             if time.perf_counter() - _paired <= HOLD_SECONDS:
                 gov.change(1)
-            from ._pool import GRAPH_LOCK, kernels_running_locked
-
-            with GRAPH_LOCK:  # kernels of runtimes not governed may run already: count them
-                gov.running = kernels_running_locked()
-                GOVERNOR = gov
+            GOVERNOR = gov
         _users += 1
     return True
 

@@ -31,10 +31,8 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-import weakref
 from typing import TYPE_CHECKING
 
-from . import _blas
 from ._errors import DataflowError
 from ._task import READY, RUNNING
 
@@ -46,7 +44,6 @@ __all__ = [
     "InteropPool",
     "acquire_shared_pool",
     "current_pool",
-    "kernels_running_locked",
     "on_pool_thread",
     "on_shared_pool_thread",
     "release_shared_pool",
@@ -58,13 +55,6 @@ GRAPH_LOCK = threading.Lock()
 
 # Which pool the current thread works for (set once per worker thread).
 _local = threading.local()
-# Every pool alive (for the kernels running process-wide: kernels_running_locked).
-_pools: weakref.WeakSet[InteropPool] = weakref.WeakSet()
-
-
-def kernels_running_locked() -> int:
-    """Kernels running now on behalf of any pool, process-wide. Holds the lock."""
-    return sum(p.busy for p in list(_pools))
 
 
 class InteropPool:
@@ -92,7 +82,6 @@ class InteropPool:
         self.busy = 0
         self.busy_integral = 0.0
         self._busy_since = time.perf_counter()
-        _pools.add(self)
         for i in range(num_threads):
             self._start_worker(i)
 
@@ -132,18 +121,6 @@ class InteropPool:
         self.busy_integral += self.busy * (now - self._busy_since)
         self._busy_since = now
         self.busy += delta
-        gov = _blas.GOVERNOR
-        if gov is not None:  # adaptive intra-op threads (see _blas): inline, a hot path
-            if delta > 0:
-                if gov.running >= gov.crowd - 1:  # it makes a crowd: one thread each
-                    gov.paired = now
-                    if gov.current != 1:
-                        gov.change(1)
-                elif gov.current == 1 and now - gov.paired > _blas.HOLD_SECONDS:
-                    gov.change(gov.own)
-            elif gov.running >= gov.crowd:  # it ran in a crowd until now
-                gov.paired = now
-            gov.running += delta
 
     def busy_integral_now(self) -> float:
         """The busy integral up to now (read without the lock: for statistics only)."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import dataflow
-from dataflow import _blas, _pool, _threads
+from dataflow import Cost, _blas, _threads
 from tests._helpers import Arr, _same
 
 _fns = _blas._openblas()
@@ -40,14 +40,34 @@ def _count_kernel(x: Any) -> Any:
     return np.full_like(x, _blas_now())
 
 
+def _held_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+def _held_count_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return np.full_like(x, _blas_now())
+
+
+def _tiny(x: Any) -> Cost:
+    return Cost(1, 8)
+
+
 paired = dataflow.op("paired_blas", meta=_same, handle=Arr, inline=False)(_paired_kernel)
 count = dataflow.op("count_blas", meta=_same, handle=Arr, inline=False)(_count_kernel)
+held = dataflow.op("held_blas_kernel", meta=_same, handle=Arr, inline=False)(_held_kernel)
+held_count = dataflow.op("held_count_blas", meta=_same, handle=Arr, inline=False)(
+    _held_count_kernel
+)
+short = dataflow.op("short_blas", meta=_same, handle=Arr, cost=_tiny, inline=False)(np.negative)
 
 
 @pytest.fixture
 def own_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """BLAS at 2 threads and nothing chosen by the program, a short hold and no pairing in
-    a previous runtime; restored afterwards."""
+    """BLAS at 2 threads and nothing chosen by the program, a short hold, no pairing in a
+    previous runtime, and every kernel counted as long (the test kernels are quick, and their
+    signatures' measured times carry over from test to test); restored afterwards."""
     assert _fns is not None
     before = _blas_now()
     for var in _threads._ENV_INTRAOP:
@@ -55,6 +75,7 @@ def own_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_threads, "_intraop_chosen", False)
     monkeypatch.setattr(_blas, "HOLD_SECONDS", 0.05)
     monkeypatch.setattr(_blas, "_paired", -math.inf)
+    monkeypatch.setattr(_blas, "LONG_SECONDS", 0.0)
     _fns[0](2)
     yield
     _fns[0](before)
@@ -196,31 +217,43 @@ class TestRuntime:
         assert dataflow.run(main, interop_threads=2) == (2, None)
         assert _blas_now() == 2
 
-    def test_kernels_running_before_it_count(self, own_two: None) -> None:
-        """A governor made while another runtime's kernel runs counts that kernel (its end
-        would otherwise leave the count one short for the governor's life)."""
+    def test_kernels_running_before_it_do_not_count(self, own_two: None) -> None:
+        """A governor made while another runtime's kernel runs ignores that kernel's end (it
+        never counted its start)."""
         gate = threading.Event()
 
-        def hold(x: Any) -> Any:
-            gate.wait(10)
-            return x
-
-        held = dataflow.op("held_kernel", meta=_same, handle=Arr, inline=False)(hold)
-
         async def main() -> tuple[int, int]:
-            h = held(np.zeros(2))  # (this runtime chose BLAS's count: not governed)
+            h = held(np.zeros(2), gate)  # (this runtime chose BLAS's count: not governed)
             while dataflow.current_runtime().running == 0:  # type: ignore[union-attr]
                 await asyncio.sleep(0.001)
             async with dataflow.Runtime(interop_threads=2, private_pool=True):
                 gov = _blas.GOVERNOR
                 assert gov is not None
-                seeded = gov.running
+                before = len(gov.long)
                 gate.set()
                 await h
                 await asyncio.sleep(0.05)
-                return seeded, gov.running
+                return before, len(gov.long)
 
-        assert dataflow.run(main, interop_threads=2, intraop_threads=2) == (1, 0)
+        assert dataflow.run(main, interop_threads=2, intraop_threads=2) == (0, 0)
+
+    def test_short_kernels_make_no_crowd(
+        self, own_two: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Small ops on the pool beside a long kernel leave it BLAS's threads."""
+        monkeypatch.setattr(_blas, "LONG_SECONDS", 1e-3)  # the real threshold
+        gate = threading.Event()
+
+        async def main() -> float:
+            h = held_count(np.zeros(2), gate)  # long: no cost rule, not timed yet
+            while dataflow.current_runtime().running == 0:  # type: ignore[union-attr]
+                await asyncio.sleep(0.001)
+            for _ in range(5):
+                await short(np.zeros(2))  # estimated by its cost rule at 1 ns
+            gate.set()
+            return float((await h)[0])
+
+        assert dataflow.run(main, interop_threads=2) == 2
 
     def test_nested_runtimes_restore_at_the_last_close(self, own_two: None) -> None:
         async def main() -> tuple[bool, bool]:
@@ -232,42 +265,47 @@ class TestRuntime:
         assert _blas.GOVERNOR is None
 
 
-class _Pool:
-    """The counting part of an inter-op pool (no threads): its ``busy_locked`` runs the
-    governor's transitions."""
+class _Kernels:
+    """Long kernels starting and ending under a governor, as the scheduler reports them."""
 
     def __init__(self) -> None:
-        self.busy = 0
-        self.busy_integral = 0.0
-        self._busy_since = 0.0
+        self.ids: list[int] = []
+        self.next = 1
 
     def step(self, delta: int) -> None:
-        _pool.InteropPool.busy_locked(self, delta)  # type: ignore[arg-type]
+        gov = _blas.GOVERNOR
+        assert gov is not None
+        if delta > 0:
+            self.ids.append(self.next)
+            gov.start_locked(self.next)
+            self.next += 1
+        else:
+            gov.end_locked(self.ids.pop(0))
 
 
 class TestGovernor:
     """The transitions, with a recording setter (no BLAS needed)."""
 
     @pytest.fixture
-    def pool(self, monkeypatch: pytest.MonkeyPatch) -> tuple[_Pool, list[int]]:
+    def pool(self, monkeypatch: pytest.MonkeyPatch) -> tuple[_Kernels, list[int]]:
         calls: list[int] = []
         monkeypatch.setattr(_blas, "GOVERNOR", _blas.BlasGovernor(calls.append, 4))
-        return _Pool(), calls
+        return _Kernels(), calls
 
     def _age(self) -> None:
-        """As if no kernel had started beside another for longer than the hold."""
+        """As if no crowd had run for longer than the hold."""
         gov = _blas.GOVERNOR
         assert gov is not None
         gov.paired -= _blas.HOLD_SECONDS + 1
 
-    def test_a_lone_chain_sets_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
+    def test_a_lone_chain_sets_nothing(self, pool: tuple[_Kernels, list[int]]) -> None:
         p, calls = pool
         for _ in range(3):
             p.step(1)
             p.step(-1)
         assert calls == []
 
-    def test_second_kernel_sets_one(self, pool: tuple[_Pool, list[int]]) -> None:
+    def test_second_kernel_sets_one(self, pool: tuple[_Kernels, list[int]]) -> None:
         p, calls = pool
         p.step(1)
         p.step(1)
@@ -278,7 +316,9 @@ class TestGovernor:
         p.step(-1)
         assert calls == [1]
 
-    def test_a_lone_start_restores_after_the_hold_only(self, pool: tuple[_Pool, list[int]]) -> None:
+    def test_a_lone_start_restores_after_the_hold_only(
+        self, pool: tuple[_Kernels, list[int]]
+    ) -> None:
         p, calls = pool
         p.step(1)
         p.step(1)
@@ -293,8 +333,8 @@ class TestGovernor:
         p.step(1)  # and beside it again: one
         assert calls == [1, 4, 1]
 
-    def test_the_hold_counts_from_the_last_end_beside_another(
-        self, pool: tuple[_Pool, list[int]]
+    def test_the_hold_counts_from_the_last_end_in_a_crowd(
+        self, pool: tuple[_Kernels, list[int]]
     ) -> None:
         """A long parallel phase: the hold starts when its kernels stop running side by side,
         not when the last of them started."""
@@ -307,7 +347,7 @@ class TestGovernor:
         p.step(1)  # alone, right after: stays one
         assert calls == [1]
 
-    def test_a_busy_pool_changes_nothing(self, pool: tuple[_Pool, list[int]]) -> None:
+    def test_a_busy_pool_changes_nothing(self, pool: tuple[_Kernels, list[int]]) -> None:
         """Workers going from one task to the next set nothing."""
         p, calls = pool
         p.step(1)
@@ -317,14 +357,15 @@ class TestGovernor:
             p.step(1)
         assert calls == [1]
 
-    def test_pools_share_one_count(self, pool: tuple[_Pool, list[int]]) -> None:
-        """OpenBLAS's count is process-wide: kernels of two pools count together."""
-        a, calls = pool
-        b = _Pool()
-        a.step(1)
-        b.step(1)
+    def test_an_end_it_never_saw_start_is_ignored(self, pool: tuple[_Kernels, list[int]]) -> None:
+        p, calls = pool
+        gov = _blas.GOVERNOR
+        assert gov is not None
+        gov.end_locked(12345)  # started before this governor existed
+        p.step(1)
+        p.step(1)
         assert calls == [1]
-        assert (a.busy, b.busy) == (1, 1)
+        assert len(gov.long) == 2
 
     def test_a_crowd_is_half_the_own_count(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """With 16 BLAS threads, up to 7 kernels side by side keep them (one multithreaded
@@ -334,7 +375,7 @@ class TestGovernor:
         assert gov.crowd == 8
         assert [_blas.BlasGovernor(calls.append, n).crowd for n in (2, 3, 5, 6)] == [2, 2, 2, 3]
         monkeypatch.setattr(_blas, "GOVERNOR", gov)
-        p = _Pool()
+        p = _Kernels()
         for _ in range(7):
             p.step(1)
         assert calls == []
@@ -353,7 +394,7 @@ class TestGovernor:
         now = [4]
         gov = _blas.BlasGovernor(calls.append, 4, lambda: now[0])
         monkeypatch.setattr(_blas, "GOVERNOR", gov)
-        p = _Pool()
+        p = _Kernels()
         p.step(1)
         now[0] = 3  # someone else set 3
         p.step(1)  # would set 1

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import _blas
 from .. import _graphstate as gs
 from .._errors import (
     CancelledTaskError,
@@ -193,12 +194,18 @@ class SchedulerBase:
             self.peak_running = self.running
         if self.pool is not None:
             self.pool.busy_locked(1)
+            gov = _blas.GOVERNOR  # adaptive intra-op threads: long kernels count (see _blas)
+            if gov is not None and task.sig.seconds >= _blas.LONG_SECONDS:
+                gov.start_locked(task.id)
 
-    def _end_locked(self) -> None:
-        """A task that was running ended (its state already set). Holds the lock."""
+    def _end_locked(self, task: Task) -> None:
+        """``task``, which was running, ended (its state already set). Holds the lock."""
         self.running -= 1
         if self.pool is not None:
             self.pool.busy_locked(-1)
+            gov = _blas.GOVERNOR
+            if gov is not None and gov.long:
+                gov.end_locked(task.id)
 
     def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
         """Fail ``task`` and, transitively, every task waiting on it. Holds the lock.
@@ -216,7 +223,7 @@ class SchedulerBase:
             if counted or t is not task:
                 sched.inflight -= 1
                 if t is task and was_running:
-                    sched._end_locked()
+                    sched._end_locked(task)
                 if sched not in owners:
                     owners.append(sched)
             waiters = t.waiters

@@ -302,7 +302,7 @@ class Execution(Requests):
             task.waiters = None
             ready = gs.finish(task, value)
             self.inflight -= 1
-            self._end_locked()
+            self._end_locked(task)
             self.tasks_run += 1
             if waiters is not None:
                 self.host.wake(waiters)
