@@ -150,9 +150,9 @@ GOVERNOR: BlasGovernor | None = None
 
 _users = 0
 _lock = threading.Lock()
-# When a kernel last started beside another under a governor that has since been released:
-# the next runtime (a loop of short runs) starts at one thread if that was under HOLD_SECONDS
-# ago, rather than give its first kernel the threads that then spin beside the second.
+# When a crowd last ran under a governor that has since been released: the next runtime (a
+# loop of short runs) starts at one thread if that was under HOLD_SECONDS ago, rather than
+# give its first kernel the threads that then spin beside the second.
 _paired = -math.inf
 # The serializing OpenBLAS's (set, get) functions, found once: [] where there is none.
 _found: list[tuple[Callable[[int], Any], Callable[[], int]]] | None = None
@@ -163,6 +163,8 @@ def _openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
     multithreaded calls; None if there is none (looked up once per process)."""
     global _found
     if _found is None:
+        from ._threads import _serial_blas
+
         _found = []
         try:
             from threadpoolctl import ThreadpoolController
@@ -171,8 +173,8 @@ def _openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
         except Exception:  # pragma: no cover - threadpoolctl failing: govern nothing
             libs = []
         for lib in libs:
-            if getattr(lib, "threading_layer", None) == "openmp":
-                continue  # its threads are per caller: no serialization
+            if not _serial_blas(lib.info()):
+                continue  # an OpenMP build: its threads are per caller, no serialization
             prefix = getattr(lib, "_symbol_prefix", "") or ""
             suffix = getattr(lib, "_symbol_suffix", "") or ""
             try:
