@@ -143,6 +143,7 @@ class Task:
         "id",
         "inputs",
         "kwargs",
+        "owner",
         "priority",
         "ready",
         "runtime",
@@ -183,6 +184,8 @@ class Task:
         # The handles on a deferred task, weakly (is its value still wanted?): a weak reference
         # to the one handle, or a list of them (an op of several outputs). Only until it ends.
         self.handles: Any = None
+        # The request that dispatched it (``_scheduler._requests._Owner``), until it starts.
+        self.owner: Any = None
         # When it became READY (perf_counter_ns), recorded only while something observes.
         self.ready = 0
         # Among ready tasks the smallest priority runs first: issue order by default, the
@@ -256,6 +259,7 @@ _DEFAULTS: dict[str, Any] = {
     "handles": None,
     "inputs": (),
     "kwargs": None,
+    "owner": None,
     "ready": 0,
     "waiters": None,
     "waiting": 0,

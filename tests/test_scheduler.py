@@ -39,7 +39,7 @@ from dataflow._scheduler._placement import (
 )
 from dataflow._signature import Signature
 from dataflow._task import FLOP_RATE, RUNNING, Task
-from tests._helpers import Arr, Spec, gated
+from tests._helpers import Arr, Spec, fail_after, gated, neg_pool
 
 Array = np.ndarray[Any, Any]
 
@@ -1624,3 +1624,97 @@ class TestValidation:
 
         dataflow.run(owner)
         assert got and "another event loop" in str(got[0])
+
+
+class TestRequestHoldsOnlyUnstarted:
+    """A request (a coroutine on the loop) keeps what it dispatched only until it starts: the
+    tasks a cancellation may still drop, in dispatch order (``_requests._Owner``)."""
+
+    @staticmethod
+    def _owner(rt: Any) -> Any:
+        current = asyncio.current_task()
+        return rt._sched._owners[current]
+
+    def test_a_started_op_and_its_value_are_freed_while_the_request_goes_on(self) -> None:
+        """Without the garbage collector: the request's own bookkeeping lets go of a task
+        when it starts, so the value goes with the last handle."""
+        import gc
+        import weakref
+
+        refs: list[weakref.ref[Any]] = []
+
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            x = np.arange(1000.0)
+            h = neg_pool(x)
+            owner = self._owner(rt)
+            value = await h
+            refs.append(weakref.ref(value))
+            assert h._t.id not in owner.live  # it ran: no longer the request's to drop
+            del value, h
+            assert refs[0]() is None
+            assert not owner.live
+
+        gc.disable()
+        try:
+            dataflow.run(main, interop_threads=2)
+        finally:
+            gc.enable()
+
+    def test_unstarted_tasks_stay_in_dispatch_order_until_they_start(self) -> None:
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            gate = threading.Event()
+            first = gated(np.zeros(1), gate)  # holds the pool's only worker
+            later = [neg_pool(np.full(1, float(i))) for i in range(5)]
+            owner = self._owner(rt)
+            ids = [h._t.id for h in later]
+            assert [i for i in owner.live if i in ids] == ids
+            gate.set()
+            await first
+            for h in later:
+                await h
+            assert not owner.live
+
+        dataflow.run(main, interop_threads=1)
+
+    def test_tasks_that_fail_unstarted_are_forgotten_in_time(self) -> None:
+        """Dependents failed through their input (never started) are pruned: the record of
+        a long request stays bounded."""
+
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            owner = None
+            for _ in range(6):
+                gate = threading.Event()
+                bad = fail_after(np.zeros(1), gate)
+                deps = [neg_pool(bad) for _ in range(1000)]
+                owner = self._owner(rt)
+                gate.set()
+                for d in deps:
+                    with pytest.raises(TaskError):
+                        await d
+                with pytest.raises(TaskError):
+                    await bad
+            assert owner is not None
+            assert len(owner.live) <= 2 * 1024
+
+        dataflow.run(main, interop_threads=1)
+
+    def test_a_compiled_call_is_released_when_its_runner_finishes_it(self) -> None:
+        """A lean plan's gather task gets its value without starting (``finish_outside``):
+        the request lets go of it then too."""
+
+        async def f(x: Any) -> Any:
+            return ops.add(ops.multiply(x, 2.0), 1.0)
+
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            fc = dataflow.compile(f)
+            x = np.arange(1_000_000.0)  # big: the plan runs on the pool, not at the call
+            for _ in range(3):
+                out = await fc(x)
+                np.testing.assert_array_equal(np.asarray(out), x * 2.0 + 1.0)
+            assert not self._owner(rt).live
+
+        dataflow.run(main, interop_threads=2)

@@ -189,6 +189,10 @@ class SchedulerBase:
     def begin_locked(self, task: Task) -> None:
         """``task`` starts running on some thread (state and counts). Holds the lock."""
         task.state = RUNNING
+        owner = task.owner
+        if owner is not None:  # the request that dispatched it no longer holds it
+            task.owner = None
+            owner.live.pop(task.id, None)
         self.running += 1
         if self.running > self.peak_running:
             self.peak_running = self.running

@@ -235,10 +235,8 @@ class Scheduler(Limits):
         # the loop may await it at once and run it itself (``completion``).
         quiet = on_loop and sig.inline is None and sig.seconds < self.await_here
         post = False
-        if owner is not None:
-            if priority is None:
-                task.priority = owner.base
-            owner.add(task)
+        if owner is not None and priority is None:
+            task.priority = owner.base
         with GRAPH_LOCK:
             self.inflight += 1
             failed = gs.add(task) if inputs else None
@@ -246,6 +244,8 @@ class Scheduler(Limits):
                 # An input already failed: this task fails with the same error, unrun.
                 self._fail_locked(task, failed.error)
                 return task
+            if owner is not None:
+                owner.add(task)
             if not inputs:
                 task.state = READY
             run_here = False

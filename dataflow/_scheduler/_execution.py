@@ -332,6 +332,10 @@ class Execution(Requests):
         """
         waiters = task.waiters
         task.waiters = None
+        owner = task.owner
+        if owner is not None:  # (as begin_locked: the request no longer holds it)
+            task.owner = None
+            owner.live.pop(task.id, None)
         ready = gs.finish(task, value)
         self.inflight -= 1
         if waiters is not None:

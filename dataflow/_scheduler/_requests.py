@@ -36,29 +36,41 @@ def _done(waiter: Any) -> bool:
 
 
 class _Owner:
-    """What one request (a task on the event loop) dispatched: weak references, in order, so
-    a finished task (and its value) is freed as usual while the request goes on."""
+    """What one request (a task on the event loop) dispatched and has not started yet, in
+    dispatch order: the tasks a cancellation may drop.
 
-    __slots__ = ("base", "dropped", "interrupted", "limit", "refs")
+    A task is added when it is dispatched (``add``, under the lock) and leaves when it
+    starts (``SchedulerBase.begin_locked``) or gets its value without starting
+    (``Execution.finish_outside_locked``), so a task that ran, and its value, is freed as
+    usual while the request goes on. Tasks that failed unstarted (shells without arguments)
+    are forgotten at the next pruning. A dict by task id rather than weak references: a weak
+    reference per dispatched task was one more object for the garbage collector to track
+    (its passes over pending tasks were a quarter of an offloaded op's dispatch), and a
+    pending task is held by the graph until it starts anyway.
+    """
+
+    __slots__ = ("base", "dropped", "interrupted", "limit", "live")
 
     def __init__(self, base: float) -> None:
         self.base = base
-        self.refs: list[weakref.ref[Task]] = []
+        self.live: dict[int, Task] = {}
         self.limit = 1024
         self.dropped = False
         # A cancellation reached one of its awaits (see Requests.await_interrupted).
         self.interrupted = False
 
     def add(self, task: Task) -> None:
-        refs = self.refs
-        refs.append(weakref.ref(task))
-        if len(refs) > self.limit:  # forget the finished and freed ones now and then
-            self.refs = [r for r in refs if (t := r()) is not None and t.state < DONE]
-            self.limit = max(1024, 2 * len(self.refs))
+        """``task`` was dispatched for this request. Holds the lock."""
+        task.owner = self
+        live = self.live
+        live[task.id] = task
+        if len(live) > self.limit:  # forget the ones that failed unstarted now and then
+            self.live = live = {i: t for i, t in live.items() if t.state <= READY}
+            self.limit = max(1024, 2 * len(live))
 
     def tasks(self) -> list[Task]:
-        """The tasks still alive, in dispatch order."""
-        return [t for r in self.refs if (t := r()) is not None]
+        """The tasks not started yet, in dispatch order (a few that failed may remain)."""
+        return list(self.live.values())
 
 
 class Requests(SchedulerBase):
@@ -132,7 +144,7 @@ class Requests(SchedulerBase):
         with GRAPH_LOCK:
             owner.dropped = True
             dropped = self.drop_locked_tasks(owner.tasks())
-            owner.refs = []
+            owner.live = {}
         return dropped
 
     def drop_locked_tasks(

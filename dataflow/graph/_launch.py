@@ -218,13 +218,13 @@ def launch(
     gather.priority = run.base + prog.size
     starter = Task(prog.launch_sig, _start, (run,), None, rt)
     starter.priority = run.base - 1
-    if owner is not None:
-        owner.add(starter)
-        owner.add(gather)
     run.owner = owner
     if waiter is not None:
         gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
     with GRAPH_LOCK:
+        if owner is not None:
+            owner.add(starter)
+            owner.add(gather)
         sched.inflight += 2
         if gather.waiting == 0:
             gather.state = READY
@@ -263,12 +263,12 @@ def _launch_lean(
     gather.priority = priority + prog.size
     if waiter is not None:
         gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
-    if owner is not None:
-        owner.add(gather)
     run = LeanRun(prog, rt, gather, priority, record)
     pool = sched.pool
     here = pool is None or (here and prog.runs_here(sched.inline_threshold))
     with GRAPH_LOCK:
+        if owner is not None:
+            owner.add(gather)
         sched.inflight += 1
         runner = run.runner_locked()
         if here:
