@@ -77,9 +77,12 @@ class InteropPool:
         self.lane_task: Task | None = None
         self.lane_queue: list[tuple[float, int, Task]] = []
         # Kernels running now on behalf of this pool, and the integral of that count over
-        # time (updated at every start and end): the average number of kernels overlapping
-        # a run is (integral at its end - at its start) / its duration.
+        # time while a measured run is in progress (``measuring``; kept up at every start
+        # and end then, and only then: a clock read per task is a share of a tiny task's
+        # cost): the average number of kernels overlapping a measured run is (integral at
+        # its end - at its start) / its duration.
         self.busy = 0
+        self.measuring = 0
         self.busy_integral = 0.0
         self._busy_since = time.perf_counter()
         for i in range(num_threads):
@@ -115,15 +118,28 @@ class InteropPool:
         """The worker threads (for parallel_info and tests)."""
         return list(self._threads)
 
-    def busy_locked(self, delta: int) -> None:
-        """A kernel starts (+1) or ends (-1) on behalf of this pool. Holds the lock."""
+    def tick_locked(self) -> None:
+        """Bring the busy integral up to now (before ``busy`` changes). Holds the lock."""
         now = time.perf_counter()
         self.busy_integral += self.busy * (now - self._busy_since)
         self._busy_since = now
-        self.busy += delta
+
+    def measure_begin_locked(self) -> float:
+        """A measured run starts: keep the busy integral from now on, and return it. Holds
+        the lock."""
+        if not self.measuring:
+            self._busy_since = time.perf_counter()
+        self.measuring += 1
+        return self.busy_integral_now()
+
+    def measure_end_locked(self) -> float:
+        """A measured run ended: the busy integral now. Holds the lock."""
+        value = self.busy_integral_now()
+        self.measuring -= 1
+        return value
 
     def busy_integral_now(self) -> float:
-        """The busy integral up to now (read without the lock: for statistics only)."""
+        """The busy integral up to now (meaningful while a measured run is in progress)."""
         return self.busy_integral + self.busy * (time.perf_counter() - self._busy_since)
 
     def push_locked(self, task: Task) -> None:

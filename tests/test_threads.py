@@ -171,3 +171,110 @@ class TestParallelInfo:
 
         assert "event loop: uvloop" in dataflow.run(main, loop="uvloop")
         assert "event loop: asyncio" in dataflow.run(main, loop="asyncio")
+
+
+class TestBusyIntegral:
+    """The pool's busy integral (kernels running, integrated over time) is kept only while a
+    measured run is in progress, and then counts every start and end."""
+
+    class _Clock:
+        def __init__(self) -> None:
+            self.now = 100.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    def test_overlap_of_a_measured_run(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from dataflow import _pool
+
+        clock = self._Clock()
+        pool = _pool.InteropPool(1, name="busy-test")
+        try:
+            monkeypatch.setattr(_pool, "time", clock)
+            with pool.lock:
+                pool.busy = 1  # the measured kernel itself
+                clock.now += 5.0  # unmeasured time: not integrated
+                i0 = pool.measure_begin_locked()
+                clock.now += 1.0
+                pool.tick_locked()
+                pool.busy += 1  # another kernel starts beside it
+                clock.now += 2.0
+                pool.tick_locked()
+                pool.busy -= 1  # and ends
+                clock.now += 1.0
+                i1 = pool.measure_end_locked()
+            # 1 s alone, 2 s beside one other, 1 s alone: 1 + 4 + 1 kernel-seconds in 4 s.
+            assert i1 - i0 == pytest.approx(6.0)
+            assert pool.measuring == 0
+        finally:
+            monkeypatch.undo()
+            pool.busy = 0
+            pool.close()
+
+    def test_nested_measured_runs_share_the_integral(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from dataflow import _pool
+
+        clock = self._Clock()
+        pool = _pool.InteropPool(1, name="busy-test")
+        try:
+            monkeypatch.setattr(_pool, "time", clock)
+            with pool.lock:
+                pool.busy = 2  # two measured kernels
+                a0 = pool.measure_begin_locked()
+                clock.now += 1.0
+                b0 = pool.measure_begin_locked()
+                clock.now += 1.0
+                a1 = pool.measure_end_locked()
+                pool.tick_locked()
+                pool.busy -= 1
+                clock.now += 3.0
+                b1 = pool.measure_end_locked()
+            assert a1 - a0 == pytest.approx(4.0)  # 2 s with 2 running
+            assert b1 - b0 == pytest.approx(5.0)  # 1 s with 2, then 3 s with 1
+            assert pool.measuring == 0
+        finally:
+            monkeypatch.undo()
+            pool.busy = 0
+            pool.close()
+
+    def test_unmeasured_starts_and_ends_read_no_clock(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A tiny task's start and end only count (the hot path)."""
+        from dataflow import _pool
+
+        class NoClock:
+            def perf_counter(self) -> float:
+                raise AssertionError("the clock was read")
+
+        async def main() -> None:
+            monkeypatch.setattr(_pool, "time", NoClock())
+            try:
+                out = await _noop_pool(1)
+            finally:
+                monkeypatch.undo()
+            assert out == 1
+
+        dataflow.run(main, interop_threads=1)
+
+
+def _noop_meta(x: object) -> None:
+    return None
+
+
+def _noop_handle(task: dataflow.Task, index: int | None, spec: object) -> dataflow.Pending[int]:
+    return dataflow.Pending(task, index)
+
+
+def _identity(x: int) -> int:
+    return x
+
+
+def _tiny_cost(x: object) -> dataflow.Cost:
+    return dataflow.Cost(1.0, 8.0)
+
+
+# Estimated tiny (no measured run), pinned to the pool.
+_noop_pool = dataflow.op(
+    "busy_test_noop", meta=_noop_meta, handle=_noop_handle, cost=_tiny_cost, inline=False
+)(_identity)

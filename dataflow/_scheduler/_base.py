@@ -196,8 +196,11 @@ class SchedulerBase:
         self.running += 1
         if self.running > self.peak_running:
             self.peak_running = self.running
-        if self.pool is not None:
-            self.pool.busy_locked(1)
+        pool = self.pool
+        if pool is not None:
+            if pool.measuring:  # a measured run wants the busy integral (see InteropPool)
+                pool.tick_locked()
+            pool.busy += 1
             gov = _blas.GOVERNOR  # adaptive intra-op threads: long kernels count (see _blas)
             if gov is not None and task.sig.seconds >= _blas.LONG_SECONDS:
                 gov.start_locked(task.id)
@@ -205,8 +208,11 @@ class SchedulerBase:
     def _end_locked(self, task: Task) -> None:
         """``task``, which was running, ended (its state already set). Holds the lock."""
         self.running -= 1
-        if self.pool is not None:
-            self.pool.busy_locked(-1)
+        pool = self.pool
+        if pool is not None:
+            if pool.measuring:
+                pool.tick_locked()
+            pool.busy -= 1
             gov = _blas.GOVERNOR
             if gov is not None and gov.long:
                 gov.end_locked(task.id)

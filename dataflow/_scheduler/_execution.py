@@ -150,7 +150,8 @@ class Execution(Requests):
         cpu = sig.seconds >= MIN_MEASURED
         lone = cpu and pool.num_threads == 1
         many = cpu and _CORES >= PARALLEL_CORES and pool.num_threads > PARALLEL_OTHERS
-        i0 = pool.busy_integral_now()
+        with GRAPH_LOCK:
+            i0 = pool.measure_begin_locked()
         v0 = _switches() if many else 0
         c0 = _thread_time() if cpu else 0.0
         p0 = _process_time() if many or lone else 0.0
@@ -160,7 +161,8 @@ class Execution(Requests):
         p1 = _process_time() if many or lone else 0.0
         c1 = _thread_time() if cpu else 0.0
         v1 = _switches() if many else 0
-        i1 = pool.busy_integral_now()
+        with GRAPH_LOCK:
+            i1 = pool.measure_end_locked()
         wall = t1 - t0
         note_seconds(sig, wall)
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
