@@ -25,9 +25,11 @@ asyncio bridge is here; trio's is in ``_trio`` (imported only under trio).
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -136,6 +138,11 @@ class HostLoop:
         """The running task (the request that dispatches), or None where it is not tracked."""
         return None
 
+    def current_task_getter(self) -> Callable[[], Any]:
+        """:meth:`current_task` as a function of no arguments, as cheap as the loop allows
+        (the scheduler calls it on every deferred dispatch from the loop)."""
+        return self.current_task
+
     def on_task_done(self, task: Any, fn: Callable[[Any, bool], None]) -> None:
         """Call ``fn(task, cancelled)`` on the loop when ``task`` ends."""
 
@@ -206,6 +213,16 @@ class AsyncioLoop(HostLoop):
 
     def current_task(self) -> Any:
         return asyncio.current_task(self.loop)
+
+    def current_task_getter(self) -> Callable[[], Any]:
+        # asyncio.current_task is C from Python 3.12; on 3.11 it is a Python function over
+        # the C module's dict of current tasks: bound to this loop, either is a C call.
+        current = asyncio.current_task
+        if not isinstance(current, types.BuiltinFunctionType):
+            tasks = getattr(asyncio.tasks, "_current_tasks", None)
+            if type(tasks) is dict:
+                return functools.partial(tasks.get, self.loop)
+        return functools.partial(current, self.loop)
 
     def on_task_done(self, task: Any, fn: Callable[[Any, bool], None]) -> None:
         task.add_done_callback(lambda t: fn(t, t.cancelled()))

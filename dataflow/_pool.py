@@ -203,7 +203,7 @@ class InteropPool:
                 continue
             lock.release()
             try:
-                sched.execute(task)
+                sched.execute(task, worker_of=self)
             except BaseException as exc:  # the scheduler's own bug: never die with a task
                 _fail_stuck(task, exc)
             # Hold nothing while parked: the task's value must be freed with its last reader.

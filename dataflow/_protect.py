@@ -108,7 +108,9 @@ def protect(task: Task) -> None:
         return
     frozen: list[np.ndarray[Any, Any]] | None = None
     new: list[Any] | None = None
-    for i, a in enumerate(args):
+    i = -1
+    for a in args:  # (no enumerate: an object for the garbage collector on every dispatch)
+        i += 1
         # Arrays passed as they are (the common case, on every queued op's dispatch) are
         # handled here, without the closure that containers and keywords walk with.
         if type(a) is _ndarray:

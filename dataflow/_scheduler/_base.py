@@ -58,6 +58,7 @@ class SchedulerBase:
         self.rt = runtime
         self.pool = pool
         self.host = host
+        self._current_task = host.current_task_getter()
         self.inline_threshold = inline_threshold
         # Kernels expected under this run where they are awaited (``_placement``,
         # AWAIT_HERE_SECONDS); none with an inline threshold of 0 (everything to the pool).

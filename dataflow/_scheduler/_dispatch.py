@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable
 from threading import get_ident, get_native_id
@@ -195,7 +194,8 @@ class Scheduler(Limits):
                 return task
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
-        if not ready and get_ident() == self.host.thread_id:
+        on_loop = get_ident() == self.host.thread_id
+        if not ready and on_loop:
             # The loop dispatches work that waits: small tasks workers make ready meanwhile
             # are handed back to it (HANDBACK_SECONDS). Run those first; if that finished
             # this task's inputs, it takes the inline path after all.
@@ -229,7 +229,6 @@ class Scheduler(Limits):
         )
         if not here:
             protect(task)  # it runs later: the caller may change its arrays meanwhile
-        on_loop = threading.get_ident() == self.host.thread_id
         owner = self._owner() if on_loop else None
         # A small task dispatched by the loop wakes no worker before the loop's callback ends:
         # the loop may await it at once and run it itself (``completion``).

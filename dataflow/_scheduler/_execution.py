@@ -232,17 +232,24 @@ class Execution(Requests):
         pool.lane_task = None
         return None
 
-    def execute(self, task: Task, go_on: bool = True, small_here: bool = False) -> None:
+    def execute(
+        self,
+        task: Task,
+        go_on: bool = True,
+        small_here: bool = False,
+        worker_of: InteropPool | None = None,
+    ) -> None:
         """Run a RUNNING task's kernel here, publish it, and go on with what it made ready.
 
         ``go_on``: after the task, run the small dependents it made ready and the first big
         one on this thread (queue the rest); otherwise queue them all (the event loop's thread
         helping an awaiting coroutine must return to it). ``small_here``: on a thread outside
         the pool (the loop's, running what workers handed back), run the tiny dependents
-        (under the inline threshold) here and queue the others.
+        (under the inline threshold) here and queue the others. ``worker_of``: the pool
+        this thread works for, given by a worker (else looked up: None off the pools).
         """
         local: deque[Task] | None = None
-        here = current_pool()
+        here = worker_of if worker_of is not None else current_pool()
         go_on = (go_on and here is not None) or small_here
         while True:
             sched = task.runtime._sched  # type: ignore[union-attr]
@@ -287,7 +294,8 @@ class Execution(Requests):
                 nxt = self._lane_after_locked(task, here)
             return None if nxt is None else [nxt]
         _running.task = None
-        thaw(task)
+        if task.frozen is not None:
+            thaw(task)
         if watched:
             # Before the dependents are made ready, so events stay in causal order. The value
             # is readable by the instrument (its state is not DONE yet: nobody else reads it).
@@ -296,8 +304,14 @@ class Execution(Requests):
             task.value = value
             self.emit("task_finished", task)
         mine = None
+        pool = self.pool
         with GRAPH_LOCK:
-            nxt = self._lane_after_locked(task, here)
+            # (``_lane_after_locked``'s own test first: most tasks never held the lane)
+            nxt = (
+                None
+                if pool is None or pool.lane_task is not task
+                else self._lane_after_locked(task, here)
+            )
             if task.state != RUNNING:  # timed out while it ran: the result is dropped
                 return None if nxt is None else [nxt]
             waiters = task.waiters

@@ -78,7 +78,7 @@ class Requests(SchedulerBase):
 
     def _owner(self) -> _Owner | None:
         """The record of the request running on the loop (made on its first deferred task)."""
-        current = self.host.current_task()
+        current = self._current_task()
         if current is None:
             return None
         owner = self._owners.get(current)
