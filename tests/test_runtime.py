@@ -589,6 +589,32 @@ class TestLoopRuntime:
             np.testing.assert_array_equal(await task, [0.0, -2.0, -4.0])
         assert dataflow.current_runtime() is None
 
+    @pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+    def test_the_bound_current_task_getter_is_asyncio_current_task(self, loop_name: str) -> None:
+        """The scheduler's getter of the request (bound once to the loop, a C call) reads what
+        asyncio.current_task reads: the task in a coroutine, None in a plain callback."""
+        from dataflow._loop import AsyncioLoop
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            get = AsyncioLoop(loop).current_task_getter()
+            assert get() is asyncio.current_task() is not None
+            other = loop.create_task(asyncio.sleep(0, result=None))
+            seen: list[Any] = []
+
+            async def inner() -> None:
+                seen.append(get())
+
+            t = loop.create_task(inner())
+            await t
+            assert seen == [t]
+            fut = loop.create_future()
+            loop.call_soon(lambda: fut.set_result(get()))
+            assert await fut is None
+            await other
+
+        dataflow.run(main, loop=loop_name)
+
     def test_threads_without_a_loop_find_none(self) -> None:
         """Off the loop, with no inherited context, there is no runtime."""
         found: list[object] = []
