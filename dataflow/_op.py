@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -338,11 +337,14 @@ class Op(Generic[P, R]):
             make = self.handle
             handles = tuple([make(task, i, s) for i, s in enumerate(spec)])
             if task.state < DONE:
-                task.handles = [weakref.ref(h) for h in handles]
+                task.handles = list(handles)  # (not the tuple returned: the caller's own)
             return handles  # type: ignore[return-value]
         handle = self.handle(task, None, spec)
-        if task.state < DONE:  # deferred: whether someone still holds it decides its fate
-            task.handles = weakref.ref(handle)  # (not in a list: one object less to collect)
+        if task.state < DONE:
+            # Deferred: whether someone else still holds the handle decides its fate if its
+            # request is cancelled. Held strongly until the task ends, so that is a count of
+            # references (``_requests.handles_held``), not a weak reference to collect.
+            task.handles = handle
         return handle  # type: ignore[no-any-return]
 
     # ``__call__``'s general pass over its arguments (``_keys``); an attribute, so a test

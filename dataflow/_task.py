@@ -181,8 +181,10 @@ class Task:
         self.waiting = 0
         # Argument arrays made read-only until the kernel has run (see _protect).
         self.frozen: list[Any] | None = None
-        # The handles on a deferred task, weakly (is its value still wanted?): a weak reference
-        # to the one handle, or a list of them (an op of several outputs). Only until it ends.
+        # The handles on a deferred task (is its value still wanted?): the one handle, or a
+        # list of them (an op of several outputs), held until it ends; whether anyone else
+        # holds one is a count of references (``_scheduler._requests.handles_held``). A weak
+        # reference for a forked function's future and a folded stack's handle.
         self.handles: Any = None
         # The request that dispatched it (``_scheduler._requests._Owner``), until it starts.
         self.owner: Any = None
@@ -305,7 +307,7 @@ class Pending(Future[T]):
     is woken when the task completes.
     """
 
-    # __weakref__: the scheduler tells whether a deferred task's value is still wanted.
+    # __weakref__: a folded stack's handle and a forked function's future are watched weakly.
     # _t: the task. _v: the value itself, when _t is its signature's shared ``light`` task.
     # _id: a light handle's task id, when a profile recorded its op (unset otherwise).
     __slots__ = ("__weakref__", "_id", "_index", "_t", "_v")

@@ -102,10 +102,10 @@ class TestStartFinish:
         assert (b.state, b.value) == (DONE, 42)
         assert b.fn is None and b.args is None and b.kwargs is None and b.inputs == ()
 
-    def test_finish_and_fail_drop_the_handles_weak_references(self) -> None:
+    def test_finish_and_fail_drop_the_handles(self) -> None:
         """Only an unstarted task's handles decide its fate (a cancelled request drops what
-        nobody holds): a finished or failed task lets go of their weak references, so the
-        garbage collector tracks two fewer objects for each offloaded op's result kept."""
+        nobody holds): a finished or failed task lets go of them, so the handle and its task
+        no longer hold each other."""
         done, failed = task(), task()
         for t in (done, failed):
             gs.add(t)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     pass
 from ._base import SchedulerBase
 
-__all__ = ["Requests"]
+__all__ = ["Requests", "handles_held"]
 
 
 def _done(waiter: Any) -> bool:
@@ -71,6 +72,55 @@ class _Owner:
     def tasks(self) -> list[Task]:
         """The tasks not started yet, in dispatch order (a few that failed may remain)."""
         return list(self.live.values())
+
+
+def _references(task: Any) -> Any:
+    """The reference counts of ``task.handles`` (one handle, or each of a list of them), as
+    ``sys.getrefcount`` sees them from here: the task's own reference included."""
+    handles = task.handles
+    if type(handles) is list:
+        return [sys.getrefcount(h) for h in handles]
+    return sys.getrefcount(handles)
+
+
+class _Holder:
+    __slots__ = ("handles",)
+    handles: Any
+
+
+def _alone() -> tuple[int, int]:
+    """What :func:`_references` reads for handles only their task holds (one, and one of a
+    list): measured once here, through the same code, so the counts stay right whatever the
+    interpreter's own references to an argument are."""
+    holder = _Holder()
+    holder.handles = _Holder()
+    one = _references(holder)
+    holder.handles = [_Holder()]
+    in_list = _references(holder)[0]
+    return one, in_list
+
+
+_ALONE, _ALONE_IN_LIST = _alone()
+
+
+def handles_held(task: Task) -> bool:
+    """Whether anyone but ``task`` itself holds a handle on it (a variable, a container,
+    another task's arguments, a frame).
+
+    An unstarted deferred task keeps its handles strongly (``task.handles``, cleared when it
+    ends: see ``Op.__call__``), so whether someone else still wants its value is whether a
+    handle has more references than the task's own: a weak reference per op was one more
+    object for the garbage collector to track. A forked function's future and a folded
+    stack's handle are still held weakly (a ``weakref.ref``: alive or not).
+    """
+    handles = task.handles
+    if type(handles) is weakref.ref:
+        return handles() is not None
+    del handles  # (a reference of its own would count)
+    counts = _references(task)
+    if type(counts) is list:
+        return any(c > _ALONE_IN_LIST for c in counts)
+    return bool(counts > _ALONE)
 
 
 class Requests(SchedulerBase):
@@ -163,12 +213,7 @@ class Requests(SchedulerBase):
             waiters = t.waiters
             if waiters and any(not _done(w) for w in waiters):
                 continue  # a live coroutine awaits it
-            handles = t.handles
-            if handles is not None and (
-                handles() is not None
-                if type(handles) is weakref.ref
-                else any(h() is not None for h in handles)
-            ):
+            if t.handles is not None and handles_held(t):
                 continue  # someone holds a handle on it
             deps = t.dependents
             if deps and any(d.state < DONE for d in deps):
