@@ -118,12 +118,6 @@ def dask_missing() -> str | None:
     return None if importlib.util.find_spec("dask") else "dask not installed"
 
 
-def numba_missing() -> str | None:
-    if importlib.util.find_spec("numba") is None:
-        return "numba not installed (pip install 'numpy-dataflow[numba]')"
-    return None
-
-
 class Workload:
     """One size: weights, input, the reference output, and contender factories."""
 
@@ -244,13 +238,15 @@ class Workload:
         note = f"inter-op {interop}, BLAS {blas}" if note is None else note
         return self.contender(name, note, run, blas=blas, skip=skip)
 
-    def numba_engine(self, compiled: bool = False) -> Contender:
-        """dataflow with small directions on the compiled loops that release the GIL
-        (``ops.set_recurrent_engine("numba")``; other sizes keep numpy's kernels): the model
-        as written (automatic), or ``dataflow.compile``'d (``compiled``)."""
+    def numpy_engine(self, compiled: bool = False) -> Contender:
+        """dataflow with small directions on numpy's kernels (``ops.set_recurrent_engine(
+        "numpy")``): what a program gets where numba is not installed, since the default
+        engine, "auto", runs small float32 directions on numba's loops where it is (other
+        sizes take numpy's kernels either way): the model as written (automatic), or
+        ``dataflow.compile``'d (``compiled``)."""
         n = cores()
-        name = "dataflow, compiled, numba engine" if compiled else "dataflow, numba engine"
-        skip = numba_missing() or _models.unavailable()
+        name = "dataflow, compiled, numpy engine" if compiled else "dataflow, numpy engine"
+        skip = _models.unavailable()
         model: Any = None
         if skip is None:
             ens = _models.build_ensemble(self.weights)
@@ -263,14 +259,14 @@ class Workload:
             import ops
 
             # The engine is process-wide: set for this contender's runs only (a child process
-            # runs no other; in one process, as the quick check does, the others keep numpy).
-            ops.set_recurrent_engine("numba")
+            # runs no other; in one process, as the quick check does, the others keep "auto").
+            ops.set_recurrent_engine("numpy")
             try:
                 forward = call if compiled else _models.forward_auto
                 return run_dataflow(forward, model, self.x, n, k)
             finally:
                 if self.quick:
-                    ops.set_recurrent_engine("numpy")
+                    ops.set_recurrent_engine("auto")
 
         return self.contender(name, f"inter-op {n}, BLAS 1", run, blas=1, skip=skip)
 
@@ -411,13 +407,13 @@ class Workload:
                     "dataflow, defaults", n, n, forked=False, note=f"inter-op {n}, BLAS adaptive"
                 ),
             ),
-            "dataflow, numba engine": (f"inter-op {n}, BLAS 1", True, self.numba_engine),
+            "dataflow, numpy engine": (f"inter-op {n}, BLAS 1", True, self.numpy_engine),
             "dataflow, traced graph": (f"inter-op {n}, BLAS 1", True, self.traced),
             "dataflow, compiled": (f"inter-op {n}, BLAS 1", True, self.compiled),
-            "dataflow, compiled, numba engine": (
+            "dataflow, compiled, numpy engine": (
                 f"inter-op {n}, BLAS 1",
                 True,
-                lambda: self.numba_engine(compiled=True),
+                lambda: self.numpy_engine(compiled=True),
             ),
             "dataflow, manual fork": (
                 f"inter-op {n}, BLAS 1",
@@ -485,8 +481,6 @@ SKIPS: dict[str, Callable[[], str | None]] = {
     "script + fork members": torch_missing,
     "JAX jit": jax_missing,
     "dask threaded": dask_missing,
-    "dataflow, numba engine": numba_missing,
-    "dataflow, compiled, numba engine": numba_missing,
 }
 
 

@@ -73,6 +73,7 @@ import functools
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -110,9 +111,13 @@ TANH_DIRECT_MAX = 8192
 _LSTM_GATES = 4
 _GRU_GATES = 3
 
-#: The recurrent engines (``set_recurrent_engine``).
-ENGINES = ("numpy", "numba")
-_engine = ["numpy"]
+#: The recurrent engines (``set_recurrent_engine``): "auto" (the default) is "numba" where
+#: numba is installed and its loops compile, else "numpy".
+ENGINES = ("auto", "numpy", "numba")
+_engine = ["auto"]
+# What "auto" resolved to (None: not yet; resolved at the first small kernel, once).
+_auto: list[str | None] = [None]
+_auto_lock = threading.Lock()
 
 # -- scratch buffers ----------------------------------------------------------------------------
 
@@ -166,9 +171,10 @@ def _drop_scratch() -> None:
 
 
 def set_recurrent_engine(name: str) -> None:
-    """Run small recurrent models' sequence kernels on ``name``: ``"numpy"`` (the default) or
-    ``"numba"`` (compiled loops that release the GIL, so a model's directions run side by side:
-    an optional extra, ``pip install 'numpy-dataflow[numba]'``; see ``ops._rnn_numba``).
+    """Run small recurrent models' sequence kernels on ``name``: ``"auto"`` (the default:
+    ``"numba"`` where numba is installed, else ``"numpy"``), ``"numpy"``, or ``"numba"``
+    (compiled loops that release the GIL, so a model's directions run side by side: an
+    optional extra, ``pip install 'numpy-dataflow[numba]'``; see ``ops._rnn_numba``).
 
     It applies where the numpy kernel would be the small one (weights of at most
     SMALL_WEIGHTS_PER_STEP elements a step, a gate array of at most SMALL_GATES_MAX) and to
@@ -195,8 +201,38 @@ def set_recurrent_engine(name: str) -> None:
 
 
 def get_recurrent_engine() -> str:
-    """The recurrent engine in use (see :func:`set_recurrent_engine`)."""
-    return _engine[0]
+    """The recurrent engine small models run on: ``"numpy"`` or ``"numba"`` (what ``"auto"``
+    resolves to, if it is set: finding out imports numba and compiles its loops once)."""
+    engine = _engine[0]
+    return _resolve_auto() if engine == "auto" else engine
+
+
+def _resolve_auto() -> str:
+    """What ``"auto"`` means in this process: ``"numba"`` if numba is installed and its loops
+    compile and run (checked once, on a tiny model), else ``"numpy"``. A numba that is
+    installed but broken is reported once (a RuntimeWarning) and left alone."""
+    found = _auto[0]
+    if found is not None:
+        return found
+    with _auto_lock:
+        if _auto[0] is None:
+            engine = "numpy"
+            if _rnn_numba.available():
+                try:
+                    _rnn_numba.check()
+                    engine = "numba"
+                except Exception as exc:  # an installed numba that cannot run our loops
+                    warnings.warn(
+                        f"ops: the 'numba' recurrent engine is installed but does not work "
+                        f"here ({type(exc).__name__}: {exc}); small recurrent models run on "
+                        "numpy. ops.set_recurrent_engine('numpy') silences this.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            _auto[0] = found = engine
+        else:
+            found = _auto[0]
+        return found
 
 
 # Called when the engine changes (the sequence ops register theirs: ``_rnn_ops``).
@@ -654,9 +690,9 @@ def _output(steps: int, batch: int, hidden: int, dtype: Any, batch_first: bool) 
 
 
 def _small_engine(x: Array, w_ih: Array, w_hh: Array, gates: int, batch_first: bool) -> str | None:
-    """Which engine runs this direction's small kernel ("numpy", or "numba" where it is set
-    and the model is float32), or None when the model is not small (SMALL_WEIGHTS_PER_STEP,
-    SMALL_GATES_MAX)."""
+    """Which engine runs this direction's small kernel ("numpy", or "numba" where it is set,
+    or "auto" finds it, and the model is float32), or None when the model is not small
+    (SMALL_WEIGHTS_PER_STEP, SMALL_GATES_MAX)."""
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = gates * hidden
@@ -664,7 +700,12 @@ def _small_engine(x: Array, w_ih: Array, w_hh: Array, gates: int, batch_first: b
         return None
     if batch * width > SMALL_GATES_MAX:
         return None
-    return "numba" if _engine[0] == "numba" and w_hh.dtype == np.float32 else "numpy"
+    if w_hh.dtype != np.float32:
+        return "numpy"
+    engine = _engine[0]
+    if engine == "auto":
+        engine = _auto[0] or _resolve_auto()
+    return engine
 
 
 # -- LSTM ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Recurrent sequence kernels compiled with numba: the ``"numba"`` recurrent engine.
 
-An optional extra (``pip install 'numpy-dataflow[numba]'``), chosen with
+An optional extra (``pip install 'numpy-dataflow[numba]'``): used by default where it is
+installed (the ``"auto"`` engine, after :func:`check`), or chosen with
 ``ops.set_recurrent_engine("numba")``. A small model's numpy kernel spends its steps in numpy's
 per-call overhead, under the GIL: two directions on two threads only take turns. These
 kernels run the whole time loop as compiled code without the GIL (``nogil=True``), so the
@@ -32,7 +33,7 @@ from dataflow import DataflowRuntimeError
 
 Array: TypeAlias = "np.ndarray[Any, Any]"
 
-__all__ = ["available", "gru_sequence", "lstm_sequence"]
+__all__ = ["available", "check", "gru_sequence", "lstm_sequence"]
 
 
 def available() -> bool:
@@ -176,6 +177,20 @@ def _compiled() -> tuple[Any, Any]:
                 numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(_gru_loop),
             )
         return _loops
+
+
+def check() -> None:
+    """Import numba, compile the loops and run each once on a tiny model: raises what numba
+    raises where it cannot (the ``"auto"`` engine's test before choosing it). The first run
+    in a process compiles (about a second; later processes load numba's disk cache)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 1, 3)).astype(np.float32)
+    w = rng.standard_normal((8, 5)).astype(np.float32) * np.float32(0.5)
+    out, h, c = lstm_sequence(x, w[:, :3], w[:, 0], w[:, 3:], None, None, False, False)
+    out_g, h_g = gru_sequence(x, w[:6, :3], w[:6, 0], w[:6, 3:], w[:6, 1], None, True, False)
+    for a in (out, h, c, out_g, h_g):
+        if not np.isfinite(a).all():
+            raise DataflowRuntimeError("the numba recurrent loops gave a non-finite result")
 
 
 def _project(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:

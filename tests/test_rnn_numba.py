@@ -28,9 +28,9 @@ TOL = 2e-5
 
 
 @pytest.fixture(autouse=True)
-def _numpy_engine_after() -> Iterator[None]:
+def _default_engine_after() -> Iterator[None]:
     yield
-    ops.set_recurrent_engine("numpy")
+    ops.set_recurrent_engine("auto")
 
 
 def _plain_lstm(*args: Any) -> Any:
@@ -281,14 +281,75 @@ class TestErrors:
     """Bad engine names fail at the call, whether numba is installed or not."""
 
     def test_unknown_or_mistyped_names(self) -> None:
-        with pytest.raises(dataflow.OpInputError, match="one of 'numpy', 'numba', got 'cuda'"):
+        ops.set_recurrent_engine("numpy")
+        with pytest.raises(
+            dataflow.OpInputError, match="one of 'auto', 'numpy', 'numba', got 'cuda'"
+        ):
             ops.set_recurrent_engine("cuda")
         with pytest.raises(dataflow.OpTypeError, match="got int: 5"):
             ops.set_recurrent_engine(5)  # type: ignore[arg-type]
         assert ops.get_recurrent_engine() == "numpy"
 
     def test_numba_missing_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        ops.set_recurrent_engine("numpy")
         monkeypatch.setattr(_rnn_numba, "available", lambda: False)
         with pytest.raises(dataflow.DataflowRuntimeError, match=r"numpy-dataflow\[numba\]"):
             ops.set_recurrent_engine("numba")
         assert ops.get_recurrent_engine() == "numpy"
+
+
+class TestAuto:
+    """The default engine, "auto": numba where it is installed and works, else numpy."""
+
+    @staticmethod
+    def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+        ops.set_recurrent_engine("auto")
+        monkeypatch.setattr(_rnn_kernels, "_auto", [None])
+
+    def test_it_is_the_default(self) -> None:
+        assert _rnn_kernels._engine[0] == "auto"  # (the fixture restores it after each test)
+
+    @needs_numba
+    def test_numba_when_installed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._fresh(monkeypatch)
+        assert ops.get_recurrent_engine() == "numba"
+        x = _rand(2, 5, 1, 8)
+        w_ih, w_hh = _rand(3, 16, 8), _rand(4, 16, 4)
+        assert _rnn_kernels._small_engine(x, w_ih, w_hh, 4, False) == "numba"
+
+    def test_numpy_without_numba(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._fresh(monkeypatch)
+        monkeypatch.setattr(_rnn_numba, "available", lambda: False)
+        assert ops.get_recurrent_engine() == "numpy"
+
+    def test_a_broken_numba_warns_once_and_runs_numpy(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        self._fresh(monkeypatch)
+        monkeypatch.setattr(_rnn_numba, "available", lambda: True)
+
+        def broken() -> None:
+            raise ImportError("numba needs a newer numpy")
+
+        monkeypatch.setattr(_rnn_numba, "check", broken)
+        m = nn.LSTM(4, 3, bidirectional=True)
+        x = _rand(6, 5, 2, 4)
+
+        async def main() -> Any:
+            return await m(x)
+
+        with pytest.warns(RuntimeWarning, match="numba needs a newer numpy"):
+            out, _ = dataflow.run(main)
+        ref, _, _ = ref_rnn("LSTM", m.state_dict(), x, None, None, 1, True, False)
+        np.testing.assert_allclose(np.asarray(out), ref, rtol=TOL, atol=TOL)
+        assert ops.get_recurrent_engine() == "numpy"
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dataflow.run(main)  # no second warning
+
+    def test_float64_models_keep_numpy(self) -> None:
+        x = _rand(7, 5, 1, 8).astype(np.float64)
+        w_ih, w_hh = _rand(8, 16, 8).astype(np.float64), _rand(9, 16, 4).astype(np.float64)
+        assert _rnn_kernels._small_engine(x, w_ih, w_hh, 4, False) == "numpy"

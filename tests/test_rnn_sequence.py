@@ -492,7 +492,9 @@ class TestSequenceOps:
     def test_the_small_kernel_serves_small_models_only(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Weights of at most SMALL_WEIGHTS_PER_STEP elements a step take the small kernel."""
+        """Weights of at most SMALL_WEIGHTS_PER_STEP elements a step take the small kernel
+        (the numpy engine's: "auto" may give small models to numba)."""
+        monkeypatch.setattr(_rnn_kernels, "_engine", ["numpy"])
         used: list[tuple[int, ...]] = []
         small = _rnn_kernels._lstm_sequence_small
 
@@ -544,6 +546,7 @@ class TestSequenceOps:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The GRU takes its small kernel within the LSTM's bounds (weights a step, gates)."""
+        monkeypatch.setattr(_rnn_kernels, "_engine", ["numpy"])
         used: list[tuple[int, ...]] = []
         small = _rnn_kernels._gru_sequence_small
 
