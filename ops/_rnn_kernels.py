@@ -86,6 +86,7 @@ from . import _rnn_numba
 __all__ = [
     "CHUNK_BYTES",
     "ENGINES",
+    "NUMBA_STEP_MACS_MAX",
     "SMALL_GATES_MAX",
     "SMALL_WEIGHTS_PER_STEP",
     "TANH_DIRECT_MAX",
@@ -176,10 +177,10 @@ def set_recurrent_engine(name: str) -> None:
     (compiled loops that release the GIL, so a model's directions run side by side: an
     optional extra, ``pip install 'numpy-dataflow[numba]'``; see ``ops._rnn_numba``).
 
-    It applies where the numpy kernel would be the small one (weights of at most
-    SMALL_WEIGHTS_PER_STEP elements a step, a gate array of at most SMALL_GATES_MAX) and to
-    float32 models; others keep the numpy kernels. Process-wide: set it before running a
-    model. The sequence ops' learnt kernel times and GIL estimates start over.
+    The numba engine applies to float32 models whose step's recurrent product is at most
+    NUMBA_STEP_MACS_MAX multiply-adds; others keep the numpy kernels. Process-wide: set it
+    before running a model. The sequence ops' learnt kernel times and GIL estimates start
+    over.
     """
     if type(name) is not str:
         raise OpTypeError(
@@ -690,22 +691,26 @@ def _output(steps: int, batch: int, hidden: int, dtype: Any, batch_first: bool) 
 
 
 def _small_engine(x: Array, w_ih: Array, w_hh: Array, gates: int, batch_first: bool) -> str | None:
-    """Which engine runs this direction's small kernel ("numpy", or "numba" where it is set,
-    or "auto" finds it, and the model is float32), or None when the model is not small
-    (SMALL_WEIGHTS_PER_STEP, SMALL_GATES_MAX)."""
+    """Which engine runs this direction: "numba" where it is set (or "auto" finds it), the
+    model is float32 and a step's recurrent product is at most NUMBA_STEP_MACS_MAX
+    multiply-adds; else "numpy" for numpy's small kernel (SMALL_WEIGHTS_PER_STEP,
+    SMALL_GATES_MAX); else None (numpy's big kernels)."""
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = gates * hidden
+    engine = _engine[0]
+    if (
+        engine != "numpy"
+        and batch * width * hidden <= NUMBA_STEP_MACS_MAX
+        and w_hh.dtype == np.float32
+        and (engine == "numba" or (_auto[0] or _resolve_auto()) == "numba")
+    ):
+        return "numba"
     if width * (w_ih.shape[1] + hidden) > steps * SMALL_WEIGHTS_PER_STEP:
         return None
     if batch * width > SMALL_GATES_MAX:
         return None
-    if w_hh.dtype != np.float32:
-        return "numpy"
-    engine = _engine[0]
-    if engine == "auto":
-        engine = _auto[0] or _resolve_auto()
-    return engine
+    return "numpy"
 
 
 # -- LSTM ---------------------------------------------------------------------------------------
@@ -758,6 +763,14 @@ SMALL_WEIGHTS_PER_STEP = 4096
 #: (50, 4, 96): a memory-layout effect not yet understood), so it keeps to gate arrays where
 #: it was measured steady.
 SMALL_GATES_MAX = 1024
+#: The numba engine runs a direction whose step's recurrent product (``B x G*H x H``
+#: multiply-adds) is at most this: its compiled loop does the product itself, without the
+#: GIL, where numpy's kernels pay a BLAS call and a dozen numpy calls a step under it. The
+#: ensemble of 4 bidirectional LSTMs, inter-op 2, BLAS 1, best of 40 forwards in one
+#: process, numba / numpy engine: 0.53 at (T, B, C) = (50, 4, 128) and 0.58 at (20, 1, 256)
+#: (262,144 a step), 0.56 at (50, 2, 256) (524,288); past it 1.03 at (50, 1, 512) and 1.08
+#: at (50, 16, 128) (1,048,576), 1.76 at (50, 8, 256).
+NUMBA_STEP_MACS_MAX = 1 << 19
 
 
 @functools.lru_cache(maxsize=64)

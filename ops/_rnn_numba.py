@@ -7,8 +7,8 @@ per-call overhead, under the GIL: two directions on two threads only take turns.
 kernels run the whole time loop as compiled code without the GIL (``nogil=True``), so the
 scheduler measures them GIL-free and runs a model's directions side by side.
 
-Only where the numpy kernel is the small one (``_rnn_kernels.SMALL_WEIGHTS_PER_STEP`` and
-``SMALL_GATES_MAX``) and only for float32: past those bounds BLAS's own products win, and a
+Only for float32, and where a step's recurrent product is at most
+``_rnn_kernels.NUMBA_STEP_MACS_MAX`` multiply-adds: past that BLAS's own products win, and a
 float64 model keeps numpy's exact functions. The input projection is one BLAS product, as in
 the numpy kernels; the step runs the recurrent product and the gate math in loops compiled
 for this machine. ``tanh`` (and the sigmoids, as ``(tanh(x / 2) + 1) / 2``) is a rational

@@ -201,14 +201,20 @@ class TestEngine:
             small_w[0].astype(np.float64), None, small_w[1].astype(np.float64),
             None, None, False, False,
         )  # fmt: skip
-        big = _rand(4, 256, 64), _rand(5, 256, 64)  # past the small bounds: BLAS wins there
-        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 1, 64), big[0], None, big[1], None, None,
+        # Past numpy's small kernel but within NUMBA_STEP_MACS_MAX (1 x 256 x 64 a step).
+        mid = _rand(4, 256, 64), _rand(5, 256, 64)
+        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 1, 64), mid[0], None, mid[1], None, None,
                                           False, False)  # fmt: skip
-        assert used == [(24, 6)]
+        # Past it (16 x 512 x 128 a step): BLAS's products win there.
+        big = _rand(4, 512, 128), _rand(5, 512, 128)
+        assert _rnn_kernels.NUMBA_STEP_MACS_MAX < 16 * 512 * 128
+        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 16, 128), big[0], None, big[1], None,
+                                          None, False, False)  # fmt: skip
+        assert used == [(24, 6), (256, 64)]
         ops.set_recurrent_engine("numpy")
         _rnn_kernels.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
                                           None, None, False, False)  # fmt: skip
-        assert used == [(24, 6)]
+        assert used == [(24, 6), (256, 64)]
 
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_modules_match_the_reference(self, mode: str) -> None:
@@ -226,6 +232,37 @@ class TestEngine:
         np.testing.assert_allclose(got[0], out_ref, atol=TOL)
         h_n = got[1][0] if mode == "LSTM" else got[1]
         np.testing.assert_allclose(h_n, h_ref, atol=TOL)
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    @pytest.mark.parametrize(("batch", "hidden"), [(1, 256), (2, 256), (4, 128)])
+    def test_middle_sized_models_match_the_reference(
+        self, mode: str, batch: int, hidden: int
+    ) -> None:
+        """Past numpy's small kernel, within NUMBA_STEP_MACS_MAX: longer dot products in the
+        compiled loop, still the reference loop's values."""
+        gates = 4 if mode == "LSTM" else 3
+        assert batch * gates * hidden * hidden <= _rnn_kernels.NUMBA_STEP_MACS_MAX
+        used: list[int] = []
+        real = _rnn_numba.lstm_sequence if mode == "LSTM" else _rnn_numba.gru_sequence
+
+        def spy(*args: Any) -> Any:
+            used.append(1)
+            return real(*args)
+
+        ops.set_recurrent_engine("auto")
+        cls = nn.LSTM if mode == "LSTM" else nn.GRU
+        m = cls(hidden, hidden, bidirectional=True, seed=1)
+        x = _rand(2, 6, batch, hidden)
+
+        async def main() -> Any:
+            return await m(x)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_rnn_numba, "lstm_sequence" if mode == "LSTM" else "gru_sequence", spy)
+            got = dataflow.run(main)
+        assert used  # it ran on numba's loop
+        out_ref, _, _ = ref_rnn(mode, m.state_dict(), x, None, None, 1, True, False)
+        np.testing.assert_allclose(got[0], out_ref, atol=TOL)
 
     @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])

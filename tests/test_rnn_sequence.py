@@ -21,6 +21,13 @@ Array = np.ndarray[Any, Any]
 TOL = 2e-5
 
 
+@pytest.fixture(autouse=True)
+def _numpy_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These are numpy's kernels: the default engine ("auto") would give the small and
+    middle-sized float32 models here to numba's loops (tests/test_rnn_numba.py)."""
+    monkeypatch.setattr(_rnn_kernels, "_engine", ["numpy"])
+
+
 def _rand(seed: int, *shape: int) -> Array:
     a: Array = np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
     return a
@@ -493,8 +500,7 @@ class TestSequenceOps:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Weights of at most SMALL_WEIGHTS_PER_STEP elements a step take the small kernel
-        (the numpy engine's: "auto" may give small models to numba)."""
-        monkeypatch.setattr(_rnn_kernels, "_engine", ["numpy"])
+        (the numpy engine's)."""
         used: list[tuple[int, ...]] = []
         small = _rnn_kernels._lstm_sequence_small
 
@@ -546,7 +552,6 @@ class TestSequenceOps:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The GRU takes its small kernel within the LSTM's bounds (weights a step, gates)."""
-        monkeypatch.setattr(_rnn_kernels, "_engine", ["numpy"])
         used: list[tuple[int, ...]] = []
         small = _rnn_kernels._gru_sequence_small
 
