@@ -8,15 +8,21 @@ thread, and plain numpy 1.26-1.51 s; on 16 cores, 2.1-2.7 s against 0.89 s. One 
 everywhere is no answer either: a single chain of large GEMMs then loses the intra-op level.
 
 So while a runtime with the default intra-op setting runs, the *long* kernels running (those
-whose signature measures at least :data:`LONG_SECONDS`; every pool's, counted under the graph
-lock, process-wide like OpenBLAS's own setting) steer the count. A *crowd* is as many long
-kernels side by side as half BLAS's own count, at least 2 (2 on 2-5 cores, 8 on 16): k
+whose signature measures at least :data:`LONG_SECONDS`) and the kernels of ops that call BLAS
+(an op declares it: ``op.intraop = True``, as ``ops``' matmul, linear and recurrent ops do),
+every pool's, counted under the graph lock, process-wide like OpenBLAS's own setting, steer
+the count. A *crowd* is as many of them side by side as half BLAS's own count, at least 2
+(2 on 2-5 cores, 8 on 16): k
 kernels on one thread each keep k cores busy, one multithreaded call at a time keeps all of
 them busy at the efficiency of BLAS's threading, about half on 16 cores (there, 8 inter-op
 threads at one BLAS thread each ran the seed ensemble in 0.76-0.89 s against 0.83 s for
-plain numpy at 16 BLAS threads, tenth session). Short kernels do not count: one LSTM layer
-at the tutorial's size beside a stream of small ops on the pool took 139-462 ms a forward
-when they did, against 142-166 ms with BLAS's 2 threads kept.
+plain numpy at 16 BLAS threads, tenth session). Short kernels that call no BLAS do not
+count: one LSTM layer at the tutorial's size beside a stream of small ops on the pool took
+139-462 ms a forward when they did, against 142-166 ms with BLAS's 2 threads kept. Short
+BLAS kernels do: two small recurrent directions on numba's loops, whose one BLAS call (the
+input projection) ran on BLAS's 2 threads, left OpenBLAS's helper threads spinning beside
+the other direction (the ensemble at (50, 1, 64) with nothing set: 0.52x numpy's time
+against 0.26x at one BLAS thread).
 
 * a kernel that starts and makes a crowd sets BLAS to one thread;
 * a kernel that starts without one gives BLAS its own count back, once no crowd has run for
@@ -79,9 +85,9 @@ def crowd(own: int) -> int:
 
 
 class BlasGovernor:
-    """The intra-op count of one serializing OpenBLAS, set from the long kernels running
-    (every pool's: the scheduler calls :meth:`start_locked` and :meth:`end_locked` under the
-    graph lock)."""
+    """The intra-op count of one serializing OpenBLAS, set from the long and BLAS-calling
+    kernels running (every pool's: the scheduler calls :meth:`start_locked` and
+    :meth:`end_locked` under the graph lock)."""
 
     __slots__ = ("_get", "_set", "crowd", "current", "long", "own", "paired")
 
@@ -95,8 +101,9 @@ class BlasGovernor:
         self._get = get_threads
         self.own = own  # BLAS's own count: what a lone kernel gets
         self.current = own  # the count set now
-        # The long kernels running now (task ids, every pool's): decided at each one's start,
-        # as its signature's time then stood, so that its end takes off what its start added.
+        # The long and BLAS kernels running now (task ids, every pool's): decided at each
+        # one's start, as its signature then stood, so that its end takes off what its start
+        # added.
         # Kernels that started before this governor existed are not in it.
         self.long: set[int] = set()
         self.paired = -math.inf  # when a crowd of long kernels last ran (perf_counter)

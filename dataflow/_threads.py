@@ -9,7 +9,7 @@ The product of the two should not exceed the cores, or the threads fight for the
 environment variable) makes it exceed them. The defaults (inter-op: the cores; intra-op:
 BLAS's own default, the cores) never warn: where BLAS is OpenBLAS's pthreads build, which runs
 one multithreaded call at a time, a runtime on the defaults gives BLAS one thread while
-long kernels run side by side and its own count otherwise (see ``_blas``).
+long or BLAS-calling kernels run side by side and its own count otherwise (see ``_blas``).
 """
 
 from __future__ import annotations
@@ -166,9 +166,9 @@ def parallel_info() -> str:
     loop in use, and warns when inter-op x intra-op threads exceed the cores because of a
     count someone chose (the defaults never warn; see the module docstring). Left unset,
     where a runtime adapts BLAS's count (``_blas``), the intra-op line says so ("1 while
-    long kernels run side by side"); where a chosen count gives OpenBLAS (pthreads) several threads
-    beside several inter-op threads, a note says that its multithreaded calls run one at a
-    time (docs/getting-started.md, section 5).
+    long or BLAS kernels run side by side"); where a chosen count gives OpenBLAS (pthreads)
+    several threads beside several inter-op threads, a note says that its multithreaded calls
+    run one at a time (docs/getting-started.md, section 5).
     """
     import numpy as np
 
@@ -192,7 +192,11 @@ def parallel_info() -> str:
     lines.append(
         f"intra-op threads (BLAS): {intra}"
         + ("" if "intra-op" in chosen else " (default: BLAS's own")
-        + (f", 1 while {_blas.crowd(intra)}+ long kernels run side by side)" if adaptive else "")
+        + (
+            f", 1 while {_blas.crowd(intra)}+ long or BLAS kernels run side by side)"
+            if adaptive
+            else ""
+        )
         + ("" if "intra-op" in chosen or adaptive else ")")
     )
     for info in blas:

@@ -183,6 +183,10 @@ _lstm_sequence = define_multi(
 _gru_sequence = define_multi(
     "gru_sequence", _gru_sequence_kernel, _gru_sequence_meta, _gru_sequence_cost
 )
+# Their kernels call BLAS (numba's loops too, for the input projection): with the intra-op
+# count left unset, two side by side make a crowd however short they are (dataflow._blas).
+_lstm_sequence.intraop = True  # type: ignore[attr-defined]
+_gru_sequence.intraop = True  # type: ignore[attr-defined]
 
 
 def _forget_learnt() -> None:

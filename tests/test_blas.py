@@ -50,7 +50,7 @@ def _held_count_kernel(x: Any, gate: threading.Event) -> Any:
     return np.full_like(x, _blas_now())
 
 
-def _tiny(x: Any) -> Cost:
+def _tiny(x: Any, *_: Any) -> Cost:
     return Cost(1, 8)
 
 
@@ -61,6 +61,11 @@ held_count = dataflow.op("held_count_blas", meta=_same, handle=Arr, inline=False
     _held_count_kernel
 )
 short = dataflow.op("short_blas", meta=_same, handle=Arr, cost=_tiny, inline=False)(np.negative)
+# Short too, but declared to call BLAS: it counts toward a crowd however short it is.
+short_paired = dataflow.op("short_paired_blas", meta=_same, handle=Arr, cost=_tiny, inline=False)(
+    _paired_kernel
+)
+short_paired.intraop = True  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -157,7 +162,9 @@ class TestRuntime:
 
         now, info = dataflow.run(main, interop_threads=3)
         assert now == 1
-        want = "intra-op threads (BLAS): 2 (default: BLAS's own, 1 while 2+ long kernels run"
+        want = (
+            "intra-op threads (BLAS): 2 (default: BLAS's own, 1 while 2+ long or BLAS kernels run"
+        )
         assert want in info
 
     def test_a_chosen_count_stays(self, own_two: None) -> None:
@@ -255,6 +262,29 @@ class TestRuntime:
             return float((await h)[0])
 
         assert dataflow.run(main, interop_threads=2) == 2
+
+    def test_short_blas_kernels_make_a_crowd(
+        self, own_two: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Kernels of an op that calls BLAS (``op.intraop = True``: ops' matmul, linear and
+        recurrent ops) count however short: two side by side get one thread each, where
+        BLAS's helper threads would otherwise spin beside the other kernel."""
+        monkeypatch.setattr(_blas, "LONG_SECONDS", 1e-3)  # the real threshold
+
+        async def main() -> tuple[float, float]:
+            barrier = threading.Barrier(2)
+            x = np.zeros(2)
+            a, b = short_paired(x, barrier), short_paired(x, barrier)
+            return float((await a)[0]), float((await b)[0])
+
+        assert dataflow.run(main, interop_threads=2) == (1, 1)
+
+    def test_the_flag_is_read_from_the_op(self) -> None:
+        from dataflow._signature import Signature
+
+        assert Signature("x", op=short_paired).intraop is True
+        assert Signature("x", op=short).intraop is False
+        assert Signature("x").intraop is False
 
     def test_nested_runtimes_restore_at_the_last_close(self, own_two: None) -> None:
         async def main() -> tuple[bool, bool]:

@@ -152,7 +152,9 @@ class TestParallelInfo:
         gets one thread while kernels run side by side."""
         info = self._blas(monkeypatch, 16, 16, "openblas", chosen=False)
         assert "note:" not in info
-        want = "intra-op threads (BLAS): 16 (default: BLAS's own, 1 while 8+ long kernels run "
+        want = (
+            "intra-op threads (BLAS): 16 (default: BLAS's own, 1 while 8+ long or BLAS kernels run "
+        )
         assert want in info
         for interop, intra, lib in ((1, 16, "openblas"), (16, 16, "mkl"), (16, 1, "openblas")):
             info = self._blas(monkeypatch, interop, intra, lib, chosen=False)

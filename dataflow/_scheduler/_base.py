@@ -202,9 +202,11 @@ class SchedulerBase:
             if pool.measuring:  # a measured run wants the busy integral (see InteropPool)
                 pool.tick_locked()
             pool.busy += 1
-            gov = _blas.GOVERNOR  # adaptive intra-op threads: long kernels count (see _blas)
-            if gov is not None and task.sig.seconds >= _blas.LONG_SECONDS:
-                gov.start_locked(task.id)
+            gov = _blas.GOVERNOR  # adaptive intra-op threads: long and BLAS kernels count
+            if gov is not None:
+                sig = task.sig
+                if sig.intraop or sig.seconds >= _blas.LONG_SECONDS:
+                    gov.start_locked(task.id)
 
     def _end_locked(self, task: Task) -> None:
         """``task``, which was running, ended (its state already set). Holds the lock."""
