@@ -216,12 +216,13 @@ def _resolve_auto() -> str:
     if found is not None:
         return found
     with _auto_lock:
-        if _auto[0] is None:
-            engine = "numpy"
+        found = _auto[0]
+        if found is None:
+            found = "numpy"
             if _rnn_numba.available():
                 try:
                     _rnn_numba.check()
-                    engine = "numba"
+                    found = "numba"
                 except Exception as exc:  # an installed numba that cannot run our loops
                     warnings.warn(
                         f"ops: the 'numba' recurrent engine is installed but does not work "
@@ -230,10 +231,8 @@ def _resolve_auto() -> str:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-            _auto[0] = found = engine
-        else:
-            found = _auto[0]
-        return found
+            _auto[0] = found
+    return found
 
 
 # Called when the engine changes (the sequence ops register theirs: ``_rnn_ops``).
