@@ -68,7 +68,12 @@ _MAX_SIGNATURES = 4096
 
 
 class Op(Generic[P, R]):
-    """A declared op. Call it like the kernel; it returns pending handle(s) at once."""
+    """A declared op. Call it like the kernel; it returns pending handle(s) at once.
+
+    ``intraop``: set it to True after declaring an op whose kernel calls BLAS (a GEMM, however
+    small): with the intra-op count left unset, its kernels then count toward the crowd that
+    gives BLAS one thread (``dataflow._blas``) however short they are. False by default.
+    """
 
     __slots__ = (
         "__dict__",
@@ -79,6 +84,7 @@ class Op(Generic[P, R]):
         "cost",
         "handle",
         "inline",
+        "intraop",
         "kernel",
         "meta",
         "module",
@@ -124,6 +130,7 @@ class Op(Generic[P, R]):
         self.cost = cost
         self.handle = handle
         self.inline = inline
+        self.intraop = False
         self.check = check
         self._sigs: dict[Any, Signature] = {}
         self._outcomes: dict[Any, Signature] = {}

@@ -142,8 +142,9 @@ class Signature:
         self.cpu_share = 1.0
         self.runner = False
         self.measure = True
-        # The op's kernel calls BLAS (the op says so: ``op.intraop = True``), so it counts
-        # toward a crowd for the adaptive intra-op count however short it is (``_blas``).
+        # The op's kernel calls BLAS (``Op.intraop``), so it counts toward a crowd for the
+        # adaptive intra-op count however short it is (``_blas``). (getattr: a graph's fused
+        # op is not an Op.)
         self.intraop = op is not None and getattr(op, "intraop", False) is True
         # The op reduces a pending stack as a fold of its binary op (``_fold``).
         self.folds = op is not None and getattr(op, "stack_fold", None) is not None

@@ -156,8 +156,8 @@ def _linear_cost(x: Any, w: Any, b: Any = None) -> Cost:
 linear: Op[..., Tensor] = declare("linear", quiet(_linear_kernel), _linear_meta, _linear_cost)
 # Both call BLAS: with the intra-op count left unset, two side by side make a crowd however
 # short they are (one BLAS thread each: dataflow._blas).
-matmul.intraop = True  # type: ignore[attr-defined]
-linear.intraop = True  # type: ignore[attr-defined]
+matmul.intraop = True
+linear.intraop = True
 linear.__doc__ = (
     "``linear(x, w, b=None) = x @ w.T + b`` (torch's convention: ``w`` is "
     "``(out_features, in_features)``, ``b`` is ``(out_features,)``)."

@@ -515,9 +515,8 @@ _rnn_output = define("rnn_output", _output_kernel, _output_meta, _output_cost)
 _stack_states = define("stack_states", _stack_kernel, _stack_meta, _stack_cost)
 _select = define("select", _select_kernel, _select_meta, _select_cost)
 # The kernels that call BLAS (a crowd of them gets one BLAS thread each: dataflow._blas).
-for _op in (_lstm_cell, _gru_cell, _lstm_step, _gru_step, _rnn_projection):
-    setattr(_op, "intraop", True)  # noqa: B010 - an attribute the Op class does not declare
-del _op
+_lstm_cell.intraop = _gru_cell.intraop = _lstm_step.intraop = True
+_gru_step.intraop = _rnn_projection.intraop = True
 
 
 def lstm_cell(

@@ -185,8 +185,8 @@ _gru_sequence = define_multi(
 )
 # Their kernels call BLAS (numba's loops too, for the input projection): with the intra-op
 # count left unset, two side by side make a crowd however short they are (dataflow._blas).
-_lstm_sequence.intraop = True  # type: ignore[attr-defined]
-_gru_sequence.intraop = True  # type: ignore[attr-defined]
+_lstm_sequence.intraop = True
+_gru_sequence.intraop = True
 
 
 def _forget_learnt() -> None:

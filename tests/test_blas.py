@@ -65,7 +65,7 @@ short = dataflow.op("short_blas", meta=_same, handle=Arr, cost=_tiny, inline=Fal
 short_paired = dataflow.op("short_paired_blas", meta=_same, handle=Arr, cost=_tiny, inline=False)(
     _paired_kernel
 )
-short_paired.intraop = True  # type: ignore[attr-defined]
+short_paired.intraop = True
 
 
 @pytest.fixture
