@@ -72,9 +72,10 @@ __all__ = [
 #: beside the spinning helper. A pause longer than the spin pays for it.
 HOLD_SECONDS = 0.25
 
-#: Kernels whose signature measures at least this long count toward a crowd. Below it a
-#: kernel's GEMMs are small enough that BLAS's threads matter little to it, while counting
-#: it would take them from a long kernel beside it.
+#: Kernels whose signature measures at least this long count toward a crowd (kernels of ops
+#: that call BLAS, ``Op.intraop``, count whatever their time). Below it a kernel that calls
+#: no BLAS has no BLAS threads to spare, while counting it would take them from a long
+#: kernel beside it.
 LONG_SECONDS = 1e-3
 
 
@@ -89,7 +90,7 @@ class BlasGovernor:
     kernels running (every pool's: the scheduler calls :meth:`start_locked` and
     :meth:`end_locked` under the graph lock)."""
 
-    __slots__ = ("_get", "_set", "crowd", "current", "long", "own", "paired")
+    __slots__ = ("_get", "_set", "counted", "crowd", "current", "own", "paired")
 
     def __init__(
         self,
@@ -101,19 +102,20 @@ class BlasGovernor:
         self._get = get_threads
         self.own = own  # BLAS's own count: what a lone kernel gets
         self.current = own  # the count set now
-        # The long and BLAS kernels running now (task ids, every pool's): decided at each
-        # one's start, as its signature then stood, so that its end takes off what its start
-        # added.
-        # Kernels that started before this governor existed are not in it.
-        self.long: set[int] = set()
-        self.paired = -math.inf  # when a crowd of long kernels last ran (perf_counter)
+        # The kernels running now that count toward a crowd, long or BLAS-calling (task ids,
+        # every pool's): decided at each one's start, as its signature then stood, so that its
+        # end takes off what its start added. Kernels that started before this governor
+        # existed are not in it.
+        self.counted: set[int] = set()
+        self.paired = -math.inf  # when a crowd last ran (perf_counter)
         self.crowd = crowd(own)
 
     def start_locked(self, task_id: int) -> None:
-        """A long kernel starts: if it makes a crowd, BLAS gets one thread; else BLAS's own
-        count, once no crowd has run for :data:`HOLD_SECONDS`. Holds the graph lock."""
+        """A kernel that counts (long, or one that calls BLAS) starts: if it makes a crowd,
+        BLAS gets one thread; else BLAS's own count, once no crowd has run for
+        :data:`HOLD_SECONDS`. Holds the graph lock."""
         now = time.perf_counter()
-        running = self.long
+        running = self.counted
         if len(running) >= self.crowd - 1:
             self.paired = now
             if self.current != 1:
@@ -123,9 +125,9 @@ class BlasGovernor:
         running.add(task_id)
 
     def end_locked(self, task_id: int) -> None:
-        """A kernel ends: if it was a long one in a crowd, the crowd ran until now. Holds the
+        """A kernel ends: if it counted and was in a crowd, the crowd ran until now. Holds the
         graph lock."""
-        running = self.long
+        running = self.counted
         if task_id in running:
             if len(running) >= self.crowd:
                 self.paired = time.perf_counter()

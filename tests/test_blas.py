@@ -237,11 +237,11 @@ class TestRuntime:
             async with dataflow.Runtime(interop_threads=2, private_pool=True):
                 gov = _blas.GOVERNOR
                 assert gov is not None
-                before = len(gov.long)
+                before = len(gov.counted)
                 gate.set()
                 await h
                 await asyncio.sleep(0.05)
-                return before, len(gov.long)
+                return before, len(gov.counted)
 
         assert dataflow.run(main, interop_threads=2, intraop_threads=2) == (0, 0)
 
@@ -396,7 +396,7 @@ class TestGovernor:
         p.step(1)
         p.step(1)
         assert calls == [1]
-        assert len(gov.long) == 2
+        assert len(gov.counted) == 2
 
     def test_a_crowd_is_half_the_own_count(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """With 16 BLAS threads, up to 7 kernels side by side keep them (one multithreaded

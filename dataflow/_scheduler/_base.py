@@ -217,7 +217,7 @@ class SchedulerBase:
                 pool.tick_locked()
             pool.busy -= 1
             gov = _blas.GOVERNOR
-            if gov is not None and gov.long:
+            if gov is not None and gov.counted:
                 gov.end_locked(task.id)
 
     def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
