@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from ._signature import Signature
     from ._task import Task
 
-__all__ = ["fold_stack"]
+__all__ = ["fold_stack", "foldable"]
 
 
 def fold_stack(
@@ -70,21 +71,12 @@ def fold_stack(
     stack_axis = sargs[1] if len(sargs) > 1 else skw.get("axis", 0)
     axis = args[1] if len(args) > 1 else kwargs.get("axis")
     keepdims = args[2] if len(args) > 2 else kwargs.get("keepdims", False)
-    if keepdims is not False or type(axis) is not int or type(stack_axis) is not int:
-        return None
     stacked, out = stack.sig.spec, sig.spec
     dtype, shape = getattr(stacked, "dtype", None), getattr(stacked, "shape", None)
     if dtype is None or type(shape) is not tuple or getattr(out, "dtype", None) != dtype:
         return None
-    if np.dtype(dtype).kind != "f":
-        return None
-    ndim = len(shape)
-    if not -ndim <= axis < ndim or axis % ndim != stack_axis % ndim:
-        return None
-    if any(getattr(item, "dtype", None) != dtype for item in items):
-        return None  # the stack promotes mixed dtypes first: a fold would round differently
-    only = getattr(op, "stack_fold_dtypes", None)
-    if only is not None and np.dtype(dtype).name not in only:
+    item_dtypes = [getattr(item, "dtype", None) for item in items]
+    if not foldable(op, dtype, item_dtypes, len(shape), axis, stack_axis, keepdims):
         return None
     fold: Any = op.stack_fold  # type: ignore[attr-defined]
     acc: Any = items[0]
@@ -96,6 +88,31 @@ def fold_stack(
     # The stack: dropped unrun once its handle is gone, unless something else reads it.
     stack.handles = weakref.ref(x, functools.partial(_unwanted, stack))
     return acc
+
+
+def foldable(
+    op: Any,
+    dtype: Any,
+    item_dtypes: Iterable[Any],
+    ndim: int,
+    axis: Any,
+    stack_axis: Any,
+    keepdims: Any,
+) -> bool:
+    """Whether the reduction ``op`` of a stack (``ndim`` dimensions, ``dtype``, the reduction's
+    output's too) of values of ``item_dtypes``, called with ``axis`` and ``keepdims`` on a
+    stack along ``stack_axis``, may run as a fold: the rules the eager fold and the graph pass
+    (``graph.fold_stack_reductions``) share."""
+    if keepdims is not False or type(axis) is not int or type(stack_axis) is not int:
+        return False
+    if np.dtype(dtype).kind != "f":
+        return False
+    if not -ndim <= axis < ndim or axis % ndim != stack_axis % ndim:
+        return False
+    if any(d != dtype for d in item_dtypes):
+        return False  # the stack promotes mixed dtypes first: a fold would round differently
+    only = getattr(op, "stack_fold_dtypes", None)
+    return only is None or np.dtype(dtype).name in only
 
 
 def _unwanted(stack: Task, _ref: object = None) -> None:

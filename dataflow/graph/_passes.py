@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import DataflowTypeError, DataflowValueError
+from .._fold import foldable
 from .._task import Cost
 from ._builder import Builder
 from ._fused import ENGINES, FusedOp
@@ -237,30 +238,28 @@ def _stack_fold(graph: Graph, i: int, readers: list[int]) -> tuple[Any, list[Any
     if fold is None or set(node.kwargs) - {"axis", "keepdims"} or len(node.args) > 3:
         return None
     x = node.args[0] if node.args else None
-    axis = _argument(node, 1, "axis", None)
     if type(x) is not NodeRef or x.index is not None or readers[x.node] != 1:
-        return None
-    if _argument(node, 2, "keepdims", False) is not False or type(axis) is not int:
         return None
     stack = graph.nodes[x.node]
     if getattr(stack.op, "stacks", False) is not True or set(stack.kwargs) - {"axis"}:
         return None
     items: Any = stack.args[0] if stack.args else None
-    stack_axis = _argument(stack, 1, "axis", 0)
-    if type(items) not in (list, tuple) or len(items) < 2 or type(stack_axis) is not int:
+    if type(items) not in (list, tuple) or len(items) < 2:
         return None
     if not all(type(v) in (NodeRef, InputRef, ConstRef) for v in items):
         return None
     st, out = stack.types[0] if stack.types else None, node.types[0] if node.types else None
-    if st is None or out is None or st.dtype != out.dtype or st.dtype.kind != "f":
+    if st is None or out is None or st.dtype != out.dtype:
         return None
-    if any(_dtype_of(graph, v) != st.dtype for v in items):
-        return None  # the stack promotes mixed dtypes first: a fold would round differently
-    only = getattr(node.op, "stack_fold_dtypes", None)
-    if only is not None and st.dtype.name not in only:
-        return None
-    ndim = len(st.shape)
-    if not -ndim <= axis < ndim or axis % ndim != stack_axis % ndim:
+    if not foldable(
+        node.op,
+        st.dtype,
+        (_dtype_of(graph, v) for v in items),
+        len(st.shape),
+        _argument(node, 1, "axis", None),
+        _argument(stack, 1, "axis", 0),
+        _argument(node, 2, "keepdims", False),
+    ):
         return None
     return fold, list(items), getattr(node.op, "stack_finish", None)
 
