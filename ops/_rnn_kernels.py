@@ -46,10 +46,19 @@ code written the obvious way:
   (50, 8, 512), 0.56x at (50, 4, 256), 0.86-0.96x from H = 64 to 512; none better at the
   tutorial's (50, 50, 1024), where the per-call copy (16 MiB) is not tried
   (:data:`BLOCK_COPY_BYTES_MAX`). The GRU kernel has the same blocked form.
-* **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed
-  and each block width; the GRU's plain and blocked ones) on a short sequence, once per
-  shape, dtype, BLAS thread count and weight order, and takes the fastest where it is
-  clearly faster than the plain one.
+* **Or with the projection inside the step.** The LSTM's fused form
+  (:func:`_lstm_sequence_fused`) copies both weights for the call into column blocks of
+  ``[W_ih, W_hh].T`` and computes each step's gates as one stacked ``np.matmul([x_t, h],
+  wb)``: no projection of the sequence and no buffer for it. Each block's product is then
+  small enough for OpenBLAS's small-matrix kernels, which skip packing the operands: one
+  thread at (T, B, C) = (50, 50, 256), 116 GFLOP/s against 95-102 for the projection as one
+  big GEMM and 115 for the recurrent product alone in blocks; a whole direction 27.5 ms
+  against 30.5 blocked, 33.6 transposed and 38.8 plain; 108 against 112 blocked at
+  (50, 50, 512). Up to :data:`FUSED_COPY_BYTES_MAX` of weights (not at the tutorial's size).
+* **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed,
+  each block width and each fused width; the GRU's plain and blocked ones) on a short
+  sequence, once per shape (input size included), dtype, BLAS thread count and weight order,
+  and takes the fastest where it is clearly faster than the plain one.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
   numpy's per-call overhead (about 0.4 us a call) is most of it, the LSTM kernel
   (:func:`_lstm_sequence_small`, see :data:`SMALL_WEIGHTS_PER_STEP`) copies the weights for
@@ -359,8 +368,21 @@ BLOCK_WIDTHS = (32, 64, 128)
 #: from 1.16x to 1.21x numpy's.
 BLOCK_COPY_BYTES_MAX = 4 << 20
 
-#: The forms of the LSTM kernel (:func:`_kernel_form`): "plain", "transposed", or a block width.
-Form: TypeAlias = "str | int"
+#: The block widths the fused LSTM kernel (:func:`_lstm_sequence_fused`) is measured with:
+#: those that divide the hidden size. Its step GEMM, ``[x_t, h] (B, I + H) @ Wb[k]`` per block,
+#: is fastest where each block's product is small enough for OpenBLAS's small-matrix kernels
+#: (no packing of either operand): at (B, I + H) = (50, 512), blocks of 32 ran at 116 GFLOP/s
+#: on one thread, 16 at 112 and 64 at 89, against 95-102 for the input projection as one
+#: GEMM of all T * B rows.
+FUSED_WIDTHS = (16, 32)
+#: The fused form copies both weights (``G*H x (I + H)``) at every call; past this many bytes
+#: it is not tried. At the tutorial's size (32 MiB) it measured 2% faster at best, for a copy
+#: as big as the projection buffer it saves.
+FUSED_COPY_BYTES_MAX = 8 << 20
+
+#: The forms of the LSTM kernel (:func:`_kernel_form`): "plain", "transposed", a block width
+#: (int), or ``("fused", width)``.
+Form: TypeAlias = "str | int | tuple[str, int]"
 
 
 _blas_libs: list[Any] = []  # threadpoolctl's controllers of the BLAS libraries (found once)
@@ -380,7 +402,7 @@ def _blas_threads() -> int:
     return max((lib.get_num_threads() for lib in _blas_libs[0]), default=1)
 
 
-_forms: dict[tuple[int, int, int, Any, int, bool], Form] = {}
+_forms: dict[tuple[int, int, int, Any, int, bool, int], Form] = {}
 _forms_lock = threading.Lock()
 
 
@@ -391,12 +413,13 @@ def _kernel_form(
     dtype: np.dtype[Any],
     blas_threads: int = 1,
     fortran: bool = False,
+    inputs: int | None = None,
 ) -> Form:
-    """:func:`_measure_form`'s answer for this shape, measured once per process: by one
-    thread at a time, so that the first calls of a model's directions on several threads
-    (an ensemble's, all at once) do not time their kernels against each other; the others
-    wait for the answer."""
-    key = (batch, hidden, gates, dtype, blas_threads, fortran)
+    """:func:`_measure_form`'s answer for this shape (``inputs``: the input size, None for
+    ``hidden``), measured once per process: by one thread at a time, so that the first calls
+    of a model's directions on several threads (an ensemble's, all at once) do not time their
+    kernels against each other; the others wait for the answer."""
+    key = (batch, hidden, gates, dtype, blas_threads, fortran, hidden if inputs is None else inputs)
     form = _forms.get(key)
     if form is None:
         with _forms_lock:
@@ -413,13 +436,16 @@ def _measure_form(
     dtype: np.dtype[Any],
     blas_threads: int = 1,
     fortran: bool = False,
+    inputs: int | None = None,
 ) -> Form:
     """Which form of the LSTM kernel (``gates`` 4) or the GRU kernel (3) is fastest for this
-    shape and BLAS thread count (:func:`_blas_threads`, which the caller passes; the
-    measurement runs under it): ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``,
-    every per-step array features x batch: the LSTM only) or a block width from
-    :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate columns,
-    :func:`_lstm_sequence_blocked`, :func:`_gru_sequence_blocked`).
+    shape (``inputs``: the input size, None for ``hidden``) and BLAS thread count
+    (:func:`_blas_threads`, which the caller passes; the measurement runs under it):
+    ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``, every per-step array features x
+    batch: the LSTM only), a block width from :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of
+    gate columns, :func:`_lstm_sequence_blocked`, :func:`_gru_sequence_blocked`) or
+    ``("fused", width)`` with a width from :data:`FUSED_WIDTHS` (the input projection inside
+    the step's blocked GEMM, :func:`_lstm_sequence_fused`: the LSTM only).
 
     The whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
     real batch, width and dtype, interleaved, best of a few runs each (more for small kernels);
@@ -442,21 +468,24 @@ def _measure_form(
     lstm = gates == _LSTM_GATES
     if not (lstm or gates == _GRU_GATES) or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
         return "plain"
+    inputs = hidden if inputs is None else inputs
     width = gates * hidden
     forms: list[Form] = ["plain", "transposed"] if lstm and not fortran else ["plain"]
     if width * hidden * dtype.itemsize <= BLOCK_COPY_BYTES_MAX:
         forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
+    if lstm and width * (inputs + hidden) * dtype.itemsize <= FUSED_COPY_BYTES_MAX:
+        forms += [("fused", b) for b in FUSED_WIDTHS if hidden % b == 0]
     if len(forms) == 1:  # nothing to choose from (a large GRU, or a Fortran-ordered LSTM)
         return "plain"
     rng = np.random.default_rng(0)
 
-    def weight() -> Array:
-        w: Array = (rng.random((width, hidden), dtype=np.float32) - 0.5).astype(dtype, copy=False)
-        w *= dtype.type(1.0 / math.sqrt(hidden))
+    def weight(cols: int) -> Array:
+        w: Array = (rng.random((width, cols), dtype=np.float32) - 0.5).astype(dtype, copy=False)
+        w *= dtype.type(1.0 / math.sqrt(cols))
         return w
 
-    x: Array = rng.random((_FORM_STEPS, batch, hidden), dtype=np.float32).astype(dtype, copy=False)
-    w_ih, w_hh = weight(), weight()
+    x: Array = rng.random((_FORM_STEPS, batch, inputs), dtype=np.float32).astype(dtype, copy=False)
+    w_ih, w_hh = weight(inputs), weight(hidden)
     bias = np.zeros(width, dtype=dtype)
     if fortran:
         w_hh = w_hh_plain = np.asfortranarray(w_hh)
@@ -479,6 +508,10 @@ def _measure_form(
             return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False)
         if form == "transposed":
             return lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False)
+        if isinstance(form, tuple):
+            return lambda: _lstm_sequence_fused(
+                x, w_ih, bias, w_hh, None, None, False, False, form[1]
+            )
         assert isinstance(form, int)
         return lambda: _lstm_sequence_blocked(x, w_ih, bias, w_hh, None, None, False, False, form)
 
@@ -740,9 +773,13 @@ def lstm_sequence_kernel(
     if small == "numpy":
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     fortran = not w_hh.flags.c_contiguous
-    form = _kernel_form(batch, hidden, _LSTM_GATES, w_hh.dtype, _blas_threads(), fortran)
+    form = _kernel_form(
+        batch, hidden, _LSTM_GATES, w_hh.dtype, _blas_threads(), fortran, w_ih.shape[1]
+    )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
+    if type(form) is tuple:  # (any layout of either weight: the call copies both into blocks)
+        return _lstm_sequence_fused(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form[1])
     if form == "transposed" and not fortran:
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
@@ -1051,6 +1088,77 @@ def _lstm_sequence_blocked(
                 np.multiply(hb, o, out=hb)
                 np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
                 h = seq[t]
+    h_n = np.array(seq[0] if reverse else seq[steps - 1])
+    return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
+
+
+def _lstm_sequence_fused(
+    x: Array,
+    w_ih: Array,
+    bias: Array | None,
+    w_hh: Array,
+    h0: Array | None,
+    c0: Array | None,
+    reverse: bool,
+    batch_first: bool,
+    block: int,
+) -> tuple[Array, Array, Array]:
+    """:func:`lstm_sequence_kernel` with the input projection inside each step's GEMM, in
+    column blocks of ``block`` gate columns (``block`` divides H; see :data:`FUSED_WIDTHS`).
+    Same results.
+
+    Both weights are copied for the call into ``wb`` (blocks, I + H, block), ``wb[k] =
+    [W_ih, W_hh][k*block : (k+1)*block].T``, and each step's gates are one stacked
+    ``np.matmul([x_t, h], wb)`` (blocks, B, block), plus the bias: no projection of the whole
+    sequence, so no projection buffer either. ``[x_t, h]`` is one (B, I + H) buffer: the step
+    copies ``x_t`` into its left part, and its h, after the transposing copy into its output
+    row, into the right part for the next step. Gates, cell and hidden state stay in the block
+    layout of :func:`_lstm_sequence_blocked`.
+    """
+    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
+    hidden, inputs = w_hh.shape[1], w_ih.shape[1]
+    width = _LSTM_GATES * hidden
+    dtype = w_hh.dtype
+    blocks, per_gate = width // block, hidden // block
+    out = _output(steps, batch, hidden, dtype, batch_first)
+    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
+    seq_blocks = _output_blocks(out, block, batch_first)
+    xseq = x.swapaxes(0, 1) if batch_first else x  # (T, B, I) view either way
+    wb = _scratch("w_cat_blocks", (blocks, inputs + hidden, block), dtype)
+    np.copyto(wb[:, :inputs], np.asarray(w_ih).reshape(blocks, block, inputs).transpose(0, 2, 1))
+    np.copyto(wb[:, inputs:], np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
+    bias_b = None if bias is None else np.asarray(bias, dtype=dtype).reshape(blocks, 1, block)
+    xh = _scratch("xh", (batch, inputs + hidden), dtype)
+    x_part, h_part = xh[:, :inputs], xh[:, inputs:]
+    if h0 is None:
+        h_part.fill(0)
+    else:
+        np.copyto(h_part, h0)
+    gates = _scratch("gates", (blocks, batch, block), dtype)
+    flat = gates.reshape(blocks, batch * block)  # the gate math's view: gate q = row blocks q
+    c = np.zeros((per_gate, batch, block), dtype=dtype)
+    if c0 is not None:
+        c[...] = np.asarray(c0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
+    hb = _scratch("h", (per_gate, batch, block), dtype)  # this step's h, in blocks
+    i = gates[:per_gate]
+    f = gates[per_gate : 2 * per_gate]
+    g = gates[2 * per_gate : 3 * per_gate]
+    o = gates[3 * per_gate :]
+    nonlinear = _lstm_gates(flat, per_gate, True)
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
+        for t in range(steps - 1, -1, -1) if reverse else range(steps):
+            np.copyto(x_part, xseq[t])
+            np.matmul(xh, wb, out=gates)
+            if bias_b is not None:
+                np.add(gates, bias_b, out=gates)
+            nonlinear(flat)
+            np.multiply(i, g, out=i)
+            np.multiply(c, f, out=c)
+            np.add(c, i, out=c)
+            _tanh_into(c, hb)
+            np.multiply(hb, o, out=hb)
+            np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
+            np.copyto(h_part, seq[t])
     h_n = np.array(seq[0] if reverse else seq[steps - 1])
     return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
 

@@ -180,6 +180,79 @@ class TestSequenceOps:
         self.test_against_reference(mode, reverse, batch_first, with_state)
         assert used == [block]
 
+    @pytest.mark.parametrize("block", [1, 2, 3, 6])
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
+    )
+    def test_fused_form_against_reference(
+        self,
+        block: int,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
+    ) -> None:
+        """The LSTM kernel with the input projection inside each step's blocked GEMM ([x_t, h]
+        @ Wb[k]: where that is faster) equals the reference loop, every flag and block width
+        (hidden 6, input 5: the weights' copy has unequal parts)."""
+        used: list[int] = []
+        fused = _rnn_kernels._lstm_sequence_fused
+
+        def spy(*args: Any) -> Any:
+            used.append(args[-1])
+            return fused(*args)
+
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("fused", block))
+        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_fused", spy)
+        self.test_against_reference("LSTM", reverse, batch_first, with_state)
+        assert used == [block]
+
+    def test_the_fused_form_equals_torch_and_the_other_forms(self) -> None:
+        """On random data at a real width (hidden 64, input 48, batch 5), with the weights in
+        either memory order and a dtype-cast state: the fused kernel agrees with the plain,
+        transposed and blocked ones, and with torch's LSTM where torch is installed."""
+        steps, batch, inp, hid = 9, 5, 48, 64
+        w_ih, w_hh, bias = _rand(1, 4 * hid, inp), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
+        w_hh *= np.float32(0.2)
+        x, h0, c0 = _rand(4, steps, batch, inp), _rand(5, batch, hid), _rand(6, batch, hid)
+        args = (x, w_ih, bias, w_hh, h0, c0, False, False)
+        want = _rnn_kernels._lstm_sequence_plain(*args)
+        others = [
+            _rnn_kernels._lstm_sequence_transposed(*args),
+            _rnn_kernels._lstm_sequence_blocked(*args, 32),
+        ]
+        for block in (16, 32, 64):
+            for ih, hh in ((w_ih, w_hh), (np.asfortranarray(w_ih), np.asfortranarray(w_hh))):
+                others.append(
+                    _rnn_kernels._lstm_sequence_fused(x, ih, bias, hh, h0, c0, False, False, block)
+                )
+        others.append(
+            _rnn_kernels._lstm_sequence_fused(
+                x, w_ih, None, w_hh, h0.astype(np.float64), c0, False, False, 16
+            )
+        )
+        no_bias = _rnn_kernels._lstm_sequence_plain(x, w_ih, None, w_hh, h0, c0, False, False)
+        for got in others[:-1]:
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, atol=1e-5)
+        for g, w in zip(others[-1], no_bias, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+        torch = pytest.importorskip("torch")
+        lstm = torch.nn.LSTM(inp, hid)
+        with torch.no_grad():
+            lstm.weight_ih_l0.copy_(torch.from_numpy(w_ih))
+            lstm.weight_hh_l0.copy_(torch.from_numpy(w_hh))
+            lstm.bias_ih_l0.copy_(torch.from_numpy(bias))
+            lstm.bias_hh_l0.zero_()
+            out, (h_n, c_n) = lstm(
+                torch.from_numpy(x), (torch.from_numpy(h0)[None], torch.from_numpy(c0)[None])
+            )
+        fused = others[3]
+        np.testing.assert_allclose(fused[0], out.numpy(), atol=1e-5)
+        np.testing.assert_allclose(fused[1], h_n[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(fused[2], c_n[0].numpy(), atol=1e-5)
+
     @pytest.mark.parametrize("order", ["C", "F"])
     def test_the_blocked_form_reads_either_weight_order_and_equals_the_others(
         self, order: str
@@ -221,7 +294,7 @@ class TestSequenceOps:
         monkeypatch.setattr(_rnn_kernels, "_measure_form", measure)
         monkeypatch.setattr(_rnn_kernels, "_forms", {})
         got: list[Any] = []
-        key = (7, 192, 4, np.dtype(np.float32), 1, False)
+        key = (7, 192, 4, np.dtype(np.float32), 1, False, 96)
         threads = [
             threading.Thread(target=lambda: got.append(_rnn_kernels._kernel_form(*key)))
             for _ in range(4)
@@ -232,6 +305,9 @@ class TestSequenceOps:
             t.join()
         assert got == [64] * 4
         assert calls == [key]
+        # No input size given: the hidden size's, a key of its own.
+        assert _rnn_kernels._kernel_form(*key[:6]) == 64
+        assert calls == [key, (*key[:6], 192)]
 
     def test_forms_are_measured_per_blas_thread_count(
         self, monkeypatch: pytest.MonkeyPatch
@@ -266,13 +342,13 @@ class TestSequenceOps:
         x = _rand(4, 6, 3, 5)
         args = (x, w_ih, bias, np.asfortranarray(w_hh), None, None, False, False)
         got = _rnn_kernels.lstm_sequence_kernel(*args)
-        assert asked == [(3, hid, 4, np.dtype(np.float32), 7, True)]
+        assert asked == [(3, hid, 4, np.dtype(np.float32), 7, True, 5)]
         assert ran == []  # plain: the transposed form wants the weight row-major
         want = transposed(x, w_ih, bias, w_hh, None, None, False, False)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-6)
         _rnn_kernels.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, False, False)
-        assert asked[-1][-1] is False and ran == [True]
+        assert asked[-1][5] is False and ran == [True]
 
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
     def test_a_weight_past_the_copy_bound_runs_in_either_order(
@@ -405,16 +481,19 @@ class TestSequenceOps:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Every LSTM kernel form runs on a short sequence of the real shape (plain,
-        transposed, and the blocked one at each block width that divides the hidden size);
-        the fastest other form is taken only when it times at least 5% faster than the plain
-        one (the GEMM alone flipped between processes and missed the gate math's
-        difference). The timings are given here, not measured."""
+        transposed, the blocked one at each block width that divides the hidden size, and
+        the fused one at each of its widths that does); the fastest other form is taken only
+        when it times at least 5% faster than the plain one (the GEMM alone flipped between
+        processes and missed the gate math's difference). The timings are given here, not
+        measured."""
         ran: list[tuple[Any, tuple[int, ...], bool]] = []
-        for name in ("plain", "transposed", "blocked"):
+        for name in ("plain", "transposed", "blocked", "fused"):
             kernel = getattr(_rnn_kernels, f"_lstm_sequence_{name}")
 
             def spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
-                form = args[8] if name == "blocked" else name
+                form: Any = name
+                if name in ("blocked", "fused"):
+                    form = args[8] if name == "blocked" else ("fused", args[8])
                 ran.append((form, args[0].shape, bool(args[3].flags.c_contiguous)))
                 return kernel(*args)
 
@@ -430,6 +509,8 @@ class TestSequenceOps:
             return times
 
         monkeypatch.setattr(_rnn_kernels, "_best_times", best_times)
+        fused_cap = _rnn_kernels.FUSED_COPY_BYTES_MAX
+        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 0)  # (until its own part)
         decide = _rnn_kernels._measure_form
         f32 = np.dtype(np.float32)
         forms = ["plain", "transposed", 32, 64, 128]
@@ -495,6 +576,32 @@ class TestSequenceOps:
         assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, f32) == "plain"
         assert decide(8, _rnn_kernels._FORM_MIN_HIDDEN - 1, 4, f32) == "plain"
         assert ran == []
+        # The fused form: each of its widths, on the real input size (it takes the input
+        # projection into the step's GEMM); the LSTM's only, any weight order, bounded by its
+        # copy of both weights (G*H x (I + H)).
+        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", fused_cap)
+        ran.clear()
+        times[:] = [0.02, 0.015, 0.015, 0.015, 0.015, 0.012, 0.01]
+        assert decide(8, 256, 4, f32, 1, False, 40) == ("fused", 32)
+        assert [form for form, _, _ in ran] == [*forms, ("fused", 16), ("fused", 32)]
+        assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 8, 40)}
+        ran.clear()
+        times[:] = [0.02, 0.01, 0.015, 0.015, 0.009, 0.0095]
+        assert decide(8, 256, 4, f32, 1, True, 40) == ("fused", 16)
+        assert [form for form, _, _ in ran] == ["plain", 32, 64, 128, ("fused", 16), ("fused", 32)]
+        ran.clear()
+        times[:] = [0.02, 0.03, 0.01]
+        assert decide(8, 80, 4, f32, 1, False, 40) == ("fused", 16)
+        assert [form for form, _, _ in ran] == ["plain", "transposed", ("fused", 16)]
+        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 4 * 256 * (40 + 256) * 4 - 1)
+        ran.clear()
+        times[:] = [0.02, 0.015, 0.015, 0.01, 0.015]
+        assert decide(8, 256, 4, f32, 1, False, 40) == 64
+        assert [form for form, _, _ in ran] == forms
+        ran.clear()
+        times[:] = [0.02, 0.015, 0.01, 0.012]
+        assert decide(8, 256, 3, f32, 1, False, 40) == 64  # a GRU: never fused
+        assert [form for form, _, _ in ran] == ["gru", 32, 64, 128]
 
     def test_the_small_kernel_serves_small_models_only(
         self, monkeypatch: pytest.MonkeyPatch
@@ -653,10 +760,11 @@ class TestSequenceOps:
             np.testing.assert_allclose(a, b, atol=1e-6)
 
     @pytest.mark.parametrize(
-        ("tanh_form", "form"), list(itertools.product((False, True), ("plain", "transposed", 32)))
+        ("tanh_form", "form"),
+        list(itertools.product((False, True), ("plain", "transposed", 32, ("fused", 32)))),
     )
     def test_a_large_state_in_every_form(
-        self, tanh_form: bool, form: str | int, monkeypatch: pytest.MonkeyPatch
+        self, tanh_form: bool, form: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Above TANH_DIRECT_MAX elements (the state's tanh through np.tanh or through exp),
         in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
