@@ -46,6 +46,12 @@ code written the obvious way:
   (50, 8, 512), 0.56x at (50, 4, 256), 0.86-0.96x from H = 64 to 512; none better at the
   tutorial's (50, 50, 1024), where the per-call copy (16 MiB) is not tried
   (:data:`BLOCK_COPY_BYTES_MAX`). The GRU kernel has the same blocked form.
+* **Or in narrow blocks read in place.** The blocked kernels also run with ``W_hh`` not
+  copied: block ``k`` is ``h @ W[k*w : (k+1)*w].T``, a row-major weight's row block that
+  BLAS reads as a transposed operand (``("view", w)``, :data:`VIEW_WIDTHS`), so no size
+  bound applies. Blocks of 8 or 16 gate columns keep each product within OpenBLAS's
+  small-matrix kernels: at the tutorial's (50, 1024) one step ran at 94 GFLOP/s against 76
+  transposed, and a whole direction in 456 ms against 512.
 * **Or with the projection inside the step.** The LSTM's fused form
   (:func:`_lstm_sequence_fused`) copies both weights for the call into column blocks of
   ``[W_ih, W_hh].T`` and computes each step's gates as one stacked ``np.matmul([x_t, h],
@@ -56,7 +62,8 @@ code written the obvious way:
   against 30.5 blocked, 33.6 transposed and 38.8 plain; 108 against 112 blocked at
   (50, 50, 512). Up to :data:`FUSED_COPY_BYTES_MAX` of weights (not at the tutorial's size).
 * **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed,
-  each block width and each fused width; the GRU's plain and blocked ones) on a short
+  each block width, copied or read in place, and each fused width; the GRU's plain and
+  blocked ones) on a short
   sequence, once per shape (input size included), dtype, BLAS thread count and weight order,
   and takes the fastest where it is clearly faster than the plain one.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
@@ -290,15 +297,24 @@ def lay_out(w: Array) -> Array:
 
     Returns ``w`` itself when it already is, else a copy in the other order (same values,
     shape and dtype). Measured once per shape and dtype on this machine.
+
+    The kernel forms are measured at the process's BLAS thread count of the moment and at
+    one thread (:func:`_layout_forms`): inside a runtime, recurrent kernels that run side by
+    side run on one BLAS thread each, while a model is usually built outside it, under the
+    process's default count. The weight stays row-major where another form than the plain
+    one wins at either count (those forms want it row-major); Fortran order, which only the
+    plain form gains from, is kept for where the plain form wins at both. (Measured at the
+    current count alone, the tutorial's weight was stored in Fortran order, where the plain
+    form wins on 2 BLAS threads, and its directions then ran on one thread in the plain form,
+    7-17% slower than the form a row-major weight takes there.)
     """
     if w.ndim != 2 or w.dtype.kind != "f":
         return w
     rows, cols = w.shape
     # Where the transposed or a blocked form wins, it wants W row-major (the LSTM's 4 gates,
     # the GRU's 3).
-    transposed = (
-        rows % cols == 0
-        and _kernel_form(_LAYOUT_BATCH, cols, rows // cols, w.dtype, _blas_threads()) != "plain"
+    transposed = rows % cols == 0 and any(
+        form != "plain" for form in _layout_forms(cols, rows // cols, w.dtype)
     )
     fortran = not transposed and _fortran_is_faster(rows, cols, w.dtype)
     if fortran and not w.flags.f_contiguous:
@@ -306,6 +322,20 @@ def lay_out(w: Array) -> Array:
     if not fortran and not w.flags.c_contiguous:
         return np.ascontiguousarray(w)
     return w
+
+
+def _layout_forms(hidden: int, gates: int, dtype: np.dtype[Any]) -> list[Form]:
+    """The kernel forms :func:`lay_out` weighs: at the process's BLAS thread count now and at
+    one thread (measured under a one-thread limit for that, which lasts the measurement:
+    a model is built before its runs, not during them)."""
+    threads = _blas_threads()
+    forms = [_kernel_form(_LAYOUT_BATCH, hidden, gates, dtype, threads)]
+    if threads != 1:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            forms.append(_kernel_form(_LAYOUT_BATCH, hidden, gates, dtype, 1))
+    return forms
 
 
 def _best_times(
@@ -380,8 +410,17 @@ FUSED_WIDTHS = (16, 32)
 #: as big as the projection buffer it saves.
 FUSED_COPY_BYTES_MAX = 8 << 20
 
+#: The block widths the blocked kernels are also measured with reading ``W_hh`` in place
+#: (``("view", width)``: no copy, so no bound on the weight's size): block ``k`` of the
+#: product is ``h @ W[k*width : (k+1)*width].T``, a transposed operand BLAS reads as it is.
+#: Narrow blocks keep each product within OpenBLAS's small-matrix kernels: at the tutorial's
+#: (B, H) = (50, 1024), one thread, blocks of 16 read in place ran at 94 GFLOP/s and 8 at
+#: 93, against 76 for ``W @ h.T`` and 61 for ``h @ W.T``; a whole direction took 456 ms
+#: against 512 transposed.
+VIEW_WIDTHS = (8, 16)
+
 #: The forms of the LSTM kernel (:func:`_kernel_form`): "plain", "transposed", a block width
-#: (int), or ``("fused", width)``.
+#: (int), ``("view", width)`` (blocked, ``W_hh`` read in place) or ``("fused", width)``.
 Form: TypeAlias = "str | int | tuple[str, int]"
 
 
@@ -473,6 +512,8 @@ def _measure_form(
     forms: list[Form] = ["plain", "transposed"] if lstm and not fortran else ["plain"]
     if width * hidden * dtype.itemsize <= BLOCK_COPY_BYTES_MAX:
         forms += [b for b in BLOCK_WIDTHS if hidden % b == 0]
+    if not fortran:  # (in place, the blocks are row blocks of a row-major W_hh)
+        forms += [("view", b) for b in VIEW_WIDTHS if hidden % b == 0]
     if lstm and width * (inputs + hidden) * dtype.itemsize <= FUSED_COPY_BYTES_MAX:
         forms += [("fused", b) for b in FUSED_WIDTHS if hidden % b == 0]
     if len(forms) == 1:  # nothing to choose from (a large GRU, or a Fortran-ordered LSTM)
@@ -500,6 +541,10 @@ def _measure_form(
                 return lambda: _gru_sequence_plain(
                     x, w_ih, bias, w_hh_plain, bias, None, False, False
                 )
+            if isinstance(form, tuple):
+                return lambda: _gru_sequence_blocked(
+                    x, w_ih, bias, w_hh, bias, None, False, False, form[1], True
+                )
             assert isinstance(form, int)
             return lambda: _gru_sequence_blocked(
                 x, w_ih, bias, w_hh, bias, None, False, False, form
@@ -508,6 +553,10 @@ def _measure_form(
             return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False)
         if form == "transposed":
             return lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False)
+        if isinstance(form, tuple) and form[0] == "view":
+            return lambda: _lstm_sequence_blocked(
+                x, w_ih, bias, w_hh, None, None, False, False, form[1], True
+            )
         if isinstance(form, tuple):
             return lambda: _lstm_sequence_fused(
                 x, w_ih, bias, w_hh, None, None, False, False, form[1]
@@ -778,8 +827,14 @@ def lstm_sequence_kernel(
     )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
-    if type(form) is tuple:  # (any layout of either weight: the call copies both into blocks)
-        return _lstm_sequence_fused(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form[1])
+    if type(form) is tuple:
+        kind, block = form
+        if kind == "view":  # (W_hh row-major: a Fortran-ordered one is measured without it)
+            return _lstm_sequence_blocked(
+                x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, block, True
+            )
+        # (any layout of either weight: the call copies both into blocks)
+        return _lstm_sequence_fused(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, block)
     if form == "transposed" and not fortran:
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
@@ -1004,11 +1059,16 @@ def _lstm_sequence_transposed(
     return out, h_n, np.ascontiguousarray(c.T)
 
 
-def _weight_blocks(w_hh: Array, block: int) -> Array:
-    """``W_hh`` (G*H, H) copied into ``(G*H / block, H, block)``: block ``k`` is ``W[k*block :
-    (k+1)*block].T``, row-major (the blocked kernels' step GEMM is ``h @ blocks``)."""
+def _weight_blocks(w_hh: Array, block: int, view: bool = False) -> Array:
+    """``W_hh`` (G*H, H) as ``(G*H / block, H, block)``: block ``k`` is ``W[k*block :
+    (k+1)*block].T`` (the blocked kernels' step GEMM is ``h @ blocks``). Copied, row-major;
+    or with ``view``, ``W_hh`` itself seen that way (it must be row-major: each block is then
+    a Fortran-ordered operand, which BLAS reads transposed without a copy)."""
     rows, hidden = w_hh.shape
     blocks = rows // block
+    if view:
+        seen: Array = np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1)
+        return seen
     wb = _scratch("w_hh_blocks", (blocks, hidden, block), w_hh.dtype)
     np.copyto(wb, np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
     return wb
@@ -1036,9 +1096,11 @@ def _lstm_sequence_blocked(
     reverse: bool,
     batch_first: bool,
     block: int,
+    view: bool = False,
 ) -> tuple[Array, Array, Array]:
     """:func:`lstm_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
-    columns (``block`` divides H; see the module docstring). Same results.
+    columns (``block`` divides H; see the module docstring). Same results. With ``view``,
+    ``W_hh`` (row-major) is read in place instead of copied (:data:`VIEW_WIDTHS`).
 
     ``W_hh`` is copied for the call into ``wb`` (blocks, H, block), ``wb[k] = W[k*block :
     (k+1)*block].T``, and each step's GEMM is one stacked ``np.matmul(h, wb)`` into the gates
@@ -1055,7 +1117,7 @@ def _lstm_sequence_blocked(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     seq_blocks = _output_blocks(out, block, batch_first)
-    wb = _weight_blocks(w_hh, block)
+    wb = _weight_blocks(w_hh, block, view)
     size = chunk_steps(steps, batch, width, dtype.itemsize)
     buf = _scratch("chunk", (size * batch, width), dtype)
     gates = _scratch("gates", (blocks, batch, block), dtype)
@@ -1192,6 +1254,10 @@ def gru_sequence_kernel(
     form = _kernel_form(batch, hidden, _GRU_GATES, w_hh.dtype, _blas_threads(), fortran)
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _gru_sequence_blocked(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form)
+    if type(form) is tuple:  # ("view", width): W_hh row-major, read in place
+        return _gru_sequence_blocked(
+            x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form[1], True
+        )
     return _gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
 
 
@@ -1265,9 +1331,11 @@ def _gru_sequence_blocked(
     reverse: bool,
     batch_first: bool,
     block: int,
+    view: bool = False,
 ) -> tuple[Array, Array]:
     """:func:`gru_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
-    columns, as :func:`_lstm_sequence_blocked` (``block`` divides H). Same results."""
+    columns, as :func:`_lstm_sequence_blocked` (``block`` divides H; ``view``: ``W_hh`` read
+    in place). Same results."""
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = _GRU_GATES * hidden
@@ -1276,7 +1344,7 @@ def _gru_sequence_blocked(
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out
     seq_blocks = _output_blocks(out, block, batch_first)
-    wb = _weight_blocks(w_hh, block)
+    wb = _weight_blocks(w_hh, block, view)
     bias_blocks = None if b_hh is None else np.asarray(b_hh).reshape(blocks, 1, block)
     size = chunk_steps(steps, batch, width, dtype.itemsize)
     buf = _scratch("chunk", (size * batch, width), dtype)

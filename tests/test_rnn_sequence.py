@@ -184,6 +184,46 @@ class TestSequenceOps:
     @pytest.mark.parametrize(
         ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
     )
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_blocked_form_reading_the_weight_in_place_against_reference(
+        self,
+        mode: str,
+        block: int,
+        reverse: bool,
+        batch_first: bool,
+        with_state: bool,
+        monkeypatch: pytest.MonkeyPatch,
+        no_small: None,
+    ) -> None:
+        """The blocked kernels reading W_hh in place (("view", width): its row blocks as
+        transposed operands, no copy) equal the reference loop, every flag and width."""
+        used: list[tuple[Any, ...]] = []
+        name = f"_{mode.lower()}_sequence_blocked"
+        blocked = getattr(_rnn_kernels, name)
+
+        def spy(*args: Any) -> Any:
+            used.append(args[8:])
+            return blocked(*args)
+
+        copies: list[bool] = []
+        weight_blocks = _rnn_kernels._weight_blocks
+
+        def blocks_spy(w: Any, block: int, view: bool = False) -> Any:
+            got = weight_blocks(w, block, view)
+            copies.append(not np.shares_memory(got, w))
+            return got
+
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("view", block))
+        monkeypatch.setattr(_rnn_kernels, name, spy)
+        monkeypatch.setattr(_rnn_kernels, "_weight_blocks", blocks_spy)
+        self.test_against_reference(mode, reverse, batch_first, with_state)
+        assert used == [(block, True)]
+        assert copies == [False]
+
+    @pytest.mark.parametrize("block", [1, 2, 3, 6])
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
+    )
     def test_fused_form_against_reference(
         self,
         block: int,
@@ -211,7 +251,8 @@ class TestSequenceOps:
     def test_the_fused_form_equals_torch_and_the_other_forms(self) -> None:
         """On random data at a real width (hidden 64, input 48, batch 5), with the weights in
         either memory order and a dtype-cast state: the fused kernel agrees with the plain,
-        transposed and blocked ones, and with torch's LSTM where torch is installed."""
+        transposed and blocked ones (weight copied or read in place), and with torch's LSTM
+        where torch is installed."""
         steps, batch, inp, hid = 9, 5, 48, 64
         w_ih, w_hh, bias = _rand(1, 4 * hid, inp), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
         w_hh *= np.float32(0.2)
@@ -221,6 +262,8 @@ class TestSequenceOps:
         others = [
             _rnn_kernels._lstm_sequence_transposed(*args),
             _rnn_kernels._lstm_sequence_blocked(*args, 32),
+            _rnn_kernels._lstm_sequence_blocked(*args, 8, True),
+            _rnn_kernels._lstm_sequence_blocked(*args, 16, True),
         ]
         for block in (16, 32, 64):
             for ih, hh in ((w_ih, w_hh), (np.asfortranarray(w_ih), np.asfortranarray(w_hh))):
@@ -248,7 +291,7 @@ class TestSequenceOps:
             out, (h_n, c_n) = lstm(
                 torch.from_numpy(x), (torch.from_numpy(h0)[None], torch.from_numpy(c0)[None])
             )
-        fused = others[3]
+        fused = others[5]
         np.testing.assert_allclose(fused[0], out.numpy(), atol=1e-5)
         np.testing.assert_allclose(fused[1], h_n[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(fused[2], c_n[0].numpy(), atol=1e-5)
@@ -474,7 +517,13 @@ class TestSequenceOps:
         big_gates = _rnn_kernels._tanh_form_is_faster((50, 1024), f32)
         assert _rnn_kernels._tanh_form_is_faster((50, 1024), f32) is big_gates
         big = _rnn_kernels._kernel_form(8, 512, 4, f32)
-        assert big in ("plain", "transposed", *_rnn_kernels.BLOCK_WIDTHS)
+        assert big in (
+            "plain",
+            "transposed",
+            *_rnn_kernels.BLOCK_WIDTHS,
+            *(("view", b) for b in _rnn_kernels.VIEW_WIDTHS),
+            *(("fused", b) for b in _rnn_kernels.FUSED_WIDTHS),
+        )
         assert _rnn_kernels._kernel_form(8, 512, 4, f32) == big
 
     def test_the_form_is_decided_by_timing_every_whole_kernel(
@@ -492,8 +541,10 @@ class TestSequenceOps:
 
             def spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
                 form: Any = name
-                if name in ("blocked", "fused"):
-                    form = args[8] if name == "blocked" else ("fused", args[8])
+                if name == "blocked":
+                    form = ("view", args[8]) if len(args) > 9 and args[9] else args[8]
+                elif name == "fused":
+                    form = ("fused", args[8])
                 ran.append((form, args[0].shape, bool(args[3].flags.c_contiguous)))
                 return kernel(*args)
 
@@ -510,7 +561,8 @@ class TestSequenceOps:
 
         monkeypatch.setattr(_rnn_kernels, "_best_times", best_times)
         fused_cap = _rnn_kernels.FUSED_COPY_BYTES_MAX
-        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 0)  # (until its own part)
+        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 0)  # (until their own parts)
+        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", ())
         decide = _rnn_kernels._measure_form
         f32 = np.dtype(np.float32)
         forms = ["plain", "transposed", 32, 64, 128]
@@ -576,6 +628,25 @@ class TestSequenceOps:
         assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, f32) == "plain"
         assert decide(8, _rnn_kernels._FORM_MIN_HIDDEN - 1, 4, f32) == "plain"
         assert ran == []
+        # The blocked form reading W_hh in place: each of its widths that divides the hidden
+        # size, LSTM and GRU alike; not for a Fortran-ordered weight (its blocks are row
+        # blocks of a row-major one); no bound on the weight's size (nothing is copied).
+        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", (8, 16))
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 0)
+        ran.clear()
+        times[:] = [0.02, 0.015, 0.012, 0.01]
+        assert decide(8, 256, 4, f32) == ("view", 16)
+        assert [form for form, _, _ in ran] == ["plain", "transposed", ("view", 8), ("view", 16)]
+        assert all(c for form, _, c in ran if form != "plain")
+        ran.clear()
+        times[:] = [0.02, 0.01, 0.015]
+        assert decide(8, 72, 4, f32) == "transposed"
+        assert [form for form, _, _ in ran] == ["plain", "transposed", ("view", 8)]
+        ran.clear()
+        assert decide(8, 256, 4, f32, 1, True) == "plain"  # nothing else left to measure
+        assert ran == []
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
+        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", ())
         # The fused form: each of its widths, on the real input size (it takes the input
         # projection into the step's GEMM); the LSTM's only, any weight order, bounded by its
         # copy of both weights (G*H x (I + H)).
@@ -717,16 +788,19 @@ class TestSequenceOps:
         the plain GEMM alone; two or five gates are never measured."""
         f32 = np.dtype(np.float32)
         form = _rnn_kernels._kernel_form(50, 512, 3, f32)
-        assert form in ("plain", *_rnn_kernels.BLOCK_WIDTHS)
+        assert form in (
+            "plain",
+            *_rnn_kernels.BLOCK_WIDTHS,
+            *(("view", b) for b in _rnn_kernels.VIEW_WIDTHS),
+        )
         assert _rnn_kernels._kernel_form(50, 512, 2, f32) == "plain"
         assert _rnn_kernels._kernel_form(50, 512, 5, f32) == "plain"
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
         laid = _rnn_kernels.lay_out(w)
         np.testing.assert_array_equal(laid, w)
-        layout = _rnn_kernels._kernel_form(
-            _rnn_kernels._LAYOUT_BATCH, 512, 3, f32, _rnn_kernels._blas_threads()
-        )
-        fortran = layout == "plain" and _rnn_kernels._fortran_is_faster(3 * 512, 512, f32)
+        forms = _rnn_kernels._layout_forms(512, 3, f32)
+        plain = all(f == "plain" for f in forms)
+        fortran = plain and _rnn_kernels._fortran_is_faster(3 * 512, 512, f32)
         assert laid.flags.f_contiguous is fortran
 
     @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
@@ -761,7 +835,11 @@ class TestSequenceOps:
 
     @pytest.mark.parametrize(
         ("tanh_form", "form"),
-        list(itertools.product((False, True), ("plain", "transposed", 32, ("fused", 32)))),
+        list(
+            itertools.product(
+                (False, True), ("plain", "transposed", 32, ("view", 16), ("fused", 32))
+            )
+        ),
     )
     def test_a_large_state_in_every_form(
         self, tanh_form: bool, form: Any, monkeypatch: pytest.MonkeyPatch
@@ -847,6 +925,48 @@ class TestWeightLayout:
         c = _rnn_kernels.lay_out(f)
         assert c.flags.c_contiguous
         np.testing.assert_array_equal(c, w)
+
+    @pytest.mark.parametrize(
+        ("at_now", "at_one", "fortran"),
+        [
+            ("plain", ("view", 8), False),
+            ("transposed", "plain", False),
+            ("plain", "plain", True),
+        ],
+    )
+    def test_the_layout_weighs_the_forms_at_one_blas_thread_too(
+        self, at_now: Any, at_one: Any, fortran: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A model is built under the process's BLAS count, while a runtime runs recurrent
+        kernels side by side on one BLAS thread each: the weight is stored in Fortran order
+        (which only the plain form gains from) only where the plain form wins at both
+        counts. The one-thread forms are measured under a one-thread BLAS limit, which
+        ends with the measurement."""
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        def blas_now() -> int:
+            return max(int(i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+
+        asked: list[tuple[int, int]] = []
+
+        def form(batch: int, hidden: int, gates: int, dtype: Any, threads: int) -> Any:
+            asked.append((threads, blas_now()))
+            return at_now if threads == 2 else at_one
+
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        w = _rand(0, 4 * 64, 64)
+        with threadpool_limits(limits=2, user_api="blas"):
+            laid = _rnn_kernels.lay_out(w)
+            assert blas_now() == 2
+        assert asked == [(2, 2), (1, 1)]
+        assert laid.flags.f_contiguous is fortran
+        np.testing.assert_array_equal(laid, w)
+        # At one BLAS thread already: measured once.
+        asked.clear()
+        with threadpool_limits(limits=1, user_api="blas"):
+            _rnn_kernels.lay_out(w)
+        assert asked == [(1, 1)]
 
     def test_small_weights_keep_row_major_without_measuring(self) -> None:
         """Below the size where the GEMM forms differ, nothing is measured or changed."""
