@@ -35,7 +35,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
-from ._rnn_kernels import _lstm_exp_scale
+from ._rnn_kernels import _lstm_exp_scale, recurrent_product
 from ._tensor import Tensor, TensorSpec, define, define_multi, spec_of
 
 __all__ = [
@@ -150,7 +150,7 @@ def _lstm_cell_kernel(
 ) -> tuple[Array, Array]:
     gates = _gemm(x, w_ih)
     if h is not None:
-        gates += _gemm(h, w_hh)
+        gates += recurrent_product(h, w_hh)
     if b_ih is not None:
         gates += b_ih
     if b_hh is not None:
@@ -177,7 +177,7 @@ def _recurrent_part(
     h: Array | None, w_hh: Array, b_hh: Array | None, shape: tuple[int, ...]
 ) -> Array:
     """``h @ w_hh.T + b_hh`` as a fresh buffer (just the bias, or zeros, when h is None)."""
-    gh = np.zeros(shape, dtype=w_hh.dtype) if h is None else _gemm(h, w_hh)
+    gh = np.zeros(shape, dtype=w_hh.dtype) if h is None else recurrent_product(h, w_hh)
     if b_hh is not None:
         gh += b_hh
     return gh
@@ -189,7 +189,7 @@ def _lstm_step_kernel(
     if h is None:
         gates = np.array(xproj[t])
     else:
-        gates = _gemm(h, w_hh)
+        gates = recurrent_product(h, w_hh)
         gates += xproj[t]
     return _lstm_finish(gates, c)
 

@@ -968,6 +968,79 @@ class TestWeightLayout:
             _rnn_kernels.lay_out(w)
         assert asked == [(1, 1)]
 
+    def test_a_module_run_per_step_lays_its_weights_out_for_the_step_gemm(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A step op's one GEMM is h @ w.T with the gate math on its result: a module whose
+        forwards run per step at the layout's batch (a unidirectional stack with big steps)
+        stores its recurrent weights in the order that GEMM measured fastest, whatever the
+        sequence kernels' forms; a bidirectional one (sequence kernels) as they want."""
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("view", 8))
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        w = _rand(0, 4 * 64, 64)
+        assert _rnn_kernels.lay_out(w).flags.c_contiguous
+        assert _rnn_kernels.lay_out(w, steps=True).flags.f_contiguous
+        stack = nn.LSTM(512, 512, num_layers=2, seed=0)
+        assert stack.granularity_for(_rnn_kernels.LAYOUT_BATCH) == "step"
+        assert stack.weight_hh_l0.flags.f_contiguous
+        assert stack.weight_hh_l1.flags.f_contiguous
+        stack.load_state_dict(stack.state_dict())
+        assert stack.weight_hh_l1.flags.f_contiguous
+        bi = nn.LSTM(64, 64, bidirectional=True, seed=0)
+        assert bi.weight_hh_l0.flags.c_contiguous
+        assert bi.weight_hh_l0_reverse.flags.c_contiguous
+
+    @pytest.mark.parametrize("transposed", [False, True])
+    def test_the_step_kernels_recurrent_product(
+        self, transposed: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """recurrent_product is h @ w.T, computed as (w @ h.T).T where that measured faster
+        for a row-major w (a transposed result, same values); a Fortran-ordered w, a batch of
+        one and a small product run as written, without measuring. The step and cell ops
+        give the same results either way."""
+        asked: list[tuple[Any, ...]] = []
+
+        def decide(*key: Any) -> bool:
+            asked.append(key)
+            return transposed
+
+        monkeypatch.setattr(_rnn_kernels, "_product_is_transposed", decide)
+        batch, hid = 8, 128
+        w = _rand(0, 4 * hid, hid)
+        h = _rand(1, batch, hid)
+        got = _rnn_kernels.recurrent_product(h, w)
+        np.testing.assert_allclose(got, h @ w.T, rtol=1e-5, atol=1e-4)
+        assert got.flags.f_contiguous is transposed
+        assert asked == [(batch, 4 * hid, hid, np.dtype(np.float32), _rnn_kernels._blas_threads())]
+        asked.clear()
+        _rnn_kernels.recurrent_product(h, np.asfortranarray(w))
+        _rnn_kernels.recurrent_product(h[:1], w)
+        _rnn_kernels.recurrent_product(h[:2, :16], _rand(2, 64, 16))
+        assert asked == []
+        # The ops, against a float64 reference of the same step.
+        from ops import _recurrent
+
+        xproj, c = _rand(3, 2, batch, 4 * hid), _rand(4, batch, hid)
+        h_new, c_new = _recurrent._lstm_step_kernel(xproj, 1, h, c, w)
+        gates = (h.astype(np.float64) @ w.T.astype(np.float64)) + xproj[1]
+        i, f, g, o = np.split(gates, 4, axis=1)
+
+        def sig(a: Array) -> Array:
+            out: Array = 1.0 / (1.0 + np.exp(-a))
+            return out
+
+        c_ref = sig(f) * c + sig(i) * np.tanh(g)
+        np.testing.assert_allclose(c_new, c_ref, atol=1e-5)
+        np.testing.assert_allclose(h_new, sig(o) * np.tanh(c_ref), atol=1e-5)
+
+    def test_the_product_form_is_measured_once_per_key(self) -> None:
+        f32 = np.dtype(np.float32)
+        key = (8, 4 * 96, 96, f32, 1)
+        _rnn_kernels._products.pop(key, None)
+        first = _rnn_kernels._product_is_transposed(*key)
+        assert _rnn_kernels._products[key] is first
+        assert _rnn_kernels._product_is_transposed(*key) is first
+
     def test_small_weights_keep_row_major_without_measuring(self) -> None:
         """Below the size where the GEMM forms differ, nothing is measured or changed."""
         w = _rand(0, 32, 8)

@@ -63,7 +63,7 @@ from .._recurrent import (
     select,
     stack_states,
 )
-from .._rnn_kernels import lay_out
+from .._rnn_kernels import LAYOUT_BATCH, lay_out
 from .._rnn_ops import gru_sequence, lstm_sequence
 from .._shape import concatenate
 from .._tensor import Tensor, TensorSpec, spec_of
@@ -176,7 +176,7 @@ class _RNNBase(Module):
                 sfx = self._suffix(layer, d)
                 setattr(self, f"weight_ih{sfx}", uniform(gen, bound, (gh, in_size), dt))
                 w_hh = uniform(gen, bound, (gh, hidden_size), dt)
-                setattr(self, f"weight_hh{sfx}", lay_out(w_hh))
+                setattr(self, f"weight_hh{sfx}", lay_out(w_hh, self._steps_at_layout()))
                 if self.bias:
                     setattr(self, f"bias_ih{sfx}", uniform(gen, bound, (gh,), dt))
                     setattr(self, f"bias_hh{sfx}", uniform(gen, bound, (gh,), dt))
@@ -184,7 +184,14 @@ class _RNNBase(Module):
     def _parameter_layout(self, name: str, value: Array) -> Array:
         # Recurrent weights are stored in the memory order their step GEMM runs fastest in
         # (measured per shape: ops._rnn_kernels.lay_out); values, shape and dtype unchanged.
-        return lay_out(value) if name.startswith("weight_hh") else value
+        if name.startswith("weight_hh"):
+            return lay_out(value, self._steps_at_layout())
+        return value
+
+    def _steps_at_layout(self) -> bool:
+        """Whether a forward at the batch the weights are laid out for runs as per-step ops
+        (their GEMM wants another layout than the sequence kernels: lay_out)."""
+        return self.granularity_for(LAYOUT_BATCH) == "step"
 
     def granularity_for(self, batch: int) -> str:
         """What a forward of this batch size runs as: "sequence" or "step".
