@@ -1361,6 +1361,53 @@ class TestSerialRunsWhereNeeded:
         loop_thread = dataflow.run(main, interop_threads=2)
         assert where == [loop_thread, loop_thread]
 
+    def test_a_serial_kernel_run_here_counts_as_a_running_kernel(self) -> None:
+        """A serial kernel run on the dispatching thread's lean path counts among the pool's
+        running kernels while it runs (the busy integral), as a pool run does: a probe (the
+        one run in PROBE that goes to the pool to measure the GIL again) running beside it
+        then reads that overlap. Uncounted, a probe read none beside runs that all happen on
+        the loop, measured nothing, and the serial mark was never lifted."""
+        busy: list[int] = []
+        overlap: list[float] = []
+
+        def kernel(x: Any) -> Any:
+            time.sleep(2e-3)
+            return x + 1.0
+
+        op = dataflow.op("counted_here", meta=lambda x: ops.spec_of(x), handle=ops.Tensor)(kernel)
+
+        async def main() -> tuple[int, int]:
+            warm = op(np.zeros(1))
+            await warm
+            sig = warm.task.sig
+            pool = warm.task.runtime._sched.pool
+            sig.seconds, sig.serial = 2e-3, True  # as if measured: 2 ms, GIL-bound
+            sig.calls = 2 * PROBE  # no probe among the next calls
+
+            def watch(x: Any) -> Any:  # the kernel, watching the pool's count while it runs
+                busy.append(pool.busy)
+                with GRAPH_LOCK:
+                    i0 = pool.measure_begin_locked()
+                t0 = time.perf_counter()
+                out = kernel(x)
+                wall = time.perf_counter() - t0
+                with GRAPH_LOCK:
+                    i1 = pool.measure_end_locked()
+                overlap.append((i1 - i0) / wall)
+                return out
+
+            sched = warm.task.runtime._sched
+            before = pool.busy
+            await op(np.zeros(1))  # the lean path, counted
+            value = sched._serial_here(sig, watch, (np.zeros(1),), None, 2 * PROBE + 1)
+            assert value[0] == 1.0
+            return before, pool.busy
+
+        before, after = dataflow.run(main, interop_threads=2)
+        assert before == after == 0
+        assert busy == [1]
+        assert overlap[0] == pytest.approx(1.0, abs=0.05)
+
     def test_a_serial_kernel_run_here_reads_the_callers_array(self) -> None:
         """Run on the dispatching thread, a serial kernel reads its argument at once: it gets
         the caller's own array, neither copied nor frozen (the protection of ops that run

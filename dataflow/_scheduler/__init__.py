@@ -87,7 +87,10 @@
   its kernels take the pool's GIL lane, one at a time (the thread holding the lane runs the
   next waiting one when it ends), while GIL-free kernels keep running in parallel beside it.
   One run in 256 of a serial signature skips the lane to measure again; under 0.85 the
-  mark is lifted. On many cores every run can be contended, its best time too, and ``g`` then
+  mark is lifted. (A serial kernel run on the dispatching thread counts among the pool's
+  running kernels while it runs, as a pool run does, so a probe beside it reads the overlap:
+  most of a serial signature's runs happen there, and a probe that saw none measured
+  nothing.) On many cores every run can be contended, its best time too, and ``g`` then
   reads low for kernels that only take turns (16 GIL-bound LSTM directions on 16 cores: g =
   0.1, each 20x slower than alone); so a run beside two or more others on a machine of four
   or more cores also reads the process's CPU time: GIL-bound kernels keep the process on

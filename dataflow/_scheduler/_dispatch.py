@@ -119,8 +119,10 @@ class Scheduler(Limits):
                         kwargs = resolve_kwargs(kwargs)
                 try:
                     n = sig.calls = sig.calls + 1
-                    if n > FIRST_RUNS and n % SAMPLE:
+                    if n > FIRST_RUNS and n % SAMPLE and not sig.serial:
                         value = fn(*values, **kwargs) if kwargs else fn(*values)  # type: ignore[misc]
+                    elif sig.serial and self.pool is not None:
+                        value = self._serial_here(sig, fn, values, kwargs, n)
                     else:
                         value = self._timed(sig, fn, values, kwargs)
                     check = sig.check
@@ -319,6 +321,40 @@ class Scheduler(Limits):
             if not self._recorded & 255:
                 for rec in self._windowed:
                     rec.trim(end)
+
+    def _serial_here(
+        self,
+        sig: Signature,
+        fn: Callable[..., Any],
+        values: Any,
+        kwargs: dict[str, Any] | None,
+        n: int,
+    ) -> Any:
+        """A GIL-bound (serial) kernel run here on the lean path, counted among the pool's
+        running kernels while it runs (the busy integral), as a pool run is.
+
+        The pool's runs of a serial signature are its probes (one call in PROBE), which
+        measure the GIL again. Every other run is short enough to run on the thread that
+        needs it (``_placement.runs_inline``), so beside a probe there is most often such a
+        run here and nothing on the pool: uncounted, the probe read no overlap, measured
+        nothing, and the mark could never be lifted (the numba engine's directions at
+        (50, 1, 128), once marked in a process, ran one after another on the loop for
+        good)."""
+        pool = self.pool
+        assert pool is not None
+        with GRAPH_LOCK:
+            if pool.measuring:
+                pool.tick_locked()
+            pool.busy += 1
+        try:
+            if n > FIRST_RUNS and n % SAMPLE:
+                return fn(*values, **kwargs) if kwargs else fn(*values)
+            return self._timed(sig, fn, values, kwargs)
+        finally:
+            with GRAPH_LOCK:
+                if pool.measuring:
+                    pool.tick_locked()
+                pool.busy -= 1
 
     def _inline_failed(self, task: Task) -> Task:
         """The inline kernel (or its value check) raised: fail a task record with that error."""
