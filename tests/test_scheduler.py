@@ -1380,7 +1380,11 @@ class TestSerialRunsWhereNeeded:
             warm = op(np.zeros(1))
             await warm
             sig = warm.task.sig
-            pool = warm.task.runtime._sched.pool
+            rt = warm.task.runtime
+            assert rt is not None
+            sched = rt._sched
+            pool = sched.pool
+            assert pool is not None
             sig.seconds, sig.serial = 2e-3, True  # as if measured: 2 ms, GIL-bound
             sig.calls = 2 * PROBE  # no probe among the next calls
 
@@ -1396,7 +1400,6 @@ class TestSerialRunsWhereNeeded:
                 overlap.append((i1 - i0) / wall)
                 return out
 
-            sched = warm.task.runtime._sched
             before = pool.busy
             await op(np.zeros(1))  # the lean path, counted
             value = sched._serial_here(sig, watch, (np.zeros(1),), None, 2 * PROBE + 1)
