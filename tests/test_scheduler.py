@@ -992,6 +992,37 @@ class TestGilLane:
             note_overlap(sig, 0.011, 1.0)
         assert not sig.serial
 
+    def test_only_time_off_the_cpu_counts_as_a_wait_for_the_gil(self) -> None:
+        """A thread waiting for the GIL sleeps: a run twice its best beside another, on a
+        CPU the whole time (a slower core, not the GIL), reads g = 0 and is never marked
+        serial; the same run off the CPU for the extra time reads g = 1, and 2.5x reads past
+        the mark. Without the thread's CPU time the run's wall time counts as before."""
+        sig = Signature("on_cpu")
+        note_overlap(sig, 0.01, 0.0)  # the best time, alone
+        for _ in range(16):
+            note_overlap(sig, 0.02, 1.0, 0.02)
+        assert sig.gil == pytest.approx(0.0) and not sig.serial
+        waits = Signature("waits")
+        note_overlap(waits, 0.01, 0.0)
+        for _ in range(16):
+            note_overlap(waits, 0.02, 1.0, 0.01)
+        assert waits.gil == pytest.approx(1.0) and not waits.serial  # (under the mark)
+        for _ in range(16):
+            note_overlap(waits, 0.025, 1.0, 0.01)
+        assert waits.gil == pytest.approx(1.5) and waits.serial
+        # Partly on the CPU: only the time off it counts (0.025 s wall, 0.012 s on a CPU:
+        # 0.002 s past the best ran, 0.013 s waited).
+        part = Signature("part")
+        note_overlap(part, 0.01, 0.0)
+        for _ in range(16):
+            note_overlap(part, 0.025, 1.0, 0.012)
+        assert part.gil == pytest.approx(1.3)
+        unknown = Signature("unknown")
+        note_overlap(unknown, 0.01, 0.0)
+        for _ in range(16):
+            note_overlap(unknown, 0.02, 1.0)
+        assert unknown.gil == pytest.approx(1.0)
+
     def test_the_cpu_share_of_overlapped_runs_is_folded_in(self) -> None:
         """A run beside others folds its CPU share into ``cpu_share`` (1 until measured); a
         run alone, or too short to say anything, does not."""

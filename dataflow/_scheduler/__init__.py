@@ -80,7 +80,11 @@
   they are sampled like any run) knows how many others overlapped it on average (``o``) and,
   against the signature's best time
   ``b``, how much they slowed it: ``g = (w / b - 1) / o``, near 0 for BLAS and large ufuncs
-  (they release the GIL) on free cores, 1 or more for a kernel that holds it. Two such
+  (they release the GIL) on free cores, 1 or more for a kernel that holds it. Only time off
+  the CPU can have been a wait for the GIL (a waiting thread sleeps), so what the run's
+  thread spent on a CPU beyond ``b`` is taken out of ``w`` (a slower core beside a
+  neighbour, not the GIL: the numba engine's GIL-free loops read ``g`` 1.2-1.6 that way in
+  some processes and were run one after another). Two such
   kernels side by side give ``2 / (1 + g)`` times the throughput of one after the other;
   once the median over its last 12 to 16 overlapped runs passes 1.15 (under 0.93x the
   throughput: the noise of a shared machine blurs the break-even) a signature is *serial*:
