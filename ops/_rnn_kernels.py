@@ -1162,6 +1162,29 @@ def _output_blocks(out: Array, block: int, batch_first: bool) -> Array:
     return flat
 
 
+def _lstm_block_state(
+    batch: int, hidden: int, block: int, c0: Array | None, dtype: np.dtype[Any]
+) -> tuple[Array, Array, Array, Array, tuple[Array, Array, Array, Array], Callable[[Array], None]]:
+    """The blocked LSTM kernels' state for a call, in the block layout (blocks x batch x
+    width; gate ``q`` is blocks ``q*H/block`` to ``(q+1)*H/block``, contiguous): the gates
+    buffer, its flat view for the gate math, the cell state (from ``c0`` or zeros), this
+    step's h buffer, the i, f, g, o views of the gates, and their nonlinearity."""
+    blocks, per_gate = _LSTM_GATES * hidden // block, hidden // block
+    gates = _scratch("gates", (blocks, batch, block), dtype)
+    flat = gates.reshape(blocks, batch * block)  # the gate math's view: gate q = row blocks q
+    c = np.zeros((per_gate, batch, block), dtype=dtype)
+    if c0 is not None:
+        c[...] = np.asarray(c0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
+    hb = _scratch("h", (per_gate, batch, block), dtype)  # this step's h, in blocks
+    views = (
+        gates[:per_gate],
+        gates[per_gate : 2 * per_gate],
+        gates[2 * per_gate : 3 * per_gate],
+        gates[3 * per_gate :],
+    )
+    return gates, flat, c, hb, views, _lstm_gates(flat, per_gate, True)
+
+
 def _lstm_sequence_blocked(
     x: Array,
     w_ih: Array,
@@ -1189,24 +1212,14 @@ def _lstm_sequence_blocked(
     hidden = w_hh.shape[1]
     width = _LSTM_GATES * hidden
     dtype = w_hh.dtype
-    blocks, per_gate = width // block, hidden // block
+    blocks = width // block
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     seq_blocks = _output_blocks(out, block, batch_first)
     wb = _weight_blocks(w_hh, block, view)
     size = chunk_steps(steps, batch, width, dtype.itemsize)
     buf = _scratch("chunk", (size * batch, width), dtype)
-    gates = _scratch("gates", (blocks, batch, block), dtype)
-    flat = gates.reshape(blocks, batch * block)  # the gate math's view: gate q = row blocks q
-    c = np.zeros((per_gate, batch, block), dtype=dtype)
-    if c0 is not None:
-        c[...] = np.asarray(c0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
-    hb = _scratch("h", (per_gate, batch, block), dtype)  # this step's h, in blocks
-    i = gates[:per_gate]
-    f = gates[per_gate : 2 * per_gate]
-    g = gates[2 * per_gate : 3 * per_gate]
-    o = gates[3 * per_gate :]
-    nonlinear = _lstm_gates(flat, per_gate, True)
+    gates, flat, c, hb, (i, f, g, o), nonlinear = _lstm_block_state(batch, hidden, block, c0, dtype)
     h: Array | None = h0
     with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
         for t0, t1 in _chunks(steps, size, reverse):
@@ -1257,7 +1270,7 @@ def _lstm_sequence_fused(
     hidden, inputs = w_hh.shape[1], w_ih.shape[1]
     width = _LSTM_GATES * hidden
     dtype = w_hh.dtype
-    blocks, per_gate = width // block, hidden // block
+    blocks = width // block
     out = _output(steps, batch, hidden, dtype, batch_first)
     seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
     seq_blocks = _output_blocks(out, block, batch_first)
@@ -1272,17 +1285,7 @@ def _lstm_sequence_fused(
         h_part.fill(0)
     else:
         np.copyto(h_part, h0)
-    gates = _scratch("gates", (blocks, batch, block), dtype)
-    flat = gates.reshape(blocks, batch * block)  # the gate math's view: gate q = row blocks q
-    c = np.zeros((per_gate, batch, block), dtype=dtype)
-    if c0 is not None:
-        c[...] = np.asarray(c0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
-    hb = _scratch("h", (per_gate, batch, block), dtype)  # this step's h, in blocks
-    i = gates[:per_gate]
-    f = gates[per_gate : 2 * per_gate]
-    g = gates[2 * per_gate : 3 * per_gate]
-    o = gates[3 * per_gate :]
-    nonlinear = _lstm_gates(flat, per_gate, True)
+    gates, flat, c, hb, (i, f, g, o), nonlinear = _lstm_block_state(batch, hidden, block, c0, dtype)
     with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
         for t in range(steps - 1, -1, -1) if reverse else range(steps):
             np.copyto(x_part, xseq[t])

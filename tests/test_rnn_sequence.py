@@ -151,8 +151,10 @@ class TestSequenceOps:
         ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
     )
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    @pytest.mark.parametrize("view", [False, True])
     def test_blocked_form_against_reference(
         self,
+        view: bool,
         mode: str,
         block: int,
         reverse: bool,
@@ -164,39 +166,8 @@ class TestSequenceOps:
         """The LSTM and GRU kernels with their recurrent GEMM in column blocks (h @ Wb[k], one
         stacked matmul: where that is faster) equal the reference loop, every flag and block
         width (hidden 6: blocks of 1, 2, 3 and 6 gate columns), with the projection in chunks
-        of 3 steps."""
-        used: list[int] = []
-        name = f"_{mode.lower()}_sequence_blocked"
-        blocked = getattr(_rnn_kernels, name)
-
-        def spy(*args: Any) -> Any:
-            used.append(args[-1])
-            return blocked(*args)
-
-        gates = 4 if mode == "LSTM" else 3
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: block)
-        monkeypatch.setattr(_rnn_kernels, name, spy)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
-        self.test_against_reference(mode, reverse, batch_first, with_state)
-        assert used == [block]
-
-    @pytest.mark.parametrize("block", [1, 2, 3, 6])
-    @pytest.mark.parametrize(
-        ("reverse", "batch_first", "with_state"), list(itertools.product((False, True), repeat=3))
-    )
-    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-    def test_blocked_form_reading_the_weight_in_place_against_reference(
-        self,
-        mode: str,
-        block: int,
-        reverse: bool,
-        batch_first: bool,
-        with_state: bool,
-        monkeypatch: pytest.MonkeyPatch,
-        no_small: None,
-    ) -> None:
-        """The blocked kernels reading W_hh in place (("view", width): its row blocks as
-        transposed operands, no copy) equal the reference loop, every flag and width."""
+        of 3 steps; W_hh copied into blocks, or read in place (("view", width): its row
+        blocks as transposed operands, no copy)."""
         used: list[tuple[Any, ...]] = []
         name = f"_{mode.lower()}_sequence_blocked"
         blocked = getattr(_rnn_kernels, name)
@@ -213,12 +184,15 @@ class TestSequenceOps:
             copies.append(not np.shares_memory(got, w))
             return got
 
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("view", block))
+        gates = 4 if mode == "LSTM" else 3
+        form = ("view", block) if view else block
+        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
         monkeypatch.setattr(_rnn_kernels, name, spy)
         monkeypatch.setattr(_rnn_kernels, "_weight_blocks", blocks_spy)
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
         self.test_against_reference(mode, reverse, batch_first, with_state)
-        assert used == [(block, True)]
-        assert copies == [False]
+        assert used == [(block, True) if view else (block,)]
+        assert copies == [not view]
 
     @pytest.mark.parametrize("block", [1, 2, 3, 6])
     @pytest.mark.parametrize(
