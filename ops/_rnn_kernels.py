@@ -613,8 +613,8 @@ def recurrent_product(h: Array, w: Array) -> Array:
     batch = h.shape[0] if h.ndim == 2 else 0
     if (
         batch >= _FORM_MIN_BATCH
-        and w.flags.c_contiguous
-        and batch * w.size >= STEP_PRODUCT_MEASURED_MIN
+        and batch * w.size >= STEP_PRODUCT_MEASURED_MIN  # (before the flags: a small call
+        and w.flags.c_contiguous  # pays the two cheapest tests only)
         and _product_is_transposed(batch, w.shape[0], w.shape[1], w.dtype, _blas_threads())
     ):
         product: Array = np.matmul(w, h.T)
