@@ -11,7 +11,7 @@ code written the obvious way:
   buffer reused for every chunk, so a direction never holds its whole (T, B, G*H) projection:
   at the tutorial's size that is 8 MiB instead of 39 MiB per direction. A chunk of few rows
   runs as the transpose of ``w_ih @ x.T`` where that measures faster
-  (:func:`_projection_transposed_is_faster`: OpenBLAS's AVX-512 GEMM is slow for few rows).
+  (:func:`_projection_form`: OpenBLAS's AVX-512 GEMM is slow for few rows), or in blocks.
 * **No allocation per step.** The gate pre-activations go into one preallocated (B, G*H)
   buffer (``np.matmul(..., out=)``), the gate math runs in place on it, the cell state is
   updated in place, and each step's h is written straight into its row of the output: the
@@ -141,7 +141,11 @@ _auto_lock = threading.Lock()
 # -- scratch buffers ----------------------------------------------------------------------------
 
 #: A thread keeps at most this many scratch buffers (``_scratch``); past it they start over.
-SCRATCH_MAX = 8
+#: One small kernel uses up to six (its weights' copies, the chunk, the gates, the rows, the
+#: projection's), so a thread running an LSTM's and a GRU's alternately needs twelve: at 8,
+#: whenever both projections measured fastest in a form with a buffer of its own, every
+#: call started over and faulted its pages in again.
+SCRATCH_MAX = 16
 #: Temporaries larger than this are allocated per call, as numpy would: kept, they stay
 #: allocated beside the outputs until the pool closes. Measured at the tutorial's size, where
 #: a direction's projection chunk is 8 MiB and its input rows 2 MiB: keeping every buffer
@@ -760,32 +764,51 @@ def _tanh_into(src: Array, out: Array) -> None:
 
 
 #: Projections of at most this many multiply-adds (rows x inputs x outputs) have their GEMM
-#: form measured (:func:`_projection_transposed_is_faster`); larger ones run as ``x @ w.T``.
+#: form measured (:func:`_projection_form`); larger ones run as ``x @ w.T``.
 PROJECTION_MEASURED_MAX = 1 << 26
+#: The block widths a small projection is also measured with, reading ``w`` in place
+#: (:func:`_project`: form = the width).
+PROJECTION_VIEW_WIDTHS = (16, 32)
+#: :func:`_project`'s forms besides a block width: ``x @ w.T``, and the transpose of
+#: ``w @ x.T``.
+PLAIN, TRANSPOSED = 0, 1
 
 
 @functools.lru_cache(maxsize=256)
-def _projection_transposed_is_faster(rows: int, inputs: int, outputs: int, dtype: Any) -> bool:
-    """Whether a small input projection, ``x (rows, inputs) @ w.T`` with ``w`` (outputs,
-    inputs) row-major, is faster computed as ``(w @ x.T).T`` (a transposed GEMM and a
-    transposing copy), measured once per shape and dtype.
+def _projection_form(rows: int, inputs: int, outputs: int, dtype: Any) -> int:
+    """The fastest form of a small input projection, ``x (rows, inputs) @ w.T`` with ``w``
+    (outputs, inputs) row-major, measured once per shape and dtype (:func:`_project`):
+    :data:`PLAIN`; :data:`TRANSPOSED`, ``(w @ x.T).T`` (a transposed GEMM and a transposing
+    copy); or a width from :data:`PROJECTION_VIEW_WIDTHS`, ``x @ w[k*width : (k+1)*width].T``
+    for each block of ``w``'s rows read in place (one stacked GEMM: products small enough for
+    OpenBLAS's small-matrix kernels) and a copy back into ``(rows, outputs)``.
 
-    OpenBLAS's GEMM is slow for few rows in the plain form: at (20, 256) x (256, 1024) it took
-    135 us against 72 for the transposed one (AVX-512 kernels, one thread), and a whole LSTM
-    direction at (20, 1, 256) went 462 -> 398 us with it; with the AVX2 kernels, and from a
-    few hundred rows on, the two are level. Interleaved runs, best of each, until each form
-    has run 5 ms (at most 200 runs); the transposed form must be 5% faster.
+    OpenBLAS's GEMM is slow for few rows in the plain form: one thread, AVX-512 kernels, at
+    (20, 256) x (256, 1024) it took 250 us against 159 transposed and 119 in blocks of 16;
+    (50, 128) x (128, 512), the numba engine's projection at (50, 1, 128): 114 against 101
+    and 83. From a few hundred rows on the plain form wins. Interleaved runs, best of each,
+    until each form has run 5 ms (at most 200 runs); another form must be 5% faster.
     """
     if rows * inputs * outputs > PROJECTION_MEASURED_MAX:
-        return False
+        return PLAIN
     rng = np.random.default_rng(0)
     x = rng.random((rows, inputs), dtype=np.float32).astype(dtype, copy=False)
     w = rng.random((outputs, inputs), dtype=np.float32).astype(dtype, copy=False)
     out = np.empty((rows, outputs), dtype=dtype)
-    plain, transposed = _best_times(
-        (lambda: _project(x, w, out, False), lambda: _project(x, w, out, True)), 5, 200, 0.005
-    )
-    return transposed < _FORM_MARGIN * plain
+    forms = [PLAIN, TRANSPOSED, *(b for b in PROJECTION_VIEW_WIDTHS if outputs % b == 0)]
+    runs = tuple(functools.partial(_project, x, w, out, form) for form in forms)
+    times = _best_times(runs, 5, 200, 0.005)
+    best = min(range(1, len(forms)), key=times.__getitem__)
+    return forms[best] if times[best] < _FORM_MARGIN * times[0] else PLAIN
+
+
+def project_rows(rows: Array, w_ih: Array, out: Array) -> None:
+    """``out = rows @ w_ih.T`` in the form measured fastest for the shape
+    (:func:`_projection_form`; the plain one for a weight that is not row-major)."""
+    form = PLAIN
+    if w_ih.flags.c_contiguous:
+        form = _projection_form(rows.shape[0], rows.shape[1], w_ih.shape[0], w_ih.dtype)
+    _project(rows, w_ih, out, form)
 
 
 def _rows(part: Array) -> Array:
@@ -801,14 +824,21 @@ def _rows(part: Array) -> Array:
     return rows
 
 
-def _project(rows: Array, w_ih: Array, out: Array, transposed: bool) -> None:
-    """``out = rows @ w_ih.T``, directly or as the transpose of ``w_ih @ rows.T``."""
-    if transposed:
+def _project(rows: Array, w_ih: Array, out: Array, form: int) -> None:
+    """``out = rows @ w_ih.T`` in ``form`` (:func:`_projection_form`): directly, as the
+    transpose of ``w_ih @ rows.T``, or in blocks of ``form`` rows of ``w_ih`` read in place
+    (``w_ih`` row-major) and copied back."""
+    if form == PLAIN:
+        np.matmul(rows, w_ih.T, out=out)
+    elif form == TRANSPOSED:
         product = _scratch("projection", (w_ih.shape[0], rows.shape[0]), out.dtype)
         np.matmul(w_ih, rows.T, out=product)
         np.copyto(out, product.T)
     else:
-        np.matmul(rows, w_ih.T, out=out)
+        n, outputs = rows.shape[0], w_ih.shape[0]
+        blocks = _scratch("projection", (outputs // form, n, form), out.dtype)
+        np.matmul(rows, _weight_blocks(w_ih, form, True), out=blocks)
+        np.copyto(out.reshape(n, outputs // form, form), blocks.transpose(1, 0, 2))
 
 
 def _project_chunk(
@@ -819,15 +849,7 @@ def _project_chunk(
     n, batch = part.shape[0], part.shape[1]
     rows = _rows(part)
     flat = buf[: n * batch]
-    _project(
-        rows,
-        w_ih,
-        flat,
-        w_ih.flags.c_contiguous
-        and _projection_transposed_is_faster(
-            rows.shape[0], rows.shape[1], w_ih.shape[0], w_ih.dtype
-        ),
-    )
+    project_rows(rows, w_ih, flat)
     if bias is not None:
         flat += bias
     view: Array = flat.reshape(n, batch, buf.shape[1])

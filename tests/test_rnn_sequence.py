@@ -442,20 +442,19 @@ class TestSequenceOps:
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
 
-    @pytest.mark.parametrize("projection_transposed", [False, True])
+    @pytest.mark.parametrize("projection_form", [0, 1, 2, 3, 6])
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-    def test_either_form_of_the_projection_against_reference(
+    def test_every_form_of_the_projection_against_reference(
         self,
         mode: str,
-        projection_transposed: bool,
+        projection_form: int,
         monkeypatch: pytest.MonkeyPatch,
         no_small: None,
     ) -> None:
-        """The input projection as ``x @ W.T`` or as the transpose of ``W @ x.T`` (faster for
-        few rows with some BLAS kernels): the same results, chunked or not."""
-        monkeypatch.setattr(
-            _rnn_kernels, "_projection_transposed_is_faster", lambda *a: projection_transposed
-        )
+        """The input projection as ``x @ W.T``, as the transpose of ``W @ x.T``, or in blocks
+        of W's rows read in place (faster for few rows with some BLAS kernels; hidden 6: 4 or
+        3 gates, blocks of 2, 3 and 6 rows): the same results, chunked or not."""
+        monkeypatch.setattr(_rnn_kernels, "_projection_form", lambda *a: projection_form)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "plain")
         for reverse, batch_first, with_state in ((False, False, False), (True, True, True)):
             self.test_against_reference(mode, reverse, batch_first, with_state)
@@ -465,11 +464,12 @@ class TestSequenceOps:
     def test_the_projection_form_is_measured_for_small_shapes_only(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        decide = _rnn_kernels._projection_transposed_is_faster
+        decide = _rnn_kernels._projection_form
+        forms = (_rnn_kernels.PLAIN, _rnn_kernels.TRANSPOSED, *_rnn_kernels.PROJECTION_VIEW_WIDTHS)
         small = decide(20, 64, 256, np.dtype(np.float32))
-        assert isinstance(small, bool)
-        assert decide(20, 64, 256, np.dtype(np.float32)) is small  # measured once
-        ran: list[bool] = []
+        assert small in forms
+        assert decide(20, 64, 256, np.dtype(np.float32)) == small  # measured once
+        ran: list[int] = []
         project = _rnn_kernels._project
 
         def spy(*args: Any) -> None:
@@ -477,12 +477,27 @@ class TestSequenceOps:
             project(*args)
 
         monkeypatch.setattr(_rnn_kernels, "_project", spy)
-        assert decide.__wrapped__(20, 64, 256, np.dtype(np.float32)) in (False, True)
-        assert set(ran) == {False, True}  # a small one: both forms timed
+        assert decide.__wrapped__(20, 64, 256, np.dtype(np.float32)) in forms
+        assert set(ran) == set(forms)  # a small one: every form timed
+        ran.clear()
+        decide.__wrapped__(20, 64, 48, np.dtype(np.float32))
+        assert set(ran) == {0, 1, 16}  # only the block widths that divide the outputs
         ran.clear()
         big = 1 + _rnn_kernels.PROJECTION_MEASURED_MAX // (256 * 1024)
-        assert decide.__wrapped__(big, 256, 1024, np.dtype(np.float32)) is False
+        assert decide.__wrapped__(big, 256, 1024, np.dtype(np.float32)) == _rnn_kernels.PLAIN
         assert ran == []  # not measured: nothing of that size ran
+
+    @pytest.mark.parametrize("form", [0, 1, 16, 32])
+    def test_every_projection_form_equals_the_plain_product(self, form: int) -> None:
+        """On random data: each form of ``_project`` writes ``rows @ w.T``; ``project_rows``
+        takes the measured one for a row-major weight and the plain one otherwise."""
+        rows, w = _rand(1, 20, 48), _rand(2, 64, 48)
+        out = np.empty((20, 64), dtype=np.float32)
+        _rnn_kernels._project(rows, w, out, form)
+        np.testing.assert_allclose(out, rows @ w.T, rtol=1e-5, atol=1e-5)
+        out[...] = 0.0
+        _rnn_kernels.project_rows(rows, np.asfortranarray(w), out)
+        np.testing.assert_allclose(out, rows @ w.T, rtol=1e-5, atol=1e-5)
 
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         f32 = np.dtype(np.float32)
