@@ -313,12 +313,13 @@ def lay_out(w: Array, steps: bool = False) -> Array:
     reads a transposed array: 1.61 against 1.60 ms a step at (50, 512), but a 2-layer
     (50, 50, 512) stack ran 273-285 ms a forward against 251-261 in Fortran order.)
 
-    The kernel forms are measured at the process's BLAS thread count of the moment and at
-    one thread (:func:`_layout_forms`): inside a runtime, recurrent kernels that run side by
-    side run on one BLAS thread each, while a model is usually built outside it, under the
-    process's default count. The weight stays row-major where another form than the plain
-    one wins at either count (those forms want it row-major); Fortran order, which only the
-    plain form gains from, is kept for where the plain form wins at both. (Measured at the
+    The kernel forms are measured at one BLAS thread and, only where the plain form wins
+    there, at the process's count of the moment (:func:`_layout_forms`): inside a runtime,
+    recurrent kernels that run side by side run on one BLAS thread each, while a model is
+    usually built outside it, under the process's default count. The weight stays row-major
+    where another form than the plain one wins at either count (those forms want it
+    row-major); Fortran order, which only the plain form gains from, is kept for where the
+    plain form wins at both. (Measured at the
     current count alone, the tutorial's weight was stored in Fortran order, where the plain
     form wins on 2 BLAS threads, and its directions then ran on one thread in the plain form,
     7-17% slower than the form a row-major weight takes there.)
@@ -346,7 +347,7 @@ def _layout_forms(hidden: int, gates: int, dtype: np.dtype[Any]) -> list[Form]:
     one-thread limit where the process has more, which lasts the measurement: a model is
     built before its runs, not during them), then, only where that is the plain form, at
     the process's count now. A form other than the plain one at one thread already settles
-    the layout (row-major), so building a model measures once, not twice (1.6 s at the
+    the layout (row-major), so building a model measures once, not twice (1.3 s at the
     tutorial's size): the other count is measured at the first forward run under it."""
     threads = _blas_threads()
     if threads == 1:
