@@ -65,7 +65,8 @@ code written the obvious way:
   each block width, copied or read in place, and each fused width; the GRU's plain and
   blocked ones) on a short
   sequence, once per shape (input size included), dtype, BLAS thread count and weight order,
-  and takes the fastest where it is clearly faster than the plain one.
+  each with the weight in the order the call has: the fastest form that copies no weight,
+  or one that copies them where it is clearly faster than that.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
   numpy's per-call overhead (about 0.4 us a call) is most of it, the LSTM kernel
   (:func:`_lstm_sequence_small`, see :data:`SMALL_WEIGHTS_PER_STEP`) copies the weights for
@@ -313,28 +314,24 @@ def lay_out(w: Array, steps: bool = False) -> Array:
     reads a transposed array: 1.61 against 1.60 ms a step at (50, 512), but a 2-layer
     (50, 50, 512) stack ran 273-285 ms a forward against 251-261 in Fortran order.)
 
-    The kernel forms are measured at one BLAS thread and, only where the plain form wins
-    there, at the process's count of the moment (:func:`_layout_forms`): inside a runtime,
-    recurrent kernels that run side by side run on one BLAS thread each, while a model is
-    usually built outside it, under the process's default count. The weight stays row-major
-    where another form than the plain one wins at either count (those forms want it
-    row-major); Fortran order, which only the plain form gains from, is kept for where the
-    plain form wins at both. (Measured at the
-    current count alone, the tutorial's weight was stored in Fortran order, where the plain
-    form wins on 2 BLAS threads, and its directions then ran on one thread in the plain form,
-    7-17% slower than the form a row-major weight takes there.)
+    Otherwise Fortran order is kept only where the plain kernel with it beats every form a
+    row-major weight takes (:func:`_layout_is_fortran`), at one BLAS thread and then at the
+    process's count of the moment (:func:`_layout_fortran`): inside a runtime, recurrent
+    kernels that run side by side run on one BLAS thread each, while a model is usually
+    built outside it, under the process's default count. (Measured at the current count
+    alone, the tutorial's weight was stored in Fortran order, where the plain form wins on 2
+    BLAS threads, and its directions then ran on one thread in the plain form, 7-17% slower
+    than the form a row-major weight takes there. And while a tie went to the plain form,
+    one process in several stored it in Fortran order at one thread too: the plain kernel is
+    about 9% slower there than the in-place blocked one, close to the margin.)
     """
     if w.ndim != 2 or w.dtype.kind != "f":
         return w
     rows, cols = w.shape
-    # Where the transposed or a blocked form wins, it wants W row-major (the LSTM's 4 gates,
-    # the GRU's 3).
-    transposed = (
-        not steps
-        and rows % cols == 0
-        and any(form != "plain" for form in _layout_forms(cols, rows // cols, w.dtype))
-    )
-    fortran = not transposed and _fortran_is_faster(rows, cols, w.dtype)
+    if steps or rows % cols:  # (the step op's GEMM, or not a recurrent weight's shape)
+        fortran = _fortran_is_faster(rows, cols, w.dtype)
+    else:  # the LSTM's 4 gates, the GRU's 3
+        fortran = _layout_fortran(cols, rows // cols, w.dtype)
     if fortran and not w.flags.f_contiguous:
         return np.asfortranarray(w)
     if not fortran and not w.flags.c_contiguous:
@@ -342,23 +339,50 @@ def lay_out(w: Array, steps: bool = False) -> Array:
     return w
 
 
-def _layout_forms(hidden: int, gates: int, dtype: np.dtype[Any]) -> list[Form]:
-    """The kernel forms :func:`lay_out` weighs: at one BLAS thread (measured under a
-    one-thread limit where the process has more, which lasts the measurement: a model is
-    built before its runs, not during them), then, only where that is the plain form, at
-    the process's count now. A form other than the plain one at one thread already settles
-    the layout (row-major), so building a model measures once, not twice (1.3 s at the
-    tutorial's size): the other count is measured at the first forward run under it."""
+def _layout_fortran(hidden: int, gates: int, dtype: np.dtype[Any]) -> bool:
+    """Whether :func:`lay_out` stores a recurrent weight of this shape in Fortran order: where
+    the plain kernel with it wins at one BLAS thread (measured under a one-thread limit where
+    the process has more, which lasts the measurement: a model is built before its runs, not
+    during them) and, only then, at the process's count now. Row-major at one thread already
+    settles it, so building a model measures once, not twice (1.3 s at the tutorial's size)."""
     threads = _blas_threads()
     if threads == 1:
-        return [_kernel_form(LAYOUT_BATCH, hidden, gates, dtype, 1)]
+        return _layout_is_fortran(hidden, gates, dtype, 1)
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):
-        at_one = _kernel_form(LAYOUT_BATCH, hidden, gates, dtype, 1)
-    if at_one != "plain":
-        return [at_one]
-    return [at_one, _kernel_form(LAYOUT_BATCH, hidden, gates, dtype, threads)]
+        at_one = _layout_is_fortran(hidden, gates, dtype, 1)
+    return at_one and _layout_is_fortran(hidden, gates, dtype, threads)
+
+
+_layouts: dict[tuple[int, int, Any, int], bool] = {}
+
+
+def _layout_is_fortran(hidden: int, gates: int, dtype: np.dtype[Any], threads: int) -> bool:
+    """Whether the plain kernel with its weight in Fortran order (where its GEMM is faster
+    so: :func:`_fortran_is_faster`) beats every kernel form a row-major weight can take
+    (plain, transposed, blocked, fused: :func:`_measure_form`'s candidates) by
+    :data:`_FORM_MARGIN`, at ``threads`` BLAS threads (the count in force; the caller sets
+    it), measured once per process and key, all forms in one interleaved measurement. A tie
+    keeps the row-major layout torch and numpy users expect. The answer for a row-major
+    weight of this shape is kept as :func:`_kernel_form`'s, so the first forward does not
+    measure the same forms again."""
+    if not _fortran_is_faster(gates * hidden, hidden, dtype):
+        return False
+    forms = _candidate_forms(LAYOUT_BATCH, hidden, gates, dtype, False, hidden)
+    if len(forms) == 1:  # no other form to weigh: the plain GEMM decides
+        return True
+    key = (hidden, gates, dtype, threads)
+    with _forms_lock:
+        fortran = _layouts.get(key)
+        if fortran is None:
+            candidates = [("plain", True), *((f, False) for f in forms)]
+            runs = _form_runs(LAYOUT_BATCH, hidden, gates, dtype, hidden, candidates)
+            times = _best_times(runs, *_FORM_REPEATS, _FORM_BUDGET)
+            form = (LAYOUT_BATCH, hidden, gates, dtype, threads, False, hidden)
+            _forms.setdefault(form, _pick_form(forms, times[1:]))
+            fortran = _layouts[key] = times[0] < _FORM_MARGIN * min(times[1:])
+    return fortran
 
 
 def _best_times(
@@ -501,35 +525,52 @@ def _measure_form(
     inputs: int | None = None,
 ) -> Form:
     """Which form of the LSTM kernel (``gates`` 4) or the GRU kernel (3) is fastest for this
-    shape (``inputs``: the input size, None for ``hidden``) and BLAS thread count
-    (:func:`_blas_threads`, which the caller passes; the measurement runs under it):
-    ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``, every per-step array features x
-    batch: the LSTM only), a block width from :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of
-    gate columns, :func:`_lstm_sequence_blocked`, :func:`_gru_sequence_blocked`) or
-    ``("fused", width)`` with a width from :data:`FUSED_WIDTHS` (the input projection inside
-    the step's blocked GEMM, :func:`_lstm_sequence_fused`: the LSTM only).
+    shape (``inputs``: the input size, None for ``hidden``), BLAS thread count
+    (:func:`_blas_threads`, which the caller passes; the measurement runs under it) and
+    weight order: ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``, every per-step
+    array features x batch: the LSTM only), a block width from :data:`BLOCK_WIDTHS` (``h @
+    Wb[k]`` per block of gate columns, :func:`_lstm_sequence_blocked`,
+    :func:`_gru_sequence_blocked`), ``("view", width)`` (the same with ``W_hh``'s row blocks
+    read in place) or ``("fused", width)`` with a width from :data:`FUSED_WIDTHS` (the input
+    projection inside the step's blocked GEMM, :func:`_lstm_sequence_fused`: the LSTM only).
 
     The whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
-    real batch, width and dtype, interleaved, best of a few runs each (more for small kernels);
-    the plain form with its weight in the order its GEMM likes (:func:`_fortran_is_faster`).
-    The fastest other form is taken where it beats the plain one by :data:`_FORM_MARGIN`.
-    Timing the GEMMs alone was not enough: the forms also differ in the gate math (contiguous
-    row blocks against strided column blocks), and with AVX2 kernels, where the two GEMMs tie,
-    the transposed kernel was still 7% faster at (50, 50, 256); and a GEMM-only decision from
-    five ~3 ms runs flipped between processes at the tutorial's size, costing 10% when it went
-    wrong. Weights too small to matter (hidden under :data:`_FORM_MIN_HIDDEN`) and batches
-    under :data:`_FORM_MIN_BATCH` keep the plain form without measuring; so does any gate
-    count other than the LSTM's four and the GRU's three.
+    real batch, width and dtype, interleaved, best of a few runs each (more for small
+    kernels), each with the weight in the order the call has (``fortran``): a form that
+    copies nothing (plain, transposed, in place) wins by being fastest, one that copies the
+    weights for the call (blocked, fused: memory and time for the copy) must beat those by
+    :data:`_FORM_MARGIN` (:func:`_pick_form`). Timing the GEMMs alone was not enough: the
+    forms also differ in the gate math (contiguous row blocks against strided column
+    blocks), and with AVX2 kernels, where the two GEMMs tie, the transposed kernel was still
+    7% faster at (50, 50, 256); and a GEMM-only decision from five ~3 ms runs flipped
+    between processes at the tutorial's size, costing 10% when it went wrong. Weights too
+    small to matter (hidden under :data:`_FORM_MIN_HIDDEN`) and batches under
+    :data:`_FORM_MIN_BATCH` keep the plain form without measuring; so does any gate count
+    other than the LSTM's four and the GRU's three.
 
     ``fortran``: the weight is stored in Fortran order (:func:`lay_out` found the plain form
-    fastest when the model was built, perhaps under another BLAS thread count). The
-    transposed form, which wants it row-major, is then not a candidate (a row-major copy of
-    the tutorial size's weight takes 16 ms a call, a Fortran-ordered operand costs its GEMM
-    12%); the plain and blocked forms are measured with the weight in that order.
+    fastest with it when the model was built, perhaps under another BLAS thread count). The
+    transposed and in-place forms, which want it row-major, are then not candidates (a
+    row-major copy of the tutorial size's weight takes 16 ms a call, a Fortran-ordered
+    operand costs its GEMM 12%). A row-major weight's plain form is measured row-major, as it
+    will run (it once was measured in Fortran order where that GEMM is faster, and a noisy
+    win there ran the tutorial's size 20% slower than measured).
     """
+    forms = _candidate_forms(batch, hidden, gates, dtype, fortran, inputs)
+    if len(forms) == 1:  # nothing to choose from (a large GRU, or a Fortran-ordered LSTM)
+        return forms[0]
+    runs = _form_runs(batch, hidden, gates, dtype, inputs, [(f, fortran) for f in forms])
+    return _pick_form(forms, _best_times(runs, *_FORM_REPEATS, _FORM_BUDGET))
+
+
+def _candidate_forms(
+    batch: int, hidden: int, gates: int, dtype: np.dtype[Any], fortran: bool, inputs: int | None
+) -> list[Form]:
+    """The kernel forms :func:`_measure_form` weighs for this shape and weight order (the
+    plain one first; alone where there is nothing to choose)."""
     lstm = gates == _LSTM_GATES
     if not (lstm or gates == _GRU_GATES) or hidden < _FORM_MIN_HIDDEN or batch < _FORM_MIN_BATCH:
-        return "plain"
+        return ["plain"]
     inputs = hidden if inputs is None else inputs
     width = gates * hidden
     forms: list[Form] = ["plain", "transposed"] if lstm and not fortran else ["plain"]
@@ -539,8 +580,43 @@ def _measure_form(
         forms += [("view", b) for b in VIEW_WIDTHS if hidden % b == 0]
     if lstm and width * (inputs + hidden) * dtype.itemsize <= FUSED_COPY_BYTES_MAX:
         forms += [("fused", b) for b in FUSED_WIDTHS if hidden % b == 0]
-    if len(forms) == 1:  # nothing to choose from (a large GRU, or a Fortran-ordered LSTM)
-        return "plain"
+    return forms
+
+
+def _copies(form: Form) -> bool:
+    """Whether ``form`` copies the weights at every call (a block width, or fused)."""
+    return type(form) is int or (type(form) is tuple and form[0] == "fused")
+
+
+def _pick_form(forms: list[Form], times: list[float]) -> Form:
+    """The fastest of ``forms`` (measured ``times``) that copies no weight; a form that copies
+    them (:func:`_copies`) where it beats that one by :data:`_FORM_MARGIN`."""
+    best = min(
+        (i for i, f in enumerate(forms) if not _copies(f)), key=times.__getitem__, default=None
+    )
+    copying = min(
+        (i for i, f in enumerate(forms) if _copies(f)), key=times.__getitem__, default=None
+    )
+    if best is None or (copying is not None and times[copying] < _FORM_MARGIN * times[best]):
+        assert copying is not None
+        return forms[copying]
+    return forms[best]
+
+
+def _form_runs(
+    batch: int,
+    hidden: int,
+    gates: int,
+    dtype: np.dtype[Any],
+    inputs: int | None,
+    forms: list[tuple[Form, bool]],
+) -> tuple[Callable[[], object], ...]:
+    """A run of each kernel form on a short sequence (:data:`_FORM_STEPS` steps) of random
+    data of this shape, with ``W_hh`` in Fortran order where the pair says so (the other
+    operands as a call has them)."""
+    lstm = gates == _LSTM_GATES
+    inputs = hidden if inputs is None else inputs
+    width = gates * hidden
     rng = np.random.default_rng(0)
 
     def weight(cols: int) -> Array:
@@ -549,21 +625,15 @@ def _measure_form(
         return w
 
     x: Array = rng.random((_FORM_STEPS, batch, inputs), dtype=np.float32).astype(dtype, copy=False)
-    w_ih, w_hh = weight(inputs), weight(hidden)
+    w_ih, w_c = weight(inputs), weight(hidden)
+    w_f = np.asfortranarray(w_c) if any(f for _, f in forms) else w_c
     bias = np.zeros(width, dtype=dtype)
-    if fortran:
-        w_hh = w_hh_plain = np.asfortranarray(w_hh)
-    elif _fortran_is_faster(width, hidden, dtype):
-        w_hh_plain = np.asfortranarray(w_hh)
-    else:
-        w_hh_plain = w_hh
 
-    def run(form: Form) -> Callable[[], object]:
+    def run(form: Form, fortran: bool) -> Callable[[], object]:
+        w_hh = w_f if fortran else w_c
         if not lstm:
             if form == "plain":
-                return lambda: _gru_sequence_plain(
-                    x, w_ih, bias, w_hh_plain, bias, None, False, False
-                )
+                return lambda: _gru_sequence_plain(x, w_ih, bias, w_hh, bias, None, False, False)
             if isinstance(form, tuple):
                 return lambda: _gru_sequence_blocked(
                     x, w_ih, bias, w_hh, bias, None, False, False, form[1], True
@@ -573,7 +643,7 @@ def _measure_form(
                 x, w_ih, bias, w_hh, bias, None, False, False, form
             )
         if form == "plain":
-            return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh_plain, None, None, False, False)
+            return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh, None, None, False, False)
         if form == "transposed":
             return lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False)
         if isinstance(form, tuple) and form[0] == "view":
@@ -587,9 +657,7 @@ def _measure_form(
         assert isinstance(form, int)
         return lambda: _lstm_sequence_blocked(x, w_ih, bias, w_hh, None, None, False, False, form)
 
-    times = _best_times(tuple(run(f) for f in forms), *_FORM_REPEATS, _FORM_BUDGET)
-    best = min(range(1, len(forms)), key=times.__getitem__)
-    return forms[best] if times[best] < _FORM_MARGIN * times[0] else "plain"
+    return tuple(run(form, fortran) for form, fortran in forms)
 
 
 # -- the per-step kernels' recurrent product ---------------------------------------------------

@@ -520,10 +520,11 @@ class TestSequenceOps:
     ) -> None:
         """Every LSTM kernel form runs on a short sequence of the real shape (plain,
         transposed, the blocked one at each block width that divides the hidden size, and
-        the fused one at each of its widths that does); the fastest other form is taken only
-        when it times at least 5% faster than the plain one (the GEMM alone flipped between
-        processes and missed the gate math's difference). The timings are given here, not
-        measured."""
+        the fused one at each of its widths that does), each with the weight in the order
+        the call has it; the fastest form that copies no weight is taken, one that copies
+        them (blocked, fused) only when it times at least 5% faster than that (the GEMM
+        alone flipped between processes and missed the gate math's difference). The timings
+        are given here, not measured."""
         ran: list[tuple[Any, tuple[int, ...], bool]] = []
         for name in ("plain", "transposed", "blocked", "fused"):
             kernel = getattr(_rnn_kernels, f"_lstm_sequence_{name}")
@@ -565,8 +566,9 @@ class TestSequenceOps:
             assert decide(8, 256, 4, f32) == expected
             assert [form for form, _, _ in ran] == forms
             assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 8, 256)}
-            # The transposed and blocked kernels are measured with the weight row-major.
-            assert all(c for form, _, c in ran if form != "plain")
+            # A row-major weight is measured row-major in every form, the plain one too (as
+            # it will run).
+            assert all(c for _, _, c in ran)
         # Only block widths that divide the hidden size are tried.
         ran.clear()
         times[:] = [0.02, 0.03, 0.01]
@@ -609,10 +611,14 @@ class TestSequenceOps:
         assert decide(8, 256, 4, f32, 1, True) == 32
         assert [form for form, _, _ in ran] == ["plain", 32, 64, 128]
         assert not any(c for _, _, c in ran)
-        # A close call keeps the plain form (another must be clearly faster) ...
-        times[:] = [0.020, 0.0195, 0.0196, 0.0197, 0.0198]
+        # A close call among forms that copy nothing goes to the faster; a form that copies
+        # the weights must be clearly faster than it ...
+        times[:] = [0.020, 0.0195, 0.0190, 0.0197, 0.0198]
+        assert decide(8, 256, 4, f32) == "transposed"
+        times[:] = [0.0195, 0.020, 0.0190, 0.0197, 0.0198]
         assert decide(8, 256, 4, f32) == "plain"
-        # ... and so do a batch of one and a small hidden size, without running any kernel.
+        # ... and a batch of one and a small hidden size keep the plain form without
+        # running any kernel.
         ran.clear()
         assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, f32) == "plain"
         assert decide(8, _rnn_kernels._FORM_MIN_HIDDEN - 1, 4, f32) == "plain"
@@ -626,7 +632,7 @@ class TestSequenceOps:
         times[:] = [0.02, 0.015, 0.012, 0.01]
         assert decide(8, 256, 4, f32) == ("view", 16)
         assert [form for form, _, _ in ran] == ["plain", "transposed", ("view", 8), ("view", 16)]
-        assert all(c for form, _, c in ran if form != "plain")
+        assert all(c for _, _, c in ran)
         ran.clear()
         times[:] = [0.02, 0.01, 0.015]
         assert decide(8, 72, 4, f32) == "transposed"
@@ -773,8 +779,8 @@ class TestSequenceOps:
 
     def test_the_gru_kernel_has_no_transposed_form(self) -> None:
         """Three gates (a GRU weight) measure the GRU's plain and blocked kernels only;
-        lay_out keeps the weight row-major where a blocked form won, else picks the order by
-        the plain GEMM alone; two or five gates are never measured."""
+        lay_out stores the weight in Fortran order only where its plain kernel won against
+        those; two or five gates are never measured."""
         f32 = np.dtype(np.float32)
         form = _rnn_kernels._kernel_form(50, 512, 3, f32)
         assert form in (
@@ -787,10 +793,7 @@ class TestSequenceOps:
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
         laid = _rnn_kernels.lay_out(w)
         np.testing.assert_array_equal(laid, w)
-        forms = _rnn_kernels._layout_forms(512, 3, f32)
-        plain = all(f == "plain" for f in forms)
-        fortran = plain and _rnn_kernels._fortran_is_faster(3 * 512, 512, f32)
-        assert laid.flags.f_contiguous is fortran
+        assert laid.flags.f_contiguous is _rnn_kernels._layout_fortran(512, 3, f32)
 
     @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
     def test_the_blocked_gru_equals_the_plain_one(
@@ -837,7 +840,7 @@ class TestSequenceOps:
         in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
         monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: form == "plain")
+        monkeypatch.setattr(_rnn_kernels, "_layout_fortran", lambda *a: form == "plain")
         hid = 96
         batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
         m = nn.LSTM(4, hid, seed=1)
@@ -917,21 +920,17 @@ class TestWeightLayout:
 
     @pytest.mark.parametrize(
         ("at_now", "at_one", "fortran"),
-        [
-            ("plain", ("view", 8), False),
-            ("transposed", "plain", False),
-            ("plain", "plain", True),
-        ],
+        [(True, False, False), (False, True, False), (True, True, True)],
     )
     def test_the_layout_weighs_the_forms_at_one_blas_thread_too(
-        self, at_now: Any, at_one: Any, fortran: bool, monkeypatch: pytest.MonkeyPatch
+        self, at_now: bool, at_one: bool, fortran: bool, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A model is built under the process's BLAS count, while a runtime runs recurrent
         kernels side by side on one BLAS thread each: the weight is stored in Fortran order
-        (which only the plain form gains from) only where the plain form wins at both
-        counts. The one-thread forms are measured first, under a one-thread BLAS limit that
-        ends with the measurement; another form there settles it without measuring the
-        process's count."""
+        (which only the plain form gains from) only where the plain kernel with it wins at
+        both counts. One thread is measured first, under a one-thread BLAS limit that ends
+        with the measurement; row-major there settles it without measuring the process's
+        count."""
         from threadpoolctl import threadpool_info, threadpool_limits
 
         def blas_now() -> int:
@@ -939,17 +938,17 @@ class TestWeightLayout:
 
         asked: list[tuple[int, int]] = []
 
-        def form(batch: int, hidden: int, gates: int, dtype: Any, threads: int) -> Any:
+        def is_fortran(hidden: int, gates: int, dtype: Any, threads: int) -> bool:
+            assert (hidden, gates) == (64, 4)
             asked.append((threads, blas_now()))
             return at_now if threads == 2 else at_one
 
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_kernels, "_layout_is_fortran", is_fortran)
         w = _rand(0, 4 * 64, 64)
         with threadpool_limits(limits=2, user_api="blas"):
             laid = _rnn_kernels.lay_out(w)
             assert blas_now() == 2
-        assert asked == ([(1, 1)] if at_one != "plain" else [(1, 1), (2, 2)])
+        assert asked == ([(1, 1), (2, 2)] if at_one else [(1, 1)])
         assert laid.flags.f_contiguous is fortran
         np.testing.assert_array_equal(laid, w)
         # At one BLAS thread already: measured once.
@@ -958,6 +957,63 @@ class TestWeightLayout:
             _rnn_kernels.lay_out(w)
         assert asked == [(1, 1)]
 
+    def test_the_layout_weighs_the_fortran_plain_kernel_against_every_row_major_form(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Fortran order is kept only where the plain kernel with it beats every form a
+        row-major weight takes (the plain one row-major included) by the margin: a tie keeps
+        row-major. One interleaved measurement, whose answer for a row-major weight becomes
+        the kernels' own (no second measurement at the first forward); where the plain GEMM
+        is not faster in Fortran order, nothing is measured."""
+        ran: list[tuple[Any, bool]] = []
+        for name in ("plain", "transposed", "blocked"):
+            kernel = getattr(_rnn_kernels, f"_lstm_sequence_{name}")
+
+            def spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
+                form: Any = ("view", args[8]) if name == "blocked" else name
+                ran.append((form, bool(args[3].flags.f_contiguous)))
+                return kernel(*args)
+
+            monkeypatch.setattr(_rnn_kernels, f"_lstm_sequence_{name}", spy)
+        times: list[float] = []
+        monkeypatch.setattr(
+            _rnn_kernels,
+            "_best_times",
+            lambda runs, *a: [(r() and 0) or t for r, t in zip(runs, times, strict=True)],
+        )
+        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", (8,))
+        monkeypatch.setattr(_rnn_kernels, "BLOCK_WIDTHS", ())
+        monkeypatch.setattr(_rnn_kernels, "FUSED_WIDTHS", ())
+        monkeypatch.setattr(_rnn_kernels, "_layouts", {})
+        monkeypatch.setattr(_rnn_kernels, "_forms", {})
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        f32 = np.dtype(np.float32)
+        measure = _rnn_kernels._layout_is_fortran
+        batch = _rnn_kernels.LAYOUT_BATCH
+        for given, fortran, form in (
+            ([0.010, 0.012, 0.011, 0.0108], True, ("view", 8)),
+            ([0.010, 0.012, 0.011, 0.0104], False, ("view", 8)),
+            ([0.010, 0.0103, 0.012, 0.011], False, "plain"),
+        ):
+            ran.clear()
+            times[:] = given
+            hidden = 64 + 8 * len(_rnn_kernels._layouts)  # (a new key each time)
+            assert measure(hidden, 4, f32, 1) is fortran
+            assert ran == [
+                ("plain", True),
+                ("plain", False),
+                ("transposed", False),
+                (("view", 8), False),
+            ]
+            assert _rnn_kernels._forms[(batch, hidden, 4, f32, 1, False, hidden)] == form
+            assert _rnn_kernels._kernel_form(batch, hidden, 4, f32, 1, False) == form
+            ran.clear()
+            assert measure(hidden, 4, f32, 1) is fortran  # once per key
+            assert ran == []
+        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: False)
+        assert measure(128, 4, f32, 1) is False
+        assert ran == []
+
     def test_a_module_run_per_step_lays_its_weights_out_for_the_step_gemm(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -965,7 +1021,7 @@ class TestWeightLayout:
         forwards run per step at the layout's batch (a unidirectional stack with big steps)
         stores its recurrent weights in the order that GEMM measured fastest, whatever the
         sequence kernels' forms; a bidirectional one (sequence kernels) as they want."""
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("view", 8))
+        monkeypatch.setattr(_rnn_kernels, "_layout_fortran", lambda *a: False)
         monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
         w = _rand(0, 4 * 64, 64)
         assert _rnn_kernels.lay_out(w).flags.c_contiguous
