@@ -145,8 +145,13 @@ def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) ->
 
 
 # LLVM may contract multiply-adds, reassociate sums and use reciprocals; not assume there is
-# no NaN or inf ("fast" would): those propagate as numpy's kernels let them.
+# no NaN or inf ("fast" would): those propagate as numpy's kernels let them. Division follows
+# numpy's rules, not Python's (``error_model``): Python's tests every divisor for zero, a
+# branch that kept LLVM from vectorizing the gate loops (``_tanh`` divides; its divisor is a
+# polynomial in x^2 with positive coefficients, never zero). One direction at (T, B, H) =
+# (50, 1, 128): 425 against 245 us (LSTM), 289 against 177 (GRU).
 _FASTMATH = {"contract", "reassoc", "arcp"}
+_JIT: dict[str, Any] = {"fastmath": _FASTMATH, "error_model": "numpy"}
 _compile_lock = threading.Lock()
 _loops: tuple[Any, Any] | None = None
 # The Python functions the loops call (the module's globals ``_tanh``, ``_sigmoid`` and
@@ -171,10 +176,10 @@ def _compiled() -> tuple[Any, Any]:
                 ) from None
             g = globals()
             for name, fn in _PY.items():
-                g[name] = numba.njit(inline="always", fastmath=_FASTMATH)(fn)
+                g[name] = numba.njit(inline="always", **_JIT)(fn)
             _loops = (
-                numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(_lstm_loop),
-                numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(_gru_loop),
+                numba.njit(nogil=True, cache=True, **_JIT)(_lstm_loop),
+                numba.njit(nogil=True, cache=True, **_JIT)(_gru_loop),
             )
         return _loops
 
