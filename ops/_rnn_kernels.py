@@ -1024,11 +1024,13 @@ SMALL_GATES_MAX = 1024
 #: The numba engine runs a direction whose step's recurrent product (``B x G*H x H``
 #: multiply-adds) is at most this: its compiled loop does the product itself, without the
 #: GIL, where numpy's kernels pay a BLAS call and a dozen numpy calls a step under it. The
-#: ensemble of 4 bidirectional LSTMs, inter-op 2, BLAS 1, best of 40 forwards in one
-#: process, numba / numpy engine: 0.53 at (T, B, C) = (50, 4, 128) and 0.58 at (20, 1, 256)
-#: (262,144 a step), 0.56 at (50, 2, 256) (524,288); past it 1.03 at (50, 1, 512) and 1.08
-#: at (50, 16, 128) (1,048,576), 1.76 at (50, 8, 256).
-NUMBA_STEP_MACS_MAX = 1 << 19
+#: ensemble of 4 bidirectional LSTMs, inter-op 2, BLAS 1, best of 60 forwards in one
+#: process, numba / numpy engine, two processes each (since the loops vectorize, numba's
+#: ``error_model``): 0.72-0.75 at (T, B, C) = (50, 16, 128), 0.87-0.89 at (50, 1, 512),
+#: 0.89-0.95 at (50, 4, 256) (1,048,576 a step), 0.73-0.78 at (50, 50, 64) (819,200); past
+#: it 1.06-1.17 at (50, 8, 256) and 1.04-1.11 at (50, 32, 128), 0.86-0.95 at (50, 2, 512)
+#: (2,097,152). (Before the loops vectorized the bound was half this: 1.03 at (50, 1, 512).)
+NUMBA_STEP_MACS_MAX = 1 << 20
 
 
 @functools.lru_cache(maxsize=64)

@@ -205,10 +205,10 @@ class TestEngine:
         mid = _rand(4, 256, 64), _rand(5, 256, 64)
         _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 1, 64), mid[0], None, mid[1], None, None,
                                           False, False)  # fmt: skip
-        # Past it (16 x 512 x 128 a step): BLAS's products win there.
+        # Past it (32 x 512 x 128 a step): BLAS's products win there.
         big = _rand(4, 512, 128), _rand(5, 512, 128)
-        assert _rnn_kernels.NUMBA_STEP_MACS_MAX < 16 * 512 * 128
-        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 16, 128), big[0], None, big[1], None,
+        assert _rnn_kernels.NUMBA_STEP_MACS_MAX < 32 * 512 * 128
+        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 32, 128), big[0], None, big[1], None,
                                           None, False, False)  # fmt: skip
         assert used == [(24, 6), (256, 64)]
         ops.set_recurrent_engine("numpy")
