@@ -961,6 +961,28 @@ def _small_engine(x: Array, w_ih: Array, w_hh: Array, gates: int, batch_first: b
     return "numpy"
 
 
+def _numba_gates(dtype: np.dtype[Any]) -> Callable[..., None] | None:
+    """numba's one-pass gate step for the blocked and fused LSTM kernels
+    (``_rnn_numba.lstm_block_gates``), where the recurrent engine is numba (set, or "auto"
+    finding it) and the model float32; else None: numpy's passes. The GEMMs stay BLAS's.
+
+    numpy's gate math is a dozen passes over the step's arrays, each a call under the GIL;
+    the compiled step is one pass without it (the projection's bias folded in, so the
+    projection needs no pass of its own). One direction on one thread, in place blocks of 16:
+    478 against 457 ms at the tutorial's (50, 50, 1024)."""
+    if dtype != np.float32:
+        return None
+    engine = _engine[0]
+    if engine == "numpy" or (engine == "auto" and (_auto[0] or _resolve_auto()) != "numba"):
+        return None
+    gates: Callable[..., None] = _rnn_numba.lstm_block_gates()
+    return gates
+
+
+_NO_COL = np.zeros((0, 0), dtype=np.float32)
+_NO_BIAS = np.zeros(0, dtype=np.float32)
+
+
 # -- LSTM ---------------------------------------------------------------------------------------
 
 
@@ -1314,6 +1336,20 @@ def _lstm_sequence_blocked(
     buf = _scratch("chunk", (size * batch, width), dtype)
     gates, flat, c, hb, (i, f, g, o), nonlinear = _lstm_block_state(batch, hidden, block, c0, dtype)
     h: Array | None = h0
+    step = _numba_gates(dtype)
+    if step is not None:
+        b = _NO_BIAS if bias is None else np.ascontiguousarray(bias, dtype=dtype)
+        for t0, t1 in _chunks(steps, size, reverse):
+            xp = _project_chunk(x, t0, t1, w_ih, None, batch_first, buf)
+            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+                if h is None:
+                    gates.fill(0)
+                else:
+                    np.matmul(h, wb, out=gates)
+                h = seq[t]
+                step(gates, xp[t - t0], b, c, h)
+        h_n = np.array(seq[0] if reverse else seq[steps - 1])
+        return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
     with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
         for t0, t1 in _chunks(steps, size, reverse):
             xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
@@ -1379,6 +1415,16 @@ def _lstm_sequence_fused(
     else:
         np.copyto(h_part, h0)
     gates, flat, c, hb, (i, f, g, o), nonlinear = _lstm_block_state(batch, hidden, block, c0, dtype)
+    step = _numba_gates(dtype)
+    if step is not None:
+        b = _NO_BIAS if bias is None else np.ascontiguousarray(bias, dtype=dtype)
+        for t in range(steps - 1, -1, -1) if reverse else range(steps):
+            np.copyto(x_part, xseq[t])
+            np.matmul(xh, wb, out=gates)
+            step(gates, _NO_COL, b, c, seq[t])
+            np.copyto(h_part, seq[t])
+        h_n = np.array(seq[0] if reverse else seq[steps - 1])
+        return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
     with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
         for t in range(steps - 1, -1, -1) if reverse else range(steps):
             np.copyto(x_part, xseq[t])

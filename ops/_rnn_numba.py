@@ -33,7 +33,7 @@ from dataflow import DataflowRuntimeError
 
 Array: TypeAlias = "np.ndarray[Any, Any]"
 
-__all__ = ["available", "check", "gru_sequence", "lstm_sequence"]
+__all__ = ["available", "check", "gru_sequence", "lstm_block_gates", "lstm_sequence"]
 
 
 def available() -> bool:
@@ -144,6 +144,41 @@ def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) ->
                 h[b, j] = out[t, b, j]
 
 
+def _lstm_block_gates(gates: Any, col: Any, bias: Any, c: Any, h: Any) -> None:
+    """One step's gate math for numpy's blocked LSTM kernels (``_rnn_kernels``: the GEMM
+    stays BLAS's), in one pass: ``gates`` (blocks, B, block) the recurrent product, gate
+    ``q``'s columns in blocks ``q*H/block`` to ``(q+1)*H/block``; ``col`` (B, 4H) the step's
+    projected input, or (0, 0) for none; ``bias`` (4H,) or (0,); ``c`` (H/block, B, block) the
+    cell state, updated in place; ``h`` (B, H) receives the new hidden state (any strides).
+    """
+    blocks, batch, block = gates.shape
+    per = blocks // 4
+    hidden = per * block
+    with_col = col.shape[0] > 0
+    with_bias = bias.shape[0] > 0
+    for kb in range(per):
+        for b in range(batch):
+            for r in range(block):
+                j = kb * block + r
+                zi = gates[kb, b, r]
+                zf = gates[per + kb, b, r]
+                zg = gates[2 * per + kb, b, r]
+                zo = gates[3 * per + kb, b, r]
+                if with_col:
+                    zi += col[b, j]
+                    zf += col[b, hidden + j]
+                    zg += col[b, 2 * hidden + j]
+                    zo += col[b, 3 * hidden + j]
+                if with_bias:
+                    zi += bias[j]
+                    zf += bias[hidden + j]
+                    zg += bias[2 * hidden + j]
+                    zo += bias[3 * hidden + j]
+                cj = _sigmoid(zf) * c[kb, b, r] + _sigmoid(zi) * _tanh(zg)
+                c[kb, b, r] = cj
+                h[b, j] = _sigmoid(zo) * _tanh(cj)
+
+
 # LLVM may contract multiply-adds, reassociate sums and use reciprocals; not assume there is
 # no NaN or inf ("fast" would): those propagate as numpy's kernels let them. Division follows
 # numpy's rules, not Python's (``error_model``): Python's tests every divisor for zero, a
@@ -153,15 +188,16 @@ def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) ->
 _FASTMATH = {"contract", "reassoc", "arcp"}
 _JIT: dict[str, Any] = {"fastmath": _FASTMATH, "error_model": "numpy"}
 _compile_lock = threading.Lock()
-_loops: tuple[Any, Any] | None = None
+_loops: tuple[Any, Any, Any] | None = None
 # The Python functions the loops call (the module's globals ``_tanh``, ``_sigmoid`` and
 # ``_add_recurrent`` become their jitted versions, which the loops call).
 _PY = {"_tanh": _tanh, "_sigmoid": _sigmoid, "_add_recurrent": _add_recurrent}
 
 
-def _compiled() -> tuple[Any, Any]:
-    """The compiled loops: numba imported and the functions above jitted on first use, once
-    (two threads may run their first kernels at the same time)."""
+def _compiled() -> tuple[Any, Any, Any]:
+    """The compiled loops and the blocked kernels' gate step: numba imported and the
+    functions above jitted on first use, once (two threads may run their first kernels at the
+    same time)."""
     global _loops
     loops = _loops
     if loops is not None:
@@ -180,6 +216,7 @@ def _compiled() -> tuple[Any, Any]:
             _loops = (
                 numba.njit(nogil=True, cache=True, **_JIT)(_lstm_loop),
                 numba.njit(nogil=True, cache=True, **_JIT)(_gru_loop),
+                numba.njit(nogil=True, cache=True, **_JIT)(_lstm_block_gates),
             )
         return _loops
 
@@ -193,9 +230,18 @@ def check() -> None:
     w = rng.standard_normal((8, 5)).astype(np.float32) * np.float32(0.5)
     out, h, c = lstm_sequence(x, w[:, :3], w[:, 0], w[:, 3:], None, None, False, False)
     out_g, h_g = gru_sequence(x, w[:6, :3], w[:6, 0], w[:6, 3:], w[:6, 1], None, True, False)
-    for a in (out, h, c, out_g, h_g):
+    block_gates = lstm_block_gates()
+    gates, c_b, h_b = np.ones((8, 1, 1), np.float32), np.ones((2, 1, 1), np.float32), h.copy()
+    block_gates(gates, np.zeros((0, 0), np.float32), w[:, 0], c_b, h_b)
+    for a in (out, h, c, out_g, h_g, c_b, h_b):
         if not np.isfinite(a).all():
             raise DataflowRuntimeError("the numba recurrent loops gave a non-finite result")
+
+
+def lstm_block_gates() -> Any:
+    """The compiled :func:`_lstm_block_gates` (numba imported and the loops compiled on first
+    use)."""
+    return _compiled()[2]
 
 
 def _project(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
@@ -242,7 +288,7 @@ def lstm_sequence(
     batch_first: bool,
 ) -> tuple[Array, Array, Array]:
     """``_rnn_kernels.lstm_sequence_kernel`` on the compiled loop: (output, h_n, c_n)."""
-    lstm_loop, _ = _compiled()
+    lstm_loop, _, _ = _compiled()
     xp = _project(x, w_ih, bias, batch_first)
     steps, batch = xp.shape[0], xp.shape[1]
     hidden = w_hh.shape[1]
@@ -264,7 +310,7 @@ def gru_sequence(
 ) -> tuple[Array, Array]:
     """``_rnn_kernels.gru_sequence_kernel`` on the compiled loop: (output, h_n). ``b_hh``'s
     r and z parts are folded into the projection's bias; its n part stays in the step."""
-    _, gru_loop = _compiled()
+    _, gru_loop, _ = _compiled()
     hidden = w_hh.shape[1]
     bias = None if b_ih is None else np.array(b_ih, dtype=np.float32)
     b_hn = np.zeros(hidden, dtype=np.float32)

@@ -100,6 +100,66 @@ class TestKernels:
         if b_hh is not None:
             np.testing.assert_array_equal(b_hh, _rand(8, 3 * hid))
 
+    @pytest.mark.parametrize(
+        ("reverse", "batch_first", "with_state", "bias"),
+        list(itertools.product((False, True), repeat=4)),
+    )
+    def test_the_blocked_and_fused_kernels_gate_step_equals_numpys(
+        self, reverse: bool, batch_first: bool, with_state: bool, bias: bool
+    ) -> None:
+        """Past the compiled loops' bound the blocked and fused LSTM kernels keep BLAS's GEMMs
+        and run each step's gate math as one compiled pass (bias folded in): the same values
+        as numpy's passes (the numpy engine), for blocks copied or read in place, every
+        flag, and torch's where torch is installed; the caller's states are left alone."""
+        steps, batch, inp, hid = 7, 5, 24, 64
+        w_ih, w_hh = _rand(1, 4 * hid, inp), _rand(2, 4 * hid, hid) * np.float32(0.3)
+        b = _rand(3, 4 * hid) if bias else None
+        x = _rand(4, batch, steps, inp) if batch_first else _rand(4, steps, batch, inp)
+        h0 = _rand(5, batch, hid) if with_state else None
+        c0 = _rand(6, batch, hid) if with_state else None
+        args = (x, w_ih, b, w_hh, h0, c0, reverse, batch_first)
+        kernels = [
+            (_rnn_kernels._lstm_sequence_blocked, (16,)),
+            (_rnn_kernels._lstm_sequence_blocked, (8, True)),
+            (_rnn_kernels._lstm_sequence_fused, (32,)),
+        ]
+        ops.set_recurrent_engine("numpy")
+        assert _rnn_kernels._numba_gates(np.dtype(np.float32)) is None
+        want = [kernel(*args, *extra) for kernel, extra in kernels]
+        ops.set_recurrent_engine("numba")
+        assert _rnn_kernels._numba_gates(np.dtype(np.float32)) is not None
+        assert _rnn_kernels._numba_gates(np.dtype(np.float64)) is None
+        for (kernel, extra), exp in zip(kernels, want, strict=True):
+            got = kernel(*args, *extra)
+            for g, w in zip(got, exp, strict=True):
+                assert g.shape == w.shape and g.dtype == np.float32
+                np.testing.assert_allclose(g, w, atol=2e-6)
+        if with_state:
+            np.testing.assert_array_equal(h0, _rand(5, batch, hid))
+            np.testing.assert_array_equal(c0, _rand(6, batch, hid))
+        torch = pytest.importorskip("torch")
+        lstm = torch.nn.LSTM(inp, hid, batch_first=batch_first)
+        with torch.no_grad():
+            lstm.weight_ih_l0.copy_(torch.from_numpy(w_ih))
+            lstm.weight_hh_l0.copy_(torch.from_numpy(w_hh))
+            lstm.bias_ih_l0.copy_(torch.from_numpy(b if bias else np.zeros(4 * hid, np.float32)))
+            lstm.bias_hh_l0.zero_()
+            xt = (
+                torch.from_numpy(x).flip(1 if batch_first else 0)
+                if reverse
+                else torch.from_numpy(x)
+            )
+            state = None
+            if with_state:
+                state = (torch.from_numpy(h0)[None], torch.from_numpy(c0)[None])
+            out, (h_n, c_n) = lstm(xt, state)
+            if reverse:
+                out = out.flip(1 if batch_first else 0)
+        got = _rnn_kernels._lstm_sequence_blocked(*args, 8, True)
+        np.testing.assert_allclose(got[0], out.numpy(), atol=1e-5)
+        np.testing.assert_allclose(got[1], h_n[0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(got[2], c_n[0].numpy(), atol=1e-5)
+
     def test_nan_and_inf_propagate_as_in_numpy(self) -> None:
         """A NaN in the input gives NaN where the numpy kernel gives NaN (not a clamped 1);
         infinities saturate the gates as tanh does."""
