@@ -46,9 +46,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -167,37 +168,61 @@ _paired = -math.inf
 _found: list[tuple[Callable[[int], Any], Callable[[], int]]] | None = None
 
 
+def numpy_blas(libs: Sequence[Any]) -> Any | None:
+    """Of threadpoolctl's BLAS controllers, numpy's own BLAS: the one loaded from numpy's
+    package (its wheels bundle OpenBLAS in ``numpy.libs``), else the first loaded (numpy loads
+    its BLAS when imported, before a library that depends on numpy loads its own); None for
+    none. Measured: with scipy's OpenBLAS loaded too (numba imports scipy), reading the
+    highest count of all took scipy's ungoverned 2 for numpy's governed 1, and the recurrent
+    kernels picked their two-thread forms while running on one."""
+    import numpy
+
+    own = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy")
+    for lib in libs:  # (numpy/ or numpy.libs/)
+        if (getattr(lib, "filepath", None) or "").startswith(own):
+            return lib
+    return libs[0] if libs else None
+
+
 def _openblas() -> tuple[Callable[[int], Any], Callable[[], int]] | None:
-    """The C setter and getter of the loaded OpenBLAS whose pthreads build serializes
-    multithreaded calls; None if there is none (looked up once per process)."""
+    """The C setter and getter of numpy's BLAS where it is an OpenBLAS whose pthreads build
+    serializes multithreaded calls; None otherwise (looked up once per process)."""
     global _found
     if _found is None:
-        from ._threads import _serial_blas
-
         _found = []
         try:
             from threadpoolctl import ThreadpoolController
 
-            libs = ThreadpoolController().select(internal_api="openblas").lib_controllers
+            libs = ThreadpoolController().select(user_api="blas").lib_controllers
         except Exception:  # pragma: no cover - threadpoolctl failing: govern nothing
             libs = []
-        for lib in libs:
-            if not _serial_blas(lib.info()):
-                continue  # an OpenMP build: its threads are per caller, no serialization
-            prefix = getattr(lib, "_symbol_prefix", "") or ""
-            suffix = getattr(lib, "_symbol_suffix", "") or ""
-            try:
-                setter = getattr(lib.dynlib, f"{prefix}openblas_set_num_threads{suffix}")
-                getter = getattr(lib.dynlib, f"{prefix}openblas_get_num_threads{suffix}")
-            except AttributeError:  # pragma: no cover - an OpenBLAS without them
-                continue
-            setter.argtypes = [ctypes.c_int]
-            setter.restype = None
-            getter.argtypes = []
-            getter.restype = ctypes.c_int
-            _found.append((setter, getter))
-            break
+        # numpy's own BLAS only: another library's (scipy brings its own OpenBLAS, and numba
+        # imports scipy) runs none of numpy's products.
+        found = _setter_getter(numpy_blas(libs))
+        if found is not None:
+            _found.append(found)
     return _found[0] if _found else None
+
+
+def _setter_getter(lib: Any) -> tuple[Callable[[int], Any], Callable[[], int]] | None:
+    """``lib``'s C count setter and getter where it is an OpenBLAS whose pthreads build
+    serializes multithreaded calls (an OpenMP build's threads are per caller); else None."""
+    from ._threads import _serial_blas
+
+    if lib is None or lib.internal_api != "openblas" or not _serial_blas(lib.info()):
+        return None
+    prefix = getattr(lib, "_symbol_prefix", "") or ""
+    suffix = getattr(lib, "_symbol_suffix", "") or ""
+    try:
+        setter = getattr(lib.dynlib, f"{prefix}openblas_set_num_threads{suffix}")
+        getter = getattr(lib.dynlib, f"{prefix}openblas_get_num_threads{suffix}")
+    except AttributeError:  # pragma: no cover - an OpenBLAS without them
+        return None
+    setter.argtypes = [ctypes.c_int]
+    setter.restype = None
+    getter.argtypes = []
+    getter.restype = ctypes.c_int
+    return setter, getter
 
 
 def acquire(interop_threads: int) -> bool:

@@ -125,9 +125,12 @@ def intraop_chosen() -> bool:
 
 
 def get_num_threads() -> int:
-    """The intra-op (BLAS) thread count; 1 when no threaded BLAS is loaded."""
-    infos = _blas_info()
-    return max((int(i.get("num_threads", 1)) for i in infos), default=1)
+    """The intra-op (BLAS) thread count: numpy's BLAS's (another library's own BLAS, such as
+    scipy's, runs none of numpy's products); 1 when no threaded BLAS is loaded."""
+    from threadpoolctl import ThreadpoolController
+
+    lib = _blas.numpy_blas(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return 1 if lib is None else int(lib.num_threads)
 
 
 def _chosen(interop: int, cores: int) -> list[str]:

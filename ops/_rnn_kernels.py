@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 import time
 import warnings
@@ -471,21 +472,39 @@ VIEW_WIDTHS = (8, 16)
 Form: TypeAlias = "str | int | tuple[str, int]"
 
 
-_blas_libs: list[Any] = []  # threadpoolctl's controllers of the BLAS libraries (found once)
+_blas_libs: list[Any] = []  # threadpoolctl's controller of numpy's BLAS, or None (found once)
 
 
 def _blas_threads() -> int:
-    """The BLAS thread count now (about a microsecond: asks the library itself). The forms'
-    speeds depend on it (bigger products gain more from BLAS's threads), and a runtime sets
-    it for the whole process (BLAS 1 on inter-op threads), so kernel forms are measured per
-    count: a model built outside the runtime measures its weight layout under the process's
-    default."""
+    """numpy's BLAS thread count now (about a microsecond: asks the library itself). The
+    forms' speeds depend on it (bigger products gain more from BLAS's threads), and a runtime
+    sets it for the whole process (BLAS 1 on inter-op threads), so kernel forms are measured
+    per count: a model built outside the runtime measures its weight layout under the
+    process's default.
+
+    numpy's own BLAS only (:func:`_numpy_blas`): with scipy's OpenBLAS loaded too (numba
+    imports scipy), the highest count of the two read scipy's ungoverned 2 while numpy's ran
+    on 1, and the tutorial's directions took the two-thread forms: 3.0-3.4 s a forward
+    against 1.9-2.1 (the defaults, one process in two)."""
     if not _blas_libs:
         from threadpoolctl import ThreadpoolController
 
         found = ThreadpoolController().select(user_api="blas").lib_controllers
-        _blas_libs.append(found)
-    return max((lib.get_num_threads() for lib in _blas_libs[0]), default=1)
+        _blas_libs.append(_numpy_blas(found))
+    lib = _blas_libs[0]
+    return 1 if lib is None else int(lib.get_num_threads())
+
+
+def _numpy_blas(libs: list[Any]) -> Any:
+    """Of threadpoolctl's BLAS controllers, the one numpy's products call: loaded from numpy's
+    package (its wheels bundle OpenBLAS in ``numpy.libs``), else the first loaded (numpy loads
+    its BLAS when imported, before a library that depends on numpy loads its own); None for
+    none."""
+    own = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy")
+    for lib in libs:  # (numpy/ or numpy.libs/)
+        if (getattr(lib, "filepath", None) or "").startswith(own):
+            return lib
+    return libs[0] if libs else None
 
 
 _forms: dict[tuple[int, int, int, Any, int, bool, int], Form] = {}

@@ -76,6 +76,65 @@ class TestIntraop:
         assert dataflow.get_num_threads() == 2
 
 
+class TestNumpysBlas:
+    """Another library's own BLAS (scipy bundles an OpenBLAS, and numba imports scipy) runs
+    none of numpy's products: the counts read and governed are numpy's BLAS's."""
+
+    class _Lib:
+        def __init__(self, path: str, threads: int, api: str = "openblas") -> None:
+            self.filepath, self.num_threads, self.internal_api = path, threads, api
+
+        def get_num_threads(self) -> int:
+            return self.num_threads
+
+    def test_numpys_library_is_found_by_its_path_else_the_first_loaded(self) -> None:
+        import os
+
+        import numpy as np
+
+        from dataflow import _blas
+        from ops import _rnn_kernels
+
+        site = os.path.dirname(os.path.dirname(np.__file__))
+        scipy_lib = self._Lib(os.path.join(site, "scipy.libs", "libscipy_openblas.so"), 2)
+        wheel = self._Lib(os.path.join(site, "numpy.libs", "libscipy_openblas64_.so"), 1)
+        system = self._Lib("/usr/lib/libopenblas.so", 4)
+        for find in (_blas.numpy_blas, _rnn_kernels._numpy_blas):
+            assert find([scipy_lib, wheel]) is wheel
+            assert find([system, scipy_lib]) is system  # none in numpy's package: the first
+            assert find([]) is None
+
+    def test_with_scipys_openblas_loaded_the_counts_are_numpys(self) -> None:
+        """Measured: reading the highest count of every BLAS took scipy's ungoverned 2 for
+        numpy's governed 1, and the recurrent kernels picked their two-thread forms."""
+        pytest.importorskip("scipy.linalg")
+        from threadpoolctl import ThreadpoolController
+
+        from dataflow import _blas
+        from ops import _rnn_kernels
+
+        libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        mine = _blas.numpy_blas(libs)
+        others = [lib for lib in libs if lib is not mine]
+        if mine is None or not others:
+            pytest.skip("one BLAS library loaded")
+        before = [(lib, lib.num_threads) for lib in libs]
+        try:
+            mine.set_num_threads(1)
+            for lib in others:
+                lib.set_num_threads(2)
+            assert dataflow.get_num_threads() == 1
+            assert _rnn_kernels._blas_threads() == 1
+            mine.set_num_threads(2)
+            for lib in others:
+                lib.set_num_threads(1)
+            assert dataflow.get_num_threads() == 2
+            assert _rnn_kernels._blas_threads() == 2
+        finally:
+            for lib, n in before:
+                lib.set_num_threads(n)
+
+
 class TestParallelInfo:
     def test_report(self) -> None:
         """parallel_info names both levels, the BLAS library and the loop."""
