@@ -33,7 +33,14 @@ from dataflow import DataflowRuntimeError
 
 Array: TypeAlias = "np.ndarray[Any, Any]"
 
-__all__ = ["available", "check", "gru_sequence", "lstm_block_gates", "lstm_sequence"]
+__all__ = [
+    "available",
+    "check",
+    "gru_block_gates",
+    "gru_sequence",
+    "lstm_block_gates",
+    "lstm_sequence",
+]
 
 
 def available() -> bool:
@@ -179,6 +186,43 @@ def _lstm_block_gates(gates: Any, col: Any, bias: Any, c: Any, h: Any) -> None:
                 h[b, j] = _sigmoid(zo) * _tanh(cj)
 
 
+def _gru_block_gates(gh: Any, gi: Any, b_ih: Any, b_hh: Any, hb: Any, h: Any) -> None:
+    """One GRU step's gate math for numpy's blocked GRU kernel (the GEMM stays BLAS's), in one
+    pass: ``gh`` (blocks, B, block) the recurrent product, gate ``q``'s columns in blocks
+    ``q*H/block`` to ``(q+1)*H/block`` (r, z, n); ``gi`` (B, 3H) the step's projected input;
+    ``b_ih`` and ``b_hh`` (3H,) or (0,); ``hb`` (H/block, B, block) the state, updated in
+    place; ``h`` (B, H) receives it too (any strides)."""
+    blocks, batch, block = gh.shape
+    per = blocks // 3
+    hidden = per * block
+    with_ih = b_ih.shape[0] > 0
+    with_hh = b_hh.shape[0] > 0
+    for kb in range(per):
+        for b in range(batch):
+            for q in range(block):
+                j = kb * block + q
+                hr = gh[kb, b, q]
+                hz = gh[per + kb, b, q]
+                hn = gh[2 * per + kb, b, q]
+                xr = gi[b, j]
+                xz = gi[b, hidden + j]
+                xn = gi[b, 2 * hidden + j]
+                if with_hh:
+                    hr += b_hh[j]
+                    hz += b_hh[hidden + j]
+                    hn += b_hh[2 * hidden + j]
+                if with_ih:
+                    xr += b_ih[j]
+                    xz += b_ih[hidden + j]
+                    xn += b_ih[2 * hidden + j]
+                r = _sigmoid(xr + hr)
+                z = _sigmoid(xz + hz)
+                n = _tanh(xn + r * hn)
+                hj = n + z * (hb[kb, b, q] - n)
+                hb[kb, b, q] = hj
+                h[b, j] = hj
+
+
 # LLVM may contract multiply-adds, reassociate sums and use reciprocals; not assume there is
 # no NaN or inf ("fast" would): those propagate as numpy's kernels let them. Division follows
 # numpy's rules, not Python's (``error_model``): Python's tests every divisor for zero, a
@@ -188,13 +232,13 @@ def _lstm_block_gates(gates: Any, col: Any, bias: Any, c: Any, h: Any) -> None:
 _FASTMATH = {"contract", "reassoc", "arcp"}
 _JIT: dict[str, Any] = {"fastmath": _FASTMATH, "error_model": "numpy"}
 _compile_lock = threading.Lock()
-_loops: tuple[Any, Any, Any] | None = None
+_loops: tuple[Any, Any, Any, Any] | None = None
 # The Python functions the loops call (the module's globals ``_tanh``, ``_sigmoid`` and
 # ``_add_recurrent`` become their jitted versions, which the loops call).
 _PY = {"_tanh": _tanh, "_sigmoid": _sigmoid, "_add_recurrent": _add_recurrent}
 
 
-def _compiled() -> tuple[Any, Any, Any]:
+def _compiled() -> tuple[Any, Any, Any, Any]:
     """The compiled loops and the blocked kernels' gate step: numba imported and the
     functions above jitted on first use, once (two threads may run their first kernels at the
     same time)."""
@@ -217,6 +261,7 @@ def _compiled() -> tuple[Any, Any, Any]:
                 numba.njit(nogil=True, cache=True, **_JIT)(_lstm_loop),
                 numba.njit(nogil=True, cache=True, **_JIT)(_gru_loop),
                 numba.njit(nogil=True, cache=True, **_JIT)(_lstm_block_gates),
+                numba.njit(nogil=True, cache=True, **_JIT)(_gru_block_gates),
             )
         return _loops
 
@@ -233,15 +278,26 @@ def check() -> None:
     block_gates = lstm_block_gates()
     gates, c_b, h_b = np.ones((8, 1, 1), np.float32), np.ones((2, 1, 1), np.float32), h.copy()
     block_gates(gates, np.zeros((0, 0), np.float32), w[:, 0], c_b, h_b)
-    for a in (out, h, c, out_g, h_g, c_b, h_b):
+    hb_g, h_gb = np.ones((2, 1, 1), np.float32), h.copy()
+    gru_block_gates()(gates[:6], w[:6, 1:2].T.copy(), w[:6, 0], _NO_BIAS, hb_g, h_gb)
+    for a in (out, h, c, out_g, h_g, c_b, h_b, hb_g, h_gb):
         if not np.isfinite(a).all():
             raise DataflowRuntimeError("the numba recurrent loops gave a non-finite result")
+
+
+_NO_BIAS = np.zeros(0, dtype=np.float32)
 
 
 def lstm_block_gates() -> Any:
     """The compiled :func:`_lstm_block_gates` (numba imported and the loops compiled on first
     use)."""
     return _compiled()[2]
+
+
+def gru_block_gates() -> Any:
+    """The compiled :func:`_gru_block_gates` (numba imported and the loops compiled on first
+    use)."""
+    return _compiled()[3]
 
 
 def _project(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
@@ -288,7 +344,7 @@ def lstm_sequence(
     batch_first: bool,
 ) -> tuple[Array, Array, Array]:
     """``_rnn_kernels.lstm_sequence_kernel`` on the compiled loop: (output, h_n, c_n)."""
-    lstm_loop, _, _ = _compiled()
+    lstm_loop = _compiled()[0]
     xp = _project(x, w_ih, bias, batch_first)
     steps, batch = xp.shape[0], xp.shape[1]
     hidden = w_hh.shape[1]
@@ -310,7 +366,7 @@ def gru_sequence(
 ) -> tuple[Array, Array]:
     """``_rnn_kernels.gru_sequence_kernel`` on the compiled loop: (output, h_n). ``b_hh``'s
     r and z parts are folded into the projection's bias; its n part stays in the step."""
-    _, gru_loop, _ = _compiled()
+    gru_loop = _compiled()[1]
     hidden = w_hh.shape[1]
     bias = None if b_ih is None else np.array(b_ih, dtype=np.float32)
     b_hn = np.zeros(hidden, dtype=np.float32)

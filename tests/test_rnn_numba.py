@@ -160,6 +160,29 @@ class TestKernels:
         np.testing.assert_allclose(got[1], h_n[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(got[2], c_n[0].numpy(), atol=1e-5)
 
+    @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
+    def test_the_blocked_gru_kernels_gate_step_equals_numpys(
+        self, reverse: bool, batch_first: bool, with_state: bool, biases: str
+    ) -> None:
+        """The blocked GRU kernel's gate step, compiled (both biases folded in): numpy's
+        passes' values for blocks copied (of 1 and 7 columns) or read in place, every flag
+        and either bias alone; the caller's state and biases are left alone."""
+        args = gru_case(reverse, batch_first, with_state, biases)
+        kernels = [(1,), (GRU_HIDDEN,), (1, True)]
+        ops.set_recurrent_engine("numpy")
+        want = [_rnn_kernels._gru_sequence_blocked(*args, *extra) for extra in kernels]
+        ops.set_recurrent_engine("numba")
+        assert _rnn_kernels._numba_gates(np.dtype(np.float32), gru=True) is not None
+        for extra, exp in zip(kernels, want, strict=True):
+            got = _rnn_kernels._gru_sequence_blocked(*args, *extra)
+            for g, w in zip(got, exp, strict=True):
+                assert g.shape == w.shape and g.dtype == np.float32
+                np.testing.assert_allclose(g, w, atol=2e-6)
+        if with_state:
+            np.testing.assert_array_equal(args[5], _rand(5, 2, GRU_HIDDEN))
+        if args[4] is not None:
+            np.testing.assert_array_equal(args[4], _rand(8, 3 * GRU_HIDDEN))
+
     def test_nan_and_inf_propagate_as_in_numpy(self) -> None:
         """A NaN in the input gives NaN where the numpy kernel gives NaN (not a clamped 1);
         infinities saturate the gates as tanh does."""
