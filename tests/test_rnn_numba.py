@@ -160,6 +160,36 @@ class TestKernels:
         np.testing.assert_allclose(got[1], h_n[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(got[2], c_n[0].numpy(), atol=1e-5)
 
+    @pytest.mark.parametrize("reverse", [False, True])
+    def test_the_gate_step_across_projection_chunks(
+        self, reverse: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The projection in chunks of 2 steps (a long sequence's, bounded by CHUNK_BYTES):
+        the compiled gate step reads each chunk's rows as numpy's passes do, forwards and
+        reversed, LSTM and GRU."""
+        steps, batch, inp, hid = 7, 3, 5, 16
+        one_step = batch * 4 * hid * 4  # an LSTM step's projection, float32
+        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 2 * one_step)
+        assert _rnn_kernels.chunk_steps(steps, batch, 4 * hid, 4) == 2
+        x, h0 = _rand(4, steps, batch, inp), _rand(5, batch, hid)
+        lstm = (x, _rand(1, 4 * hid, inp), _rand(3, 4 * hid), _rand(2, 4 * hid, hid), h0,
+                _rand(6, batch, hid), reverse, False)  # fmt: skip
+        gru = (x, _rand(1, 3 * hid, inp), _rand(3, 3 * hid), _rand(2, 3 * hid, hid),
+               _rand(8, 3 * hid), h0, reverse, False)  # fmt: skip
+
+        def runs() -> list[tuple[Array, ...]]:
+            return [
+                _rnn_kernels._lstm_sequence_blocked(*lstm, 8, True),
+                _rnn_kernels._gru_sequence_blocked(*gru, 8, True),
+            ]
+
+        ops.set_recurrent_engine("numpy")
+        want = runs()
+        ops.set_recurrent_engine("numba")
+        for got, exp in zip(runs(), want, strict=True):
+            for g, w in zip(got, exp, strict=True):
+                np.testing.assert_allclose(g, w, atol=2e-6)
+
     @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
     def test_the_blocked_gru_kernels_gate_step_equals_numpys(
         self, reverse: bool, batch_first: bool, with_state: bool, biases: str
