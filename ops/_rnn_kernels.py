@@ -996,8 +996,8 @@ def _numba_gates(dtype: np.dtype[Any], gru: bool = False) -> Callable[..., None]
     return gates
 
 
-_NO_COL = np.zeros((0, 0), dtype=np.float32)
-_NO_BIAS = np.zeros(0, dtype=np.float32)
+_NO_COL = np.zeros((0, 0), dtype=np.float32)  # (the gate steps' "no projected input")
+_NO_BIAS = _rnn_numba.NO_BIAS
 
 
 # -- LSTM ---------------------------------------------------------------------------------------
@@ -1365,26 +1365,25 @@ def _lstm_sequence_blocked(
                     np.matmul(h, wb, out=gates)
                 h = seq[t]
                 step(gates, xp[t - t0], b, c, h)
-        h_n = np.array(seq[0] if reverse else seq[steps - 1])
-        return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
-        for t0, t1 in _chunks(steps, size, reverse):
-            xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
-            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-                col = xp[t - t0].reshape(batch, blocks, block).transpose(1, 0, 2)
-                if h is None:
-                    np.copyto(gates, col)
-                else:
-                    np.matmul(h, wb, out=gates)
-                    np.add(gates, col, out=gates)
-                nonlinear(flat)
-                np.multiply(i, g, out=i)
-                np.multiply(c, f, out=c)
-                np.add(c, i, out=c)
-                _tanh_into(c, hb)
-                np.multiply(hb, o, out=hb)
-                np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
-                h = seq[t]
+    else:
+        with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's limit, 0
+            for t0, t1 in _chunks(steps, size, reverse):
+                xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
+                for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
+                    col = xp[t - t0].reshape(batch, blocks, block).transpose(1, 0, 2)
+                    if h is None:
+                        np.copyto(gates, col)
+                    else:
+                        np.matmul(h, wb, out=gates)
+                        np.add(gates, col, out=gates)
+                    nonlinear(flat)
+                    np.multiply(i, g, out=i)
+                    np.multiply(c, f, out=c)
+                    np.add(c, i, out=c)
+                    _tanh_into(c, hb)
+                    np.multiply(hb, o, out=hb)
+                    np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
+                    h = seq[t]
     h_n = np.array(seq[0] if reverse else seq[steps - 1])
     return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
 
@@ -1440,22 +1439,21 @@ def _lstm_sequence_fused(
             np.matmul(xh, wb, out=gates)
             step(gates, _NO_COL, b, c, seq[t])
             np.copyto(h_part, seq[t])
-        h_n = np.array(seq[0] if reverse else seq[steps - 1])
-        return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
-        for t in range(steps - 1, -1, -1) if reverse else range(steps):
-            np.copyto(x_part, xseq[t])
-            np.matmul(xh, wb, out=gates)
-            if bias_b is not None:
-                np.add(gates, bias_b, out=gates)
-            nonlinear(flat)
-            np.multiply(i, g, out=i)
-            np.multiply(c, f, out=c)
-            np.add(c, i, out=c)
-            _tanh_into(c, hb)
-            np.multiply(hb, o, out=hb)
-            np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
-            np.copyto(h_part, seq[t])
+    else:
+        with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's limit, 0
+            for t in range(steps - 1, -1, -1) if reverse else range(steps):
+                np.copyto(x_part, xseq[t])
+                np.matmul(xh, wb, out=gates)
+                if bias_b is not None:
+                    np.add(gates, bias_b, out=gates)
+                nonlinear(flat)
+                np.multiply(i, g, out=i)
+                np.multiply(c, f, out=c)
+                np.add(c, i, out=c)
+                _tanh_into(c, hb)
+                np.multiply(hb, o, out=hb)
+                np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
+                np.copyto(h_part, seq[t])
     h_n = np.array(seq[0] if reverse else seq[steps - 1])
     return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
 
@@ -1580,7 +1578,6 @@ def _gru_sequence_blocked(
     seq = out.swapaxes(0, 1) if batch_first else out
     seq_blocks = _output_blocks(out, block, batch_first)
     wb = _weight_blocks(w_hh, block, view)
-    bias_blocks = None if b_hh is None else np.asarray(b_hh).reshape(blocks, 1, block)
     size = chunk_steps(steps, batch, width, dtype.itemsize)
     buf = _scratch("chunk", (size * batch, width), dtype)
     gh = _scratch("gh", (blocks, batch, block), dtype)
@@ -1604,6 +1601,7 @@ def _gru_sequence_blocked(
                 step(gh, xp[t - t0], b_i, b_h, hb, h)
         return out, np.array(h)
     one = dtype.type(1.0)
+    bias_blocks = None if b_hh is None else np.asarray(b_hh).reshape(blocks, 1, block)
     for t0, t1 in _chunks(steps, size, reverse):
         xp = _project_chunk(x, t0, t1, w_ih, b_ih, batch_first, buf)
         for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):

@@ -266,6 +266,10 @@ def _compiled() -> tuple[Any, Any, Any, Any]:
         return _loops
 
 
+#: The gate steps' "no bias" (an empty float32 array: numba compiles one signature for both).
+NO_BIAS = np.zeros(0, dtype=np.float32)
+
+
 def check() -> None:
     """Import numba, compile the loops and run each once on a tiny model: raises what numba
     raises where it cannot (the ``"auto"`` engine's test before choosing it). The first run
@@ -279,13 +283,10 @@ def check() -> None:
     gates, c_b, h_b = np.ones((8, 1, 1), np.float32), np.ones((2, 1, 1), np.float32), h.copy()
     block_gates(gates, np.zeros((0, 0), np.float32), w[:, 0], c_b, h_b)
     hb_g, h_gb = np.ones((2, 1, 1), np.float32), h.copy()
-    gru_block_gates()(gates[:6], w[:6, 1:2].T.copy(), w[:6, 0], _NO_BIAS, hb_g, h_gb)
+    gru_block_gates()(gates[:6], w[:6, 1:2].T.copy(), w[:6, 0], NO_BIAS, hb_g, h_gb)
     for a in (out, h, c, out_g, h_g, c_b, h_b, hb_g, h_gb):
         if not np.isfinite(a).all():
             raise DataflowRuntimeError("the numba recurrent loops gave a non-finite result")
-
-
-_NO_BIAS = np.zeros(0, dtype=np.float32)
 
 
 def lstm_block_gates() -> Any:
