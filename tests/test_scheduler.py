@@ -710,7 +710,8 @@ class TestSignatureCache:
             np.testing.assert_array_equal(g, np.concatenate([a + 1.0, b]))
         np.testing.assert_array_equal(got[4], np.concatenate([b, a + 1.0, b]))
         assert calls == [2, 2, 3]
-        assert seen == [list, list, list, tuple, list]
+        # (in any order: the op has no cost rule, so its calls run on the pool's two workers)
+        assert sorted(t.__name__ for t in seen) == ["list"] * 4 + ["tuple"]
 
     def test_a_sequence_without_handles_reaches_the_kernel_as_it_was_passed(self) -> None:
         """A list of plain arrays run at once (an inline op) is the caller's own object in
