@@ -148,33 +148,29 @@ class InteropPool:
         if self._idle:
             self._idle.pop().release()
 
-    def push_quietly_locked(self, task: Task) -> bool:
-        """Queue a READY task without waking a worker if it is the only ready task queued
-        (True: the caller wakes one later with :meth:`wake_locked`, unless it runs the task
-        itself first); with other ready tasks queued, wake one now (False). Holds the lock.
+    def push_quietly_locked(self, task: Task) -> None:
+        """Queue a READY task without waking a worker: the caller wakes them later with
+        :meth:`wake_locked`, unless it runs the task itself first. Holds the lock.
 
-        For a small task dispatched by a thread that may await it at once (the event loop):
-        a worker woken for it costs that thread a wake-up of its own when the kernel ends,
-        and the woken worker takes the GIL from it meanwhile (see ``_scheduler``, "Small
-        work runs where it is needed").
+        For small tasks dispatched by a thread that may await them at once and that runs
+        Python meanwhile (the event loop): a worker woken for one costs that thread a wake-up
+        of its own when the kernel ends, and takes the GIL from it while it dispatches (see
+        ``_scheduler``, "Small work runs where it is needed").
         """
         heap = self._heap
         while heap and heap[0][2].state != READY:  # taken by an awaiting thread meanwhile
             heapq.heappop(heap)
-        quiet = not heap
         heapq.heappush(heap, (task.priority, task.id, task))
-        if self._idle and not quiet:
-            self._idle.pop().release()
-        return quiet
 
     def wake_locked(self) -> None:
-        """Wake a parked worker if a ready task is queued (after :meth:`push_quietly_locked`).
-        Holds the lock."""
+        """Wake a parked worker for each ready task queued, as many as are parked (after
+        :meth:`push_quietly_locked`). Holds the lock."""
         heap = self._heap
         while heap and heap[0][2].state != READY:
             heapq.heappop(heap)
-        if heap and self._idle:
-            self._idle.pop().release()
+        idle = self._idle
+        for _ in range(min(len(heap), len(idle))):
+            idle.pop().release()
 
     def _work(self, wake: threading.Lock) -> None:
         # This loop is the whole worker: take the best ready task, let its scheduler run it.

@@ -38,7 +38,7 @@ from dataflow._scheduler._placement import (
     runs_inline,
 )
 from dataflow._signature import Signature
-from dataflow._task import FLOP_RATE, RUNNING, Task
+from dataflow._task import FLOP_RATE, READY, RUNNING, Task
 from tests._helpers import Arr, Spec, fail_after, gated, neg_pool
 
 Array = np.ndarray[Any, Any]
@@ -363,18 +363,68 @@ class TestAwaitedRunsHere:
         before, after, where = dataflow.run(main, interop_threads=2)
         assert not before and after and where != threading.get_ident()
 
-    def test_a_second_ready_task_wakes_a_worker_at_once(self) -> None:
-        """Two ready tasks queued: the loop will not run both, so a worker starts at once."""
+    def test_ready_tasks_wait_for_the_loop_to_move_on_then_each_gets_a_worker(self) -> None:
+        """Two ready tasks queued by the loop: no worker starts while its callback runs
+        (a worker woken then would wait for the GIL the loop holds as it dispatches); when
+        the coroutine yields, a worker starts for each (not one after the other)."""
 
-        async def main() -> tuple[bool, list[int]]:
+        async def main() -> tuple[bool, bool, set[int]]:
             await _workers_parked()
             first = mid_where(np.zeros(1))
             second = mid_where(np.ones(1))
-            started = _blocked_until(lambda: first.done() or second.done())
-            return started, [int((await h)[0]) for h in (first, second)]
+            started = _blocked_until(lambda: first.done() or second.done(), 0.05)
+            both = await _yielding_until(lambda: first.done() and second.done())
+            return started, both, {int((await h)[0]) for h in (first, second)}
 
-        started, where = dataflow.run(main, interop_threads=2)
-        assert started and where[0] != threading.get_ident()
+        started, both, where = dataflow.run(main, interop_threads=2)
+        assert not started and both and threading.get_ident() not in where
+
+    def test_workers_wake_when_the_loop_dispatches_past_the_quiet_bound(self) -> None:
+        """A loop that goes on dispatching small ready tasks for longer than QUIET_SECONDS
+        (a long forward) wakes the workers at its next one: they start while it dispatches."""
+        from dataflow._scheduler._placement import QUIET_SECONDS
+
+        async def main() -> tuple[bool, bool]:
+            await _workers_parked()
+            first = mid_where(np.zeros(1))
+            time.sleep(2 * QUIET_SECONDS)  # the loop's thread busy, still in its callback
+            before = first.done()
+            second = mid_where(np.ones(1))
+            started = _blocked_until(lambda: first.done() or second.done())
+            await first, await second
+            return before, started
+
+        before, started = dataflow.run(main, interop_threads=2)
+        assert not before and started
+
+    def test_the_wake_up_wakes_a_parked_worker_per_ready_task(self) -> None:
+        """``wake_locked`` after quiet pushes: as many parked workers as tasks are ready."""
+        from dataflow._pool import InteropPool
+
+        released: list[int] = []
+
+        class Gate:
+            def __init__(self, i: int) -> None:
+                self.i = i
+
+            def release(self) -> None:
+                released.append(self.i)
+
+        pool = InteropPool.__new__(InteropPool)  # (its queue and parked workers only)
+        pool._heap = []
+        pool._idle = [Gate(i) for i in range(3)]  # type: ignore[misc]
+        tasks = []
+        for i in range(2):
+            t = Task(Signature("q"), lambda: None, (), None, None)
+            t.state = READY
+            t.priority = float(i)
+            tasks.append(t)
+        with GRAPH_LOCK:
+            for t in tasks:
+                pool.push_quietly_locked(t)
+            assert released == []  # queued quietly: nobody woken
+            pool.wake_locked()
+        assert sorted(released) == [1, 2]  # two tasks, two of the three parked workers
 
     def test_a_closed_loop_wakes_a_worker_at_once(self, monkeypatch: Any) -> None:
         """If the wake-up cannot be posted (the loop is closing), a worker is woken now."""

@@ -80,8 +80,10 @@ class SchedulerBase:
         # Inline at dispatch is allowed (not while cancelling, nor with simulated kernels).
         self._inline_ok = simulate is None
         self._drained: Any = None
-        # A worker wake-up is posted to the loop for a task queued quietly (``submit``).
+        # A worker wake-up is posted to the loop for tasks queued quietly (``submit``), since
+        # the first of them was (perf_counter_ns).
         self._wake_posted = False
+        self._quiet_since = 0
         # When the loop last dispatched a task that waits for inputs (perf_counter_ns), and
         # the small ready tasks workers handed back to it meanwhile (``_placement``,
         # HANDBACK_SECONDS: the loop runs them, in ``submit`` or a posted drain).

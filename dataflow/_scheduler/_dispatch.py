@@ -34,6 +34,7 @@ from ._placement import (
     AWAITED_AT_ONCE,
     FIRST_RUNS,
     PROBE,
+    QUIET_SECONDS,
     SAMPLE,
     runs_inline,
 )
@@ -45,6 +46,7 @@ from ._limits import Limits
 __all__ = ["Scheduler"]
 
 _now = time.perf_counter_ns
+QUIET_NS = int(QUIET_SECONDS * 1e9)
 
 
 class Scheduler(Limits):
@@ -232,8 +234,10 @@ class Scheduler(Limits):
         if not here:
             protect(task)  # it runs later: the caller may change its arrays meanwhile
         owner = self._owner() if on_loop else None
-        # A small task dispatched by the loop wakes no worker before the loop's callback ends:
-        # the loop may await it at once and run it itself (``completion``).
+        # A small task dispatched by the loop wakes no worker before the loop's callback ends
+        # (or QUIET_SECONDS after the first such task): the loop may await it at once and run
+        # it itself (``completion``), and workers woken meanwhile would wait for the GIL the
+        # loop holds as it dispatches (``_placement.QUIET_SECONDS``).
         quiet = on_loop and sig.inline is None and sig.seconds < self.await_here
         post = False
         if owner is not None and priority is None:
@@ -258,8 +262,12 @@ class Scheduler(Limits):
                         # start it before this lock is released.
                         protect(task)
                 elif quiet:
-                    if self.pool.push_quietly_locked(task) and not self._wake_posted:
+                    self.pool.push_quietly_locked(task)
+                    if not self._wake_posted:
                         self._wake_posted = post = True
+                        self._quiet_since = _now()
+                    elif _now() - self._quiet_since > QUIET_NS:
+                        self.pool.wake_locked()  # a long dispatch: the workers start now
                 else:
                     self.pool.push_locked(task)
         if post:
@@ -275,7 +283,7 @@ class Scheduler(Limits):
         return task
 
     def _post_wake(self) -> None:
-        """Wake a worker for a quietly queued task once the loop's current callback ends."""
+        """Wake workers for the quietly queued tasks once the loop's current callback ends."""
         try:
             self.host.later(self._wake)
         except RuntimeError:  # the loop is closed: wake one now

@@ -27,6 +27,7 @@ __all__ = [
     "HELP_WALK",
     "LEAVE_FREE_SECONDS",
     "PROBE",
+    "QUIET_SECONDS",
     "SAMPLE",
     "SHARE_MIN",
     "SPAWN_CPU_SHARE",
@@ -50,6 +51,20 @@ _inline_threshold = DEFAULT_INLINE_THRESHOLD
 #: worker until the loop's current callback ends (``dataflow._scheduler``, "Small work runs
 #: where it is needed"): the longest the loop is held by a kernel it could have handed off.
 AWAIT_HERE_SECONDS = 1e-3
+
+#: Small tasks the event loop dispatches (expected under AWAIT_HERE_SECONDS) wake no worker
+#: until the loop's current callback ends, or until this long after the first of them, when
+#: the loop dispatches for longer (``submit``). A worker woken while the loop dispatches waits
+#: for the GIL the loop holds, at every step of its kernel that needs it: measured, the numba
+#: engine's (50, 1, 128) ensemble on 2 cores (eight ~0.35 ms direction kernels dispatched in
+#: one callback): woken at the second ready task, one worker's first kernel took 2.3 ms, the
+#: loop took 0.9 ms to dispatch instead of 0.4, and the direction kernels, measured slower
+#: side by side, were often run one after another on the loop; woken when the callback
+#: ended, both workers ran four each back to back: 1.74-1.79 ms a forward against 2.32-2.35
+#: on one inter-op thread (best of 200 forwards; medians 1.89-1.98 against 2.51-2.64).
+#: (A loop that queues such tasks and then runs Python without dispatching more holds them
+#: until it awaits: woken, a worker would mostly wait for the GIL it holds.)
+QUIET_SECONDS = 1e-3
 
 #: After this many tasks in a row of a signature that the loop ran itself on awaiting them,
 #: its tasks under AWAIT_HERE_SECONDS run at dispatch, as small ones do (one in PROBE takes
