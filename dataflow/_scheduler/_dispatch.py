@@ -286,7 +286,7 @@ class Scheduler(Limits):
         """Wake workers for the quietly queued tasks once the loop's current callback ends."""
         try:
             self.host.later(self._wake)
-        except RuntimeError:  # the loop is closed: wake one now
+        except RuntimeError:  # the loop is closed: wake them now
             self._wake()
 
     def _wake(self) -> None:
