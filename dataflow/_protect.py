@@ -137,11 +137,13 @@ def protect(task: Task) -> None:
                 new[i] = b
     if new is not None:
         task.args = tuple(new)
-    if task.kwargs:
+    kwargs = task.kwargs
+    if kwargs and any(type(v) not in ATOMS for v in kwargs.values()):
+        # (Keywords with plain values only, ``axis=0``, the common case: nothing to walk.)
         if frozen is None:
             frozen = []
         leaf = _leaf(task, frozen)
-        task.kwargs = {k: _protect_container([v], leaf)[0] for k, v in task.kwargs.items()}
+        task.kwargs = {k: _protect_container([v], leaf)[0] for k, v in kwargs.items()}
     if frozen:
         task.frozen = frozen
 

@@ -160,6 +160,29 @@ class TestLargeArraysAreFrozen:
 
         assert dataflow.run(main, interop_threads=2) == (False, True)
 
+    def test_keywords_are_protected_beside_plain_ones(self) -> None:
+        """A small array by keyword is copied (the kernel sees it as it was) and a big one
+        frozen, whatever plain values (ints, None, strings) the other keywords hold; plain
+        values only pass as they are."""
+        from dataflow._protect import protect
+        from dataflow._signature import Signature
+        from dataflow._task import Task
+
+        small, big = np.ones(3), np.ones(COPY_BYTES)
+        task = Task(Signature("k"), _read, (), {"axis": 0, "y": small, "z": None}, None)
+        protect(task)
+        assert task.kwargs is not None and task.kwargs["y"] is not small
+        assert task.kwargs["axis"] == 0 and task.kwargs["z"] is None
+        task = Task(Signature("k"), _read, (), {"name": "a", "y": big}, None)
+        protect(task)
+        assert task.kwargs is not None and task.kwargs["y"] is big and not big.flags.writeable
+        dataflow._protect.thaw(task)
+        assert big.flags.writeable
+        plain = {"axis": 1, "keepdims": True}
+        task = Task(Signature("k"), _read, (), plain, None)
+        protect(task)
+        assert task.kwargs == {"axis": 1, "keepdims": True} and task.frozen is None
+
     def test_two_readers_hold_it_until_both_ran(self) -> None:
         """An array read by two pending tasks stays read-only until the second has run."""
         big = np.ones(COPY_BYTES)
