@@ -162,14 +162,14 @@ class InteropPool:
             heapq.heappop(heap)
         heapq.heappush(heap, (task.priority, task.id, task))
 
-    def wake_locked(self) -> None:
-        """Wake a parked worker for each ready task queued, as many as are parked (after
-        :meth:`push_quietly_locked`). Holds the lock."""
+    def wake_locked(self, spare: int = 0) -> None:
+        """Wake a parked worker for each ready task queued but ``spare`` (left to the caller),
+        as many as are parked (after :meth:`push_quietly_locked`). Holds the lock."""
         heap = self._heap
         while heap and heap[0][2].state != READY:
             heapq.heappop(heap)
         idle = self._idle
-        for _ in range(min(len(heap), len(idle))):
+        for _ in range(min(len(heap) - spare, len(idle))):
             idle.pop().release()
 
     def _work(self, wake: threading.Lock) -> None:

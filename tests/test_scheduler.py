@@ -379,6 +379,33 @@ class TestAwaitedRunsHere:
         started, both, where = dataflow.run(main, interop_threads=2)
         assert not started and both and threading.get_ident() not in where
 
+    def test_awaiting_wakes_workers_for_the_other_queued_tasks(self) -> None:
+        """The loop stops dispatching to await one of two queued small tasks: a worker is
+        woken for the other at once, not when the loop's callback ends, so the two run side
+        by side (the awaited one, run by the loop, meets the other one started)."""
+        started = threading.Event()
+
+        def meet(x: Any) -> Any:
+            if int(x[0]) == 1:  # the other task: say it started
+                started.set()
+                return np.array([threading.get_ident()], dtype=np.int64)
+            met = started.wait(2.0)  # the awaited one waits for the other to start
+            return np.array([threading.get_ident() if met else -1], dtype=np.int64)
+
+        meeting = dataflow.op(
+            "meeting", meta=_ident_meta, handle=Arr,
+            cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0),
+        )(meet)  # fmt: skip
+
+        async def main() -> list[int]:
+            await _workers_parked()
+            first, other = meeting(np.zeros(1)), meeting(np.ones(1))
+            return [int((await h)[0]) for h in (first, other)]
+
+        first, other = dataflow.run(main, interop_threads=2)
+        assert first == threading.get_ident()  # the loop ran the awaited one, having met
+        assert other not in (-1, threading.get_ident())
+
     def test_workers_wake_when_the_loop_dispatches_past_the_quiet_bound(self) -> None:
         """A loop that goes on dispatching small ready tasks for longer than QUIET_SECONDS
         (a long forward) wakes the workers at its next one: they start while it dispatches."""

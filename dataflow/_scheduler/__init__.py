@@ -30,7 +30,10 @@
     by the loop wakes no worker at once: the wake-up is posted to the loop, to run when the
     current callback ends (the coroutine awaits, or returns), and then wakes a worker for
     each ready task; a loop that goes on dispatching such tasks for over
-    ``_placement.QUIET_SECONDS`` (1 ms) wakes them at its next one. A worker woken while
+    ``_placement.QUIET_SECONDS`` (1 ms) wakes them at its next one, and one that awaits
+    wakes them at once for all the queued tasks but one (which it may run itself, beside
+    them: the tutorial ensemble's first forward otherwise ran its directions one after
+    another on the loop, helping, while the workers slept). A worker woken while
     the loop dispatches waits for the GIL the loop holds at every step of its kernel that
     needs it: the numba engine's (50, 1, 128) ensemble, its eight direction kernels woken
     from the second on, had one kernel of 0.35 ms take 2.3 ms and the loop dispatch in
