@@ -156,9 +156,15 @@ class Op(Generic[P, R]):
         Calls with the same outcome (output specs and cost) share one Signature, so the
         kernel times measured for them add up even when the arguments could not be keyed.
         """
-        spec = self.meta(*args, **kwargs)
-        cost = self.cost(*args, **kwargs) if self.cost is not None else None
-        if type(cost) is not Cost and self.cost is not None:
+        meta: Callable[..., Any] = self.meta
+        rule = self.cost
+        if kwargs:
+            spec = meta(*args, **kwargs)
+            cost = rule(*args, **kwargs) if rule is not None else None
+        else:  # (no empty dict to unpack: a call that misses the key cache pays this)
+            spec = meta(*args)
+            cost = rule(*args) if rule is not None else None
+        if type(cost) is not Cost and rule is not None:
             cost = checked_cost(cost, self.name)
         keys = spec_keys(spec)
         if None in keys:

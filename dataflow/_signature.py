@@ -33,6 +33,12 @@ _spec_counter = itertools.count(1).__next__
 _MAX_SPECS = 1 << 16
 
 
+# An op's output spec(s) -> their keys (:func:`spec_keys`): one lookup for a call that misses
+# its op's signature cache (``op(x, i)`` with a new ``i`` each call) instead of two calls and
+# a tuple. Cleared with ``_spec_ids``, whose ints it holds.
+_keys_of: dict[Any, tuple[int | None, ...]] = {}
+
+
 def spec_key(spec: Any) -> int | None:
     """The interned int of a spec (None for an unhashable one)."""
     try:
@@ -42,15 +48,26 @@ def spec_key(spec: Any) -> int | None:
     if found is None:
         if len(_spec_ids) >= _MAX_SPECS:
             _spec_ids.clear()
+            _keys_of.clear()
         found = _spec_ids[spec] = _spec_counter()
     return found
 
 
 def spec_keys(spec: Any) -> tuple[int | None, ...]:
-    """The interned ints of an op's output specs (one per output)."""
-    if type(spec) is tuple:
-        return tuple(spec_key(s) for s in spec)
-    return (spec_key(spec),)
+    """The interned ints of an op's output specs (one per output; None for an unhashable
+    one)."""
+    try:
+        found = _keys_of.get(spec)
+    except TypeError:  # an unhashable spec, or a tuple with one
+        found = None
+    if found is not None:
+        return found
+    keys = tuple([spec_key(s) for s in spec]) if type(spec) is tuple else (spec_key(spec),)
+    if None not in keys:
+        if len(_keys_of) >= _MAX_SPECS:
+            _keys_of.clear()
+        _keys_of[spec] = keys
+    return keys
 
 
 class Signature:

@@ -893,6 +893,27 @@ class TestSignatureCache:
         assert ops.add(x, 1.0).dtype == np.float64
         assert ops.add(x, True).dtype == np.int8
 
+    def test_spec_keys_are_cached_per_spec_and_cleared_with_the_interned_ints(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A call missing its key cache looks its spec's keys up once; the answer is the
+        interned ints as before, for one spec or several, None for an unhashable one, and
+        new ints (not stale ones) once the interned ints restart."""
+        from dataflow import _signature as sg
+
+        a, b = Spec((3, 4), np.dtype(np.float32)), Spec((5,), np.dtype(np.int64))
+        ka, kb = sg.spec_key(a), sg.spec_key(b)
+        assert sg.spec_keys(a) == (ka,) and sg.spec_keys(a) is sg.spec_keys(a)
+        assert sg.spec_keys((a, b)) == (ka, kb)
+        assert sg.spec_keys(Spec((3, 4), np.dtype(np.float32))) == (ka,)  # equal, not same
+        assert sg.spec_keys([1]) == (None,)  # unhashable: computed, not cached
+        assert sg.spec_keys((a, [1])) == (ka, None)
+        monkeypatch.setattr(sg, "_MAX_SPECS", len(sg._spec_ids))
+        fresh = object()  # a spec never seen: interning it goes past the limit
+        kf = sg.spec_key(fresh)  # so the ints restart, and the keys cache with them
+        assert sg._keys_of == {} and sg.spec_keys(fresh) == (kf,)
+        assert sg.spec_keys(a) == (sg.spec_key(a),) != (ka,)
+
     def test_unkeyable_arguments_still_give_the_right_result(self) -> None:
         """An argument of another type makes the call uncached, not wrong."""
         calls: list[Any] = []
