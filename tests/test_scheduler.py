@@ -26,12 +26,14 @@ from dataflow._scheduler._placement import (
     EWMA,
     FIRST_RUNS,
     GIL_DECIDE,
+    GIL_WINDOW,
     MEASURE_POOL_ABOVE,
     OUTLIER,
     PROBE,
     SAMPLE,
     SERIAL_ABOVE,
     SERIAL_PARALLEL,
+    WARM_UP,
     dispatcher_overlap,
     note_seconds,
     parallel_gil,
@@ -598,6 +600,37 @@ class TestAwaitingHelps:
         for where in dataflow.run(main, interop_threads=2):
             assert threading.get_ident() not in where
 
+    def test_a_kernel_the_loop_runs_itself_is_counted_while_it_runs(self) -> None:
+        """A measurable kernel the awaiting loop takes makes ``loop_kernels`` odd while it
+        runs and even again after (pool runs beside it then keep their CPU share out of
+        the GIL lane's figures)."""
+        box: dict[str, Any] = {}
+        during: list[int] = []
+
+        def kernel(x: Any) -> Any:
+            during.append(box["sched"].loop_kernels)
+            return _spin_thread(x)
+
+        op = dataflow.op(
+            "counted_by_the_loop",
+            meta=_ident_meta,
+            handle=Arr,
+            cost=lambda x: dataflow.Cost(150e-6 * FLOP_RATE, 0),
+        )(kernel)
+
+        async def main() -> tuple[int, int, int]:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            box["sched"] = rt._sched
+            await _workers_parked()
+            before = rt._sched.loop_kernels
+            where = int((await op(np.zeros(1)))[0])
+            return where, before, rt._sched.loop_kernels
+
+        where, before, after = dataflow.run(main, interop_threads=2)
+        assert where == threading.get_ident()  # the loop ran it
+        assert during == [before + 1] and before % 2 == 0 and after == before + 2
+
     def test_it_runs_no_more_than_the_bound_holds(self) -> None:
         """Twelve kernels of 150 us (1.8 ms): the loop runs those that fit in
         AWAIT_HERE_SECONDS and leaves the rest to the workers."""
@@ -1136,6 +1169,64 @@ class TestGilLane:
         for _ in range(20):
             note_overlap(sig, 0.01, 1.0, 0.02)  # (CPU time over wall, from a second thread)
         assert sig.cpu_share == pytest.approx(1.0, abs=0.01)
+
+    def test_a_run_beside_a_kernel_of_the_loops_does_not_fold_its_cpu_share(self) -> None:
+        """``share=False`` (the loop ran a kernel of its own beside the run: one thread more
+        than the pool's on the cores) leaves ``cpu_share`` as it was; the run still counts
+        for the GIL estimate."""
+        sig = Signature("k")
+        note_overlap(sig, 0.01, 0.0, 0.01)
+        for _ in range(20):
+            note_overlap(sig, 0.01, 1.0, 0.002, share=False)
+        assert sig.cpu_share == 1.0 and len(sig.overlaps) == GIL_WINDOW
+        note_overlap(sig, 0.01, 1.0, 0.002)
+        assert sig.cpu_share < 1.0
+
+    @pytest.mark.parametrize("loop_kernel", ["none", "starts during the run", "runs at its start"])
+    def test_a_pool_run_tells_whether_the_loop_ran_a_kernel_beside_it(
+        self, monkeypatch: pytest.MonkeyPatch, loop_kernel: str
+    ) -> None:
+        """A measured pool run folds its CPU share only if no kernel the loop ran itself
+        (``loop_kernels``: odd while one runs) started or was running during it."""
+        from dataflow._scheduler import _execution
+
+        seen: list[bool] = []
+
+        def spy(sig: Signature, *args: Any, share: bool = True) -> None:
+            if sig.name == "beside_loop":
+                seen.append(share)
+
+        monkeypatch.setattr(_execution, "note_overlap", spy)
+        box: dict[str, Any] = {}
+
+        def kernel(x: Any) -> Any:
+            sched = box.get("sched")
+            if sched is not None and loop_kernel == "starts during the run":
+                sched.loop_kernels += 1  # the loop takes a kernel while this one runs
+            return x + 1.0
+
+        op = ops.define(
+            "beside_loop",
+            kernel,
+            lambda x: ops.spec_of(x),
+            inline=False,
+            cost=lambda x: dataflow.Cost(1e9, 0),  # long enough to be measured
+        )
+
+        async def main() -> None:
+            warm = op(np.zeros(1))
+            await warm
+            rt = warm.task.runtime
+            assert rt is not None
+            sched = rt._sched
+            sig = warm.task.sig
+            sig.seconds, sig.runs = 1e-3, WARM_UP + 1  # measured, past its warm-up
+            sched.loop_kernels = 1 if loop_kernel == "runs at its start" else 0
+            box["sched"] = sched
+            await op(np.zeros(1))
+
+        dataflow.run(main, interop_threads=2)
+        assert seen == [loop_kernel == "none"]
 
     def test_the_cores_the_process_used_give_a_second_gil_estimate(self) -> None:
         """On many cores a run's process CPU time over its wall time says how many cores the

@@ -19,7 +19,7 @@ from .._task import (
 )
 from .._timeout import TimedKernel
 from ._execution import Execution
-from ._placement import HELP_WALK, leave_to_pool, runs_inline
+from ._placement import HELP_WALK, MIN_MEASURED, leave_to_pool, runs_inline
 
 __all__ = ["Awaiting"]
 
@@ -84,7 +84,7 @@ class Awaiting(Execution):
                 and self._take(task)
             ):
                 task.sig.awaited += 1
-                self.execute(task, go_on=False)
+                self._run_taken(task)
         return self.waiter(task)
 
     def _runs_here(self, sig: Signature, spent: float) -> bool:
@@ -103,6 +103,20 @@ class Awaiting(Execution):
         return spent + seconds < self.await_here or (
             not spent and runs_inline(sig, self.inline_threshold)
         )
+
+    def _run_taken(self, task: Task) -> None:
+        """Run ``task``, which this thread (the loop, awaiting) took, counting it in
+        ``loop_kernels`` if it is long enough to be measured: the pool's runs beside it
+        share the cores with it, so their CPU share says nothing of the GIL then
+        (``Execution._measured``)."""
+        if task.sig.seconds < MIN_MEASURED:
+            self.execute(task, go_on=False)
+            return
+        self.loop_kernels += 1
+        try:
+            self.execute(task, go_on=False)
+        finally:
+            self.loop_kernels += 1
 
     def _take(self, task: Task) -> bool:
         """Start a READY task on this thread (a GIL-bound one through the GIL lane)."""
@@ -135,7 +149,7 @@ class Awaiting(Execution):
             if found is None or not self._runs_here(found.sig, spent) or not self._take(found):
                 break
             spent += found.sig.seconds
-            self.execute(found, go_on=False)
+            self._run_taken(found)
         return spent
 
     def _ready_ancestor(self, task: Task) -> Task | None:

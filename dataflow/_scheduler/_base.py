@@ -72,6 +72,10 @@ class SchedulerBase:
         self.inflight = 0
         self.running = 0
         self.peak_running = 0
+        # Starts and ends of the measurable kernels (MIN_MEASURED or more, as estimated) that
+        # the loop ran itself, awaiting (``Awaiting._run_taken``): odd while one runs. A pool
+        # run that overlapped one does not fold its CPU share (``Execution._measured``).
+        self.loop_kernels = 0
         self.tasks_run = 0
         self.inline_run = 0
         self.dropped = 0

@@ -152,6 +152,7 @@ class Execution(Requests):
         many = cpu and _CORES >= PARALLEL_CORES and pool.num_threads > PARALLEL_OTHERS
         with GRAPH_LOCK:
             i0 = pool.measure_begin_locked()
+        loop0 = self.loop_kernels
         v0 = _switches() if many else 0
         c0 = _thread_time() if cpu else 0.0
         p0 = _process_time() if many or lone else 0.0
@@ -163,6 +164,7 @@ class Execution(Requests):
         v1 = _switches() if many else 0
         with GRAPH_LOCK:
             i1 = pool.measure_end_locked()
+        loop1 = self.loop_kernels
         wall = t1 - t0
         note_seconds(sig, wall)
         if sig.runs > WARM_UP:  # the first runs pay first-call costs
@@ -180,6 +182,9 @@ class Execution(Requests):
                 p1 - p0 if many else None,
                 _CORES,
                 None if v0 < 0 else v1 > v0,
+                # Not if the loop ran a kernel of its own beside this one: the cores were
+                # shared by one more thread than the pool's.
+                share=loop0 == loop1 and not loop0 & 1,
             )
         return value
 

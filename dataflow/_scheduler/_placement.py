@@ -167,7 +167,10 @@ SPAWN_CPU_SHARE = 0.5
 # cores; its kernels took up to 2.5x as long. Left to the pool: 1.78-1.81 ms a forward against
 # 2.05-2.28 (best of 7 x 50 forwards, 4 processes each, interleaved). "Measured GIL-free":
 # not serial, a CPU share of at least FREE_CPU_SHARE side by side, over GIL_DECIDE or more
-# overlapped runs.
+# overlapped runs. The share leaves out pool runs beside a kernel the loop ran itself
+# (``note_overlap``'s ``share``): three threads on two cores read 0.7-0.75 for these GIL-free
+# kernels (0.95-0.99 without the loop's), under FREE_CPU_SHARE, so the loop went on taking
+# them, for 20-30 forwards of a fresh process in some (about 3 ms a forward against 2).
 LEAVE_FREE_SECONDS = 100e-6
 FREE_CPU_SHARE = 0.8
 
@@ -335,6 +338,7 @@ def note_overlap(
     process: float | None = None,
     cores: int = 1,
     blocked: bool | None = None,
+    share: bool = True,
 ) -> None:
     """Fold one pool run of ``wall`` seconds, overlapped by ``others`` kernels on average,
     into ``sig``'s GIL estimate, and mark it serial or not (``dataflow._scheduler``, "the
@@ -355,12 +359,16 @@ def note_overlap(
     least :data:`PARALLEL_CORES`) with at least :data:`PARALLEL_OTHERS` others beside the
     run, gives the run a second GIL estimate (:func:`parallel_gil`, with ``cpu`` and
     ``blocked``: whether the thread blocked in the run); the higher one counts.
+
+    ``share`` False: the run's CPU share is not folded (the dispatching thread ran a kernel
+    of its own beside it, a thread more than the pool's on the cores; the loop does that
+    for kernels not yet measured GIL-free, ``leave_to_pool``, so counting those runs kept
+    the share of GIL-free kernels under FREE_CPU_SHARE, and the loop on taking them).
     """
     if wall < MIN_MEASURED:
         return
-    if cpu is not None and others > 0.3:
-        share = min(1.0, cpu / wall)
-        sig.cpu_share += (share - sig.cpu_share) * EWMA
+    if cpu is not None and others > 0.3 and share:
+        sig.cpu_share += (min(1.0, cpu / wall) - sig.cpu_share) * EWMA
     if not sig.best or wall < sig.best:
         sig.best = wall
     # While serial, only a probe (a run that skipped the lane) measures sharing.
