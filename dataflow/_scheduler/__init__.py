@@ -67,7 +67,9 @@
     queued or running (``_placement.leave_to_pool``): the workers keep the cores busy, and
     the loop would only add a thread to share them (the numba engine's (50, 1, 128)
     ensemble on 2 cores: 1.78 ms a forward, against 2.2 ms with the loop running a third
-    of the directions);
+    of the directions). The CPU share that measures it leaves out pool runs beside a kernel
+    the loop ran itself (``loop_kernels``): three threads on two cores read GIL-free
+    kernels under the mark, and the loop went on taking them;
   - with a single inter-op thread, a ready task under that same 1 ms runs inline at
     dispatch, whatever its GIL use: the lone worker could only start it once the
     dispatching thread lets go of the GIL (when it next waits), so it would run after the
