@@ -7,6 +7,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +382,30 @@ class TestSettle:
 
         with pytest.raises(SystemExit):
             bench_settle.main(["--rounds", "0"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+class TestPrivatePeak:
+    """benchmarks/memory.py's private-memory sampler (the ``private_mib`` column)."""
+
+    def test_sees_memory_allocated_and_freed_inside_the_block(self) -> None:
+        from benchmarks.memory import PrivatePeak, _status_kib
+
+        before = _status_kib("RssAnon")
+        assert before is not None
+        with PrivatePeak(interval=0.0002) as private:
+            block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, every page touched
+            deadline = time.perf_counter() + 0.05
+            while time.perf_counter() < deadline:  # held for many sampling intervals
+                time.sleep(0.001)
+            del block
+        assert private.peak is not None
+        assert private.peak - before >= 48 << 10  # KiB
+        assert not private._thread.is_alive()
+
+    def test_the_sampler_thread_ends_when_the_block_raises(self) -> None:
+        from benchmarks.memory import PrivatePeak
+
+        with pytest.raises(KeyError), PrivatePeak() as private:
+            raise KeyError("boom")
+        assert not private._thread.is_alive() and private.peak is not None
