@@ -21,6 +21,7 @@ from dataflow import Op, OpInputError, OpTypeError
 
 from . import _elementwise as e
 from . import _linalg, _reduce, _shape
+from ._checks import normalize_axes
 from ._tensor import Tensor
 
 __all__ = ["FUNCTIONS", "UFUNCS", "function_fallback", "ufunc_fallback"]
@@ -321,7 +322,12 @@ def _np_ndim(a: Any) -> Any:
 def _np_size(a: Any, axis: Any = None) -> Any:
     if not isinstance(a, Tensor):
         return np.size(a, axis)
-    return a.size if axis is None else a.shape[axis]
+    if axis is None:
+        return a.size
+    size = 1
+    for ax in normalize_axes("np.size", axis, a.ndim):  # (numpy takes an int or a tuple)
+        size *= a.shape[ax]
+    return size
 
 
 def function_fallback(func: Any) -> NoReturn:

@@ -107,8 +107,38 @@ class Tensor(Pending[np.ndarray]):
                 f"np.asarray() on pending {self!r} would block: write `await t` (or "
                 "`await dataflow.wait(t)`) to get its array"
             )
-        value = self.result()
-        return value if dtype is None else value.astype(dtype, copy=False)
+        # numpy's protocol (NumPy 2): ``copy=True`` asks for a copy (``np.array(t)``), False
+        # for none (an error where one is needed), None for one only where needed. Handing out
+        # the value itself to ``np.array`` let writes to the "copy" change the Tensor's value.
+        # A 0-d op's value may be a numpy scalar: numpy wants an array here.
+        value = np.asarray(self.result())
+        if dtype is not None and value.dtype != np.dtype(dtype):
+            if copy is False:
+                raise ValueError(
+                    f"np.asarray({self!r}, dtype={np.dtype(dtype)}, copy=False): converting "
+                    f"its {value.dtype} values to {np.dtype(dtype)} needs a copy"
+                )
+            return value.astype(dtype)
+        return value.copy() if copy else value
+
+    def _scalar(self, kind: str) -> np.ndarray:
+        # float(t), int(t), complex(t): as numpy converts a done value (0-d only); numpy also
+        # calls these on the 0-d array-likes in a list it converts (``ops.add([s, s], 1)``).
+        if not self.done():
+            raise dataflow.NotReadyError(
+                f"{kind}() on pending {self!r} would block: write `await t` (or "
+                "`await dataflow.wait(t)`) to get its value"
+            )
+        return np.asarray(self.result())
+
+    def __float__(self) -> float:
+        return float(self._scalar("float"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int"))
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar("complex"))
 
     def __bool__(self) -> bool:
         raise dataflow.DataflowTypeError(

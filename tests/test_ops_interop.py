@@ -318,3 +318,65 @@ class TestConversion:
             return "ok"
 
         assert dataflow.run(main, interop_threads=2) == "ok"
+
+    def test_np_array_copies_and_asarray_does_not(self) -> None:
+        """np.array(t) is a copy (writing to it leaves the Tensor's value alone); np.asarray(t)
+        and np.array(t, copy=False) hand out the value itself, as numpy does for an array."""
+        t = ops.add(rand((2, 3), np.float64), 1.0)
+        value = t.result()
+        before = value.copy()
+        copied = np.array(t)
+        copied[0, 0] = 999.0
+        np.testing.assert_array_equal(t.result(), before)
+        assert np.asarray(t) is value and np.array(t, copy=False) is value
+        assert np.array(t, dtype=value.dtype) is not value  # copy=True by default
+
+    def test_a_dtype_change_copies_and_copy_false_refuses_it(self) -> None:
+        t = ops.add(rand((4,), np.float64), 1.0)
+        assert np.asarray(t, dtype=np.float32).dtype == np.float32
+        with pytest.raises(ValueError, match=r"float64 values to float32 needs a copy"):
+            np.array(t, dtype=np.float32, copy=False)
+
+    def test_a_done_0d_tensor_converts(self) -> None:
+        """A 0-d op's value may be a numpy scalar: np.asarray still gives a 0-d array."""
+        x = rand((5,), np.float64)
+        s = ops.sum(x)
+        got = np.asarray(s)
+        assert type(got) is np.ndarray and got.shape == () and got == np.sum(x)
+        assert np.array(ops.exp(2.0)).shape == ()
+        assert float(s) == float(np.sum(x)) and complex(s) == complex(np.sum(x))
+        assert int(ops.sum(np.arange(5))) == 10
+
+    def test_a_list_of_done_0d_tensors_is_an_operand(self) -> None:
+        """numpy converts 0-d array-likes in a list through float(): ops.add([s, s], 1)."""
+        x = rand((5,), np.float64).astype(np.float32)
+        s = ops.sum(x)
+        got = ops.add([s, s], 1).result()
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, np.sum(x) + 1, rtol=1e-6)
+
+    def test_float_of_a_pending_or_nd_tensor_is_refused(self) -> None:
+        with pytest.raises(TypeError, match=r"only 0-dimensional arrays"):
+            float(ops.add(rand((3,), np.float64), 1.0))
+
+        async def main() -> str:
+            gate = threading.Event()
+            t = ops.sum(blocked(gate, A))
+            try:
+                with pytest.raises(NotReadyError, match=r"float\(\) on pending .* would block"):
+                    float(t)
+            finally:
+                gate.set()
+            await t
+            return "ok"
+
+        assert dataflow.run(main, interop_threads=2) == "ok"
+
+    @pytest.mark.parametrize("axis", [None, 0, -1, (0, 1), (1,), ()])
+    def test_np_size_takes_numpys_axis_forms(self, axis: Any) -> None:
+        x = rand((3, 4), np.float64)
+        assert np.size(ops.add(x, 1.0), axis) == np.size(x, axis)
+
+    def test_np_size_out_of_range_axis_is_an_axis_error(self) -> None:
+        with pytest.raises(OpInputError, match=r"np.size: axis 5 is out of bounds .* dimension 2"):
+            np.size(ops.add(rand((3, 4), np.float64), 1.0), 5)
