@@ -31,6 +31,7 @@ __all__ = [
     "ACCEPTED",
     "DtypeKey",
     "Shape",
+    "array_kernel",
     "broadcast_shapes",
     "check_int_scalar",
     "check_output_size",
@@ -338,6 +339,30 @@ def quiet(kernel: F) -> F:
 
     @functools.wraps(kernel)
     def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return kernel(*args, **kwargs)
+        except RuntimeWarning:
+            with np.errstate(all="ignore"):
+                return kernel(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+def array_kernel(kernel: F) -> F:
+    """:func:`quiet`, and the positional arguments given as lists or tuples (which every op
+    takes, docs/ops.md) converted to arrays first: for kernels that use array attributes
+    (``x.shape``, ``w.T``) rather than numpy functions that convert by themselves. The meta
+    rule converts them the same way to check them, so the kernel sees the dtype it declared.
+    """
+
+    @functools.wraps(kernel)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        for a in args:
+            if type(a) is list or type(a) is tuple:
+                args = tuple(
+                    [np.asarray(v) if type(v) is list or type(v) is tuple else v for v in args]
+                )
+                break
         try:
             return kernel(*args, **kwargs)
         except RuntimeWarning:

@@ -111,8 +111,8 @@ def _consumed(item: Any) -> int:
 
 def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     """Refuse out-of-range ints and concrete index arrays; check boolean mask shapes."""
-    n = shape[axis]
     if isinstance(item, int):
+        n = shape[axis]
         if not -n <= item < n:
             raise OpInputError(
                 f"{op}: index {item} is out of bounds for axis {axis} with size {n} "
@@ -130,6 +130,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
                 f"{covered} of shape {shape} (from axis {axis})"
             )
         return
+    n = shape[axis]
     lo, hi = int(arr.min()), int(arr.max())
     bad = lo if lo < -n else hi if hi >= n else None
     if bad is not None:

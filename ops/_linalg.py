@@ -20,6 +20,7 @@ from dataflow import Cost, Op, OpInputError
 from ._checks import (
     Shape,
     broadcast_shapes,
+    check_int_scalar,
     check_output_size,
     operand,
     quiet,
@@ -136,6 +137,8 @@ def _linear_meta(x: Any, w: Any, b: Any = None) -> TensorSpec:
     dtype = ufunc_dtypes("linear", np.matmul, (kx, kw))[-1]
     if b is not None:
         sb, kb = operand("linear", 3, b)
+        if kb is int:  # a Python int bias must fit an integer product (numpy would raise later)
+            check_int_scalar("linear", 3, int(b), dtype)
         dtype = ufunc_dtypes("linear", np.add, (dtype, kb))[-1]
         if sb != out and sb != out[-1:] and not _broadcasts_to(sb, out):
             raise OpInputError(

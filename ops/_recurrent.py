@@ -35,6 +35,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
+from ._checks import array_kernel
 from ._rnn_kernels import _lstm_exp_scale, recurrent_product
 from ._tensor import Tensor, TensorSpec, define, define_multi, spec_of
 
@@ -506,11 +507,19 @@ def _select_cost(a: Any, index: int) -> Cost:
 
 # -- the ops ----------------------------------------------------------------------------------
 
-_lstm_cell = define_multi("lstm_cell", _lstm_cell_kernel, _lstm_cell_meta, _lstm_cell_cost)
-_gru_cell = define("gru_cell", _gru_cell_kernel, _gru_cell_meta, _gru_cell_cost)
-_lstm_step = define_multi("lstm_step", _lstm_step_kernel, _lstm_step_meta, _lstm_step_cost)
-_gru_step = define("gru_step", _gru_step_kernel, _gru_step_meta, _gru_step_cost)
-_rnn_projection = define("rnn_projection", _projection_kernel, _projection_meta, _projection_cost)
+# (array_kernel: list inputs converted, numpy's floating-point warnings kept from failing the
+# task under ``-W error``, as the other ops' kernels do.)
+_lstm_cell = define_multi(
+    "lstm_cell", array_kernel(_lstm_cell_kernel), _lstm_cell_meta, _lstm_cell_cost
+)
+_gru_cell = define("gru_cell", array_kernel(_gru_cell_kernel), _gru_cell_meta, _gru_cell_cost)
+_lstm_step = define_multi(
+    "lstm_step", array_kernel(_lstm_step_kernel), _lstm_step_meta, _lstm_step_cost
+)
+_gru_step = define("gru_step", array_kernel(_gru_step_kernel), _gru_step_meta, _gru_step_cost)
+_rnn_projection = define(
+    "rnn_projection", array_kernel(_projection_kernel), _projection_meta, _projection_cost
+)
 _rnn_output = define("rnn_output", _output_kernel, _output_meta, _output_cost)
 _stack_states = define("stack_states", _stack_kernel, _stack_meta, _stack_cost)
 _select = define("select", _select_kernel, _select_meta, _select_cost)

@@ -15,6 +15,7 @@ import numpy as np
 from dataflow import Cost, OpInputError, OpTypeError
 
 from . import _rnn_kernels
+from ._checks import array_kernel
 from ._recurrent import _common_dtype, _describe, _specs
 from ._rnn_kernels import chunk_steps, gru_sequence_kernel, lstm_sequence_kernel
 from ._tensor import Tensor, TensorSpec, define_multi, spec_of
@@ -177,11 +178,12 @@ def _gru_sequence_kernel(
     return (out, h_n[None]) if stacked else (out, h_n)
 
 
+# (array_kernel: list inputs converted, floating-point warnings as numpy's, see _recurrent.)
 _lstm_sequence = define_multi(
-    "lstm_sequence", _lstm_sequence_kernel, _lstm_sequence_meta, _lstm_sequence_cost
+    "lstm_sequence", array_kernel(_lstm_sequence_kernel), _lstm_sequence_meta, _lstm_sequence_cost
 )
 _gru_sequence = define_multi(
-    "gru_sequence", _gru_sequence_kernel, _gru_sequence_meta, _gru_sequence_cost
+    "gru_sequence", array_kernel(_gru_sequence_kernel), _gru_sequence_meta, _gru_sequence_cost
 )
 # Their kernels call BLAS (numba's loops too, for the input projection): with the intra-op
 # count left unset, two side by side make a crowd however short they are (dataflow._blas).

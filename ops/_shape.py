@@ -23,12 +23,15 @@ import numpy as np
 from dataflow import Cost, Op, OpInputError, OpTypeError
 
 from ._checks import (
+    DtypeKey,
     Shape,
+    check_int_scalar,
     check_output_size,
     dtype_of,
     normalize_axes,
     normalize_axis,
     operand,
+    quiet,
     shape_nbytes,
     size_of,
 )
@@ -225,23 +228,35 @@ def split(x: Any, indices_or_sections: Any, axis: Any = 0) -> tuple[Tensor, ...]
 # -- concatenate / stack -----------------------------------------------------------------
 
 
-def _items(op: str, arrays: Any) -> list[tuple[Shape, np.dtype[Any]]]:
+def _items(op: str, arrays: Any) -> list[tuple[Shape, DtypeKey]]:
     if type(arrays) not in (list, tuple):
         raise OpTypeError(
             f"{op}: argument 1 must be a list or tuple of arrays, got {type(arrays).__name__}"
         )
     if not arrays:
         raise OpInputError(f"{op}: needs at least one array to {op}")
-    out = []
-    for i, a in enumerate(arrays):
-        s, key = operand(op, f"item {i} of argument 1", a)
-        out.append((s, dtype_of(key)))
-    return out
+    return [operand(op, f"item {i} of argument 1", a) for i, a in enumerate(arrays)]
+
+
+# A Python scalar's stand-in for numpy's promotion as a weak scalar (NEP 50).
+_WEAK_VALUE: dict[type, Any] = {int: 0, float: 0.0, complex: 0j}
+
+
+def _concatenate_dtype(arrays: Sequence[Any], keys: list[DtypeKey]) -> np.dtype[Any]:
+    """np.concatenate's result dtype: Python scalars among the items are weak (NEP 50), as
+    numpy takes them (``[float32 array, 1.0]`` stays float32); a Python int must fit an
+    integer result (numpy would wrap it silently)."""
+    dtype = np.result_type(*(_WEAK_VALUE[k] if isinstance(k, type) else k for k in keys))
+    if dtype.kind in "iu":
+        for i, (a, k) in enumerate(zip(arrays, keys, strict=True)):
+            if k is int:
+                check_int_scalar("concatenate", f"item {i} of argument 1", int(a), dtype)
+    return dtype
 
 
 def _concatenate_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
     items = _items("concatenate", arrays)
-    dtype = np.result_type(*(d for _, d in items))
+    dtype = _concatenate_dtype(arrays, [k for _, k in items])
     if axis is None:
         shape: Shape = (sum(size_of(s) for s, _ in items),)
     else:
@@ -273,7 +288,8 @@ def _concatenate_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
 
 def _stack_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
     items = _items("stack", arrays)
-    dtype = np.result_type(*(d for _, d in items))
+    # (np.stack converts every item to an array first: a Python scalar is not weak here.)
+    dtype = np.result_type(*(dtype_of(k) for _, k in items))
     first = items[0][0]
     for i, (s, _) in enumerate(items):
         if s != first:
@@ -343,7 +359,7 @@ def _astype_kernel(x: Any, dtype: Any) -> Any:
     return np.asarray(x).astype(dtype)
 
 
-astype: Op[..., Tensor] = declare("astype", _astype_kernel, _astype_meta, _astype_cost)
+astype: Op[..., Tensor] = declare("astype", quiet(_astype_kernel), _astype_meta, _astype_cost)
 astype.__doc__ = "``astype(x, dtype)``: a copy converted to ``dtype`` (numpy's unsafe casting)."
 
 

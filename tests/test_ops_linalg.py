@@ -127,6 +127,13 @@ class TestLinear:
         check(lambda: ops.linear(x, w, 0.5), np.matmul(x, w.T) + 0.5)
         check(lambda: ops.linear(x, w, [1.0, 2.0]), np.add(np.matmul(x, w.T), [1.0, 2.0]))
 
+    def test_a_python_int_bias_must_fit_an_integer_product(self) -> None:
+        """As ops.add(int8, 1000) does, at the call (numpy would raise later, in the kernel)."""
+        x, w = np.ones((1, 2), np.int8), rand((3, 2), np.int8, 9)
+        with pytest.raises(OpInputError, match=r"linear: Python integer 1000 \(argument 3\)"):
+            ops.linear(x, w, 1000)
+        check(lambda: ops.linear(x, w, -7), np.matmul(x, w.T) + np.int8(-7))
+
     def test_weight_not_2d(self) -> None:
         """A weight that is not 2-D is refused with its shape."""
         with pytest.raises(

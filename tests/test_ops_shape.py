@@ -158,6 +158,30 @@ class TestConcatenate:
         with pytest.raises(OpTypeError, match=r"concatenate: item 1 of argument 1 has type dict"):
             ops.concatenate([np.ones(2), {}])
 
+    @pytest.mark.parametrize(
+        ("array", "scalar"),
+        [
+            (rand((3,), np.float32, 12), 1.5),
+            (rand((3,), np.int8, 13), 5),
+            (rand((3,), np.int8, 14), True),
+            (rand((3,), np.float16, 15), 2),
+            (rand((3,), np.int32, 16), 2.5),
+        ],
+        ids=repr,
+    )
+    def test_python_scalars_are_weak(self, array: np.ndarray, scalar: Any) -> None:
+        """A Python scalar item (axis=None) keeps the array's dtype where numpy's weak-scalar
+        rule (NEP 50) does: [float32 array, 1.5] is float32."""
+        check(
+            lambda: ops.concatenate([array, scalar], axis=None),
+            np.concatenate([array, scalar], axis=None),
+        )
+
+    def test_a_python_int_that_does_not_fit_is_refused_at_the_call(self) -> None:
+        """numpy would wrap 1000 to -24 in an int8 result; ops refuses it, naming the item."""
+        with pytest.raises(OpInputError, match=r"concatenate: Python integer 1000 \(item 1 of"):
+            ops.concatenate([np.arange(3, dtype=np.int8), 1000], axis=None)
+
 
 class TestStack:
     @pytest.mark.parametrize("axis", [0, 1, 2, -1], ids=str)
@@ -181,6 +205,10 @@ class TestStack:
         """stack's axis may be ndim but not more."""
         with pytest.raises(OpInputError, match=r"stack: axis 3 is out of bounds .* dimension 3"):
             ops.stack([np.ones((2, 2))], axis=3)
+
+    def test_python_scalar_items_are_not_weak(self) -> None:
+        """np.stack converts each item to an array first: a Python float is float64 there."""
+        check(lambda: ops.stack([np.float32(1.0), 2.5]), np.stack([np.float32(1.0), 2.5]))
 
     def test_the_seed_ensemble_reduction(self) -> None:
         """sum(stack(results), axis=0), as the reference ensemble does, equals numpy."""
@@ -274,6 +302,24 @@ class TestGetitem:
         """Basic and advanced indexing give numpy's shape and values."""
         check(lambda: ops.asarray(X)[key], X[key])
         check(lambda: ops.getitem(X, key), X[key])
+
+    @pytest.mark.parametrize(
+        "key",
+        [
+            np.array(True),
+            np.array(False),
+            (Ellipsis, np.array(True)),
+            (0, np.array(False)),
+            (np.array(True), 1),
+            (slice(None), np.array(True), 1),
+        ],
+        ids=repr,
+    )
+    def test_a_0d_boolean_mask(self, key: Any) -> None:
+        """A 0-d boolean mask uses no axis: it adds one of length 1 (True) or 0 (False)."""
+        x2 = X[0]
+        check(lambda: ops.getitem(x2, key), x2[key])
+        check(lambda: ops.getitem(np.array(2.5), np.array(True)), np.array(2.5)[np.array(True)])
 
     def test_index_tensor(self) -> None:
         """An integer Tensor (pending in a runtime) is an index array."""
@@ -407,6 +453,16 @@ class TestAsarray:
         assert ops.asarray(t, np.float32) is t
         check(lambda: ops.asarray(ops.exp(X), np.float16), np.exp(X).astype(np.float16))
         check(lambda: ops.exp(X).astype(np.int32), np.exp(X).astype(np.int32))
+
+    @pytest.mark.filterwarnings("error::RuntimeWarning")
+    def test_astype_gives_numpys_values_under_warnings_as_errors(self) -> None:
+        """NaN to int and overflow to float16 warn in numpy; under ``-W error`` the op still
+        gives numpy's values (its kernel is quiet, as the other ops' are)."""
+        values = np.array([np.nan, 1e10, -3.7])
+        with np.errstate(all="ignore"):
+            to_int, to_half = values.astype(np.int32), values.astype(np.float16)
+        check(lambda: ops.astype(values, np.int32), to_int)
+        check(lambda: ops.asarray(ops.add(values, 0.0), np.float16), to_half)
 
     def test_done_in_a_runtime(self) -> None:
         """In a runtime asarray is done at once (it has nothing to wait for)."""

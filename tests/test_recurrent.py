@@ -192,6 +192,51 @@ class TestGRUCell:
         assert _max_diff(h1.result(), th.numpy()) <= TOL
 
 
+class TestListsAndWarnings:
+    """The recurrent ops take lists as every op does, and keep numpy's floating-point values
+    under ``-W error`` (their kernels are ``ops._checks.array_kernel``)."""
+
+    def test_lstm_and_gru_cells_take_lists(self) -> None:
+        rng = np.random.default_rng(3)
+        x, h, c = _rand(rng, 2, 3), _rand(rng, 2, 4), _rand(rng, 2, 4)
+        w_ih, w_hh, b_ih, b_hh = _params(rng, 4, 3, 4)
+        as_lists = [a.astype(np.float64).tolist() for a in (x, h, c, w_ih, w_hh, b_ih, b_hh)]
+        h1, c1 = ops.lstm_cell(*as_lists)
+        rh, rc = ref_lstm_cell(x, h, c, w_ih, w_hh, b_ih, b_hh)
+        assert h1.result().dtype == np.float64 and _max_diff(h1.result(), rh) <= TOL
+        assert _max_diff(c1.result(), rc) <= TOL
+        g_ih, g_hh, _, _ = _params(rng, 3, 3, 4)
+        got = ops.gru_cell(x.tolist(), h.tolist(), g_ih.tolist(), g_hh.tolist(), None, None)
+        assert _max_diff(got.result(), ref_gru_cell(x, h, g_ih, g_hh, None, None)) <= TOL
+
+    def test_sequence_ops_take_lists(self) -> None:
+        rng = np.random.default_rng(4)
+        x = _rand(rng, 5, 2, 3).astype(np.float64)  # (lists of Python floats are float64)
+        w_ih, w_hh, b_ih, b_hh = (a.astype(np.float64) for a in _params(rng, 4, 3, 4))
+        want, _, _ = ops.lstm_sequence(x, w_ih, b_ih + b_hh, w_hh)
+        got, _, _ = ops.lstm_sequence(
+            x.tolist(), w_ih.tolist(), (b_ih + b_hh).tolist(), w_hh.tolist()
+        )
+        assert got.result().dtype == np.float64
+        assert _max_diff(got.result(), want.result()) <= TOL
+        g_ih, g_hh, gb_ih, gb_hh = (a.astype(np.float64) for a in _params(rng, 3, 3, 4))
+        want_g, _ = ops.gru_sequence(x, g_ih, gb_ih, g_hh, gb_hh)
+        got_g, _ = ops.gru_sequence(x.tolist(), g_ih.tolist(), gb_ih, g_hh.tolist(), gb_hh)
+        assert _max_diff(got_g.result(), want_g.result()) <= TOL
+
+    @pytest.mark.filterwarnings("error::RuntimeWarning")
+    def test_overflow_gives_numpys_values_under_warnings_as_errors(self) -> None:
+        """A product that overflows float64 warns in numpy; the op gives numpy's values."""
+        x, w = np.full((1, 2), 1e300), np.full((8, 2), 1e300)
+        with np.errstate(all="ignore"):
+            want = ref_lstm_cell(
+                x, np.zeros((1, 2)), np.zeros((1, 2)), w, np.ones((8, 2)), None, None
+            )
+        h1, c1 = ops.lstm_cell(x, None, None, w, np.ones((8, 2)))
+        np.testing.assert_allclose(h1.result(), want[0])
+        np.testing.assert_allclose(c1.result(), want[1])
+
+
 class TestErrors:
     """Bad inputs raise at the call, naming the op, the shapes and the dtypes."""
 
