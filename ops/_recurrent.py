@@ -203,15 +203,27 @@ def _gru_step_kernel(
     return _gru_finish(gi, gh, h)
 
 
-def _projection_kernel(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
+def _projection_kernel(
+    x: Array, w_ih: Array, bias: Array | None, batch_first: bool, bias_hh: Array | None = None
+) -> Array:
     # One GEMM over every time step: (T*B, I) @ (I, G). A batch-first input is projected in its
     # own order and returned as a (T, B, G) view, so no transposed copy of x is ever made.
     x = np.ascontiguousarray(x)
     out: Array = np.matmul(x.reshape(-1, x.shape[-1]), w_ih.T)
+    bias = _bias_sum(bias, bias_hh)
     if bias is not None:
         out += bias
     out = out.reshape(*x.shape[:-1], w_ih.shape[0])
     return out.swapaxes(0, 1) if batch_first else out
+
+
+def _bias_sum(bias: Array | None, bias_hh: Array | None) -> Array | None:
+    """``bias + bias_hh`` (either may be None): the LSTM adds its two biases once, in the
+    kernel, so a model passes its ``bias_ih`` and ``bias_hh`` parameters as they are (a traced
+    graph then reads both parameters, rather than a sum computed at trace time)."""
+    if bias_hh is None:
+        return bias
+    return bias_hh if bias is None else bias + bias_hh
 
 
 def _output_kernel(hs_fwd: list[Array], hs_rev: list[Array] | None, batch_first: bool) -> Array:
@@ -364,20 +376,24 @@ def _gru_step_meta(xproj: Any, t: Any, h: Any, w_hh: Any, b_hh: Any) -> TensorSp
     return _step_meta("gru_step", _GRU_GATES, xproj, t, _specs(h=h, w_hh=w_hh, b_hh=b_hh))
 
 
-def _projection_meta(x: Any, w_ih: Any, bias: Any, batch_first: bool) -> TensorSpec:
-    named = _specs(x=x, w_ih=w_ih, bias=bias)
+def _projection_meta(
+    x: Any, w_ih: Any, bias: Any, batch_first: bool, bias_hh: Any = None
+) -> TensorSpec:
+    named = _specs(x=x, w_ih=w_ih, bias=bias, bias_hh=bias_hh)
     dtype = _common_dtype("rnn_projection", named)
-    xs, ws, bs = named["x"], named["w_ih"], named["bias"]
+    xs, ws = named["x"], named["w_ih"]
     assert xs is not None and ws is not None
     if len(ws.shape) != 2 or len(xs.shape) != 3 or xs.shape[2] != ws.shape[1]:
         raise OpInputError(
             "rnn_projection: x must have shape (steps, batch, input_size) (or batch-first) and "
             f"w_ih (gates*hidden_size, input_size) (got {_describe(named)})"
         )
-    if bs is not None and bs.shape != (ws.shape[0],):
-        raise OpInputError(
-            f"rnn_projection: bias must have shape ({ws.shape[0]},) (got {_describe(named)})"
-        )
+    for name in ("bias", "bias_hh"):
+        bs = named[name]
+        if bs is not None and bs.shape != (ws.shape[0],):
+            raise OpInputError(
+                f"rnn_projection: {name} must have shape ({ws.shape[0]},) (got {_describe(named)})"
+            )
     steps, batch = (xs.shape[1], xs.shape[0]) if batch_first else xs.shape[:2]
     return TensorSpec((steps, batch, ws.shape[0]), dtype)
 
@@ -484,7 +500,7 @@ def _gru_step_cost(xproj: Any, t: Any, h: Any, w_hh: Any, b_hh: Any) -> Cost:
     return _step_cost(_GRU_GATES, xproj, _specs(h=h, w_hh=w_hh, b_hh=b_hh))
 
 
-def _projection_cost(x: Any, w_ih: Any, bias: Any, batch_first: bool) -> Cost:
+def _projection_cost(x: Any, w_ih: Any, bias: Any, batch_first: bool, bias_hh: Any = None) -> Cost:
     xs, ws = spec_of(x), spec_of(w_ih)
     rows = xs.shape[0] * xs.shape[1]
     out = rows * ws.shape[0] * ws.dtype.itemsize
@@ -606,10 +622,20 @@ def gru_step(
 
 
 def rnn_projection(
-    x: ArrayLike, w_ih: ArrayLike, bias: ArrayLike | None, batch_first: bool = False
+    x: ArrayLike,
+    w_ih: ArrayLike,
+    bias: ArrayLike | None,
+    batch_first: bool = False,
+    bias_hh: ArrayLike | None = None,
 ) -> Tensor:
-    """``x @ w_ih.T + bias`` for every step at once, as (steps, batch, gates*hidden)."""
-    result: Tensor = _rnn_projection(x, w_ih, bias, batch_first)
+    """``x @ w_ih.T + bias`` for every step at once, as (steps, batch, gates*hidden).
+
+    ``bias_hh`` (optional) is added too, in the kernel: an LSTM passes its ``b_ih`` and
+    ``b_hh`` as they are, so that a traced graph reads both parameters."""
+    if bias_hh is None:
+        result: Tensor = _rnn_projection(x, w_ih, bias, batch_first)
+    else:
+        result = _rnn_projection(x, w_ih, bias, batch_first, bias_hh)
     return result
 
 

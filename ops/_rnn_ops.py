@@ -16,7 +16,7 @@ from dataflow import Cost, OpInputError, OpTypeError
 
 from . import _rnn_kernels
 from ._checks import array_kernel
-from ._recurrent import _common_dtype, _describe, _specs
+from ._recurrent import _bias_sum, _common_dtype, _describe, _specs
 from ._rnn_kernels import chunk_steps, gru_sequence_kernel, lstm_sequence_kernel
 from ._tensor import Tensor, TensorSpec, define_multi, spec_of
 
@@ -64,7 +64,7 @@ def _sequence_meta(
         s = named.get(name)
         if s is not None and s.shape != state:
             raise bad(f"{name} must have shape {state} (batch, hidden_size)")
-    for name in ("bias", "b_ih", "b_hh"):
+    for name in ("bias", "bias_hh", "b_ih", "b_hh"):
         s = named.get(name)
         if s is not None and s.shape != (gates * hidden,):
             raise bad(f"{name} must have shape ({gates * hidden},) = ({gates}*hidden_size,)")
@@ -82,12 +82,13 @@ def _lstm_sequence_meta(
     reverse: Any = False,
     batch_first: Any = False,
     stacked: Any = False,
+    bias_hh: Any = None,
 ) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
     if (h0 is None) != (c0 is None):
         raise OpInputError(
             "lstm_sequence: give both h0 and c0, or neither (None for both means zero state)"
         )
-    named = _specs(x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0)
+    named = _specs(x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0, bias_hh=bias_hh)
     out, state = _sequence_meta("lstm_sequence", 4, named, reverse, batch_first, stacked)
     return out, state, state
 
@@ -130,6 +131,7 @@ def _lstm_sequence_cost(
     reverse: Any = False,
     batch_first: Any = False,
     stacked: Any = False,
+    bias_hh: Any = None,
 ) -> Cost:
     return _sequence_cost(x, w_ih, w_hh, batch_first)
 
@@ -158,7 +160,9 @@ def _lstm_sequence_kernel(
     reverse: bool = False,
     batch_first: bool = False,
     stacked: bool = False,
+    bias_hh: Array | None = None,
 ) -> tuple[Array, Array, Array]:
+    bias = _bias_sum(bias, bias_hh)
     out, h_n, c_n = lstm_sequence_kernel(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     return (out, h_n[None], c_n[None]) if stacked else (out, h_n, c_n)
 
@@ -212,6 +216,7 @@ def lstm_sequence(
     reverse: bool = False,
     batch_first: bool = False,
     stacked: bool = False,
+    bias_hh: ArrayLike | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One LSTM layer-direction over a whole sequence, as one op: ``(output, h_n, c_n)``.
 
@@ -227,6 +232,10 @@ def lstm_sequence(
         stacked: h_n and c_n as (1, batch, hidden_size), the layout ``torch.nn.LSTM``
             returns for one layer and direction (views of the kernel's own states: no
             copy, and no op of their own to dispatch and run).
+        bias_hh: a second bias (4*hidden_size,), added to ``bias`` in the kernel: pass
+            ``b_ih, ..., bias_hh=b_hh`` as they are rather than their sum, and a traced graph
+            reads both (a sum computed in numpy is a constant to the tracer, frozen at trace
+            time: ``ops.nn.LSTM`` passes its biases this way).
 
     Returns:
         output (steps, batch, hidden_size) (batch-major with ``batch_first``), h_n and c_n
@@ -239,9 +248,12 @@ def lstm_sequence(
     Example:
         >>> out, h_n, c_n = ops.lstm_sequence(x, w_ih, b_ih + b_hh, w_hh)
     """
-    result: tuple[Tensor, Tensor, Tensor] = _lstm_sequence(
-        x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, stacked
-    )
+    if bias_hh is None:
+        result: tuple[Tensor, Tensor, Tensor] = _lstm_sequence(
+            x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, stacked
+        )
+    else:
+        result = _lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, stacked, bias_hh)
     return result
 
 

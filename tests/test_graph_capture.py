@@ -393,3 +393,38 @@ class TestArrayHandle:
         """set_array_handle needs two callables, and says which call was wrong."""
         with pytest.raises(dataflow.DataflowTypeError, match="set_array_handle"):
             dataflow.set_array_handle(5, ops.spec_of)  # type: ignore[arg-type]
+
+
+class TestRecurrentParameters:
+    """A traced or compiled LSTM reads every parameter by name, its two biases included (the
+    module passes them to the ops as they are, and the kernels add them), so a parameter
+    written in place takes effect in the graph as in eager runs."""
+
+    @pytest.mark.parametrize("granularity", ["sequence", "step"])
+    def test_the_lstms_biases_are_parameters(self, granularity: str) -> None:
+        lstm = ops.nn.LSTM(5, 7, num_layers=2, granularity=granularity, seed=0)
+        graph = dataflow.trace(lstm, _rand(4, 2, 5))
+        params = set(graph.parameters)
+        for layer in (0, 1):
+            assert {f"bias_ih_l{layer}", f"bias_hh_l{layer}"} <= params
+        assert not [n for n in graph.constants if n not in params]  # no bias sum frozen in
+
+    @pytest.mark.parametrize("module", ["LSTM", "GRU"])
+    @pytest.mark.parametrize("granularity", ["sequence", "step"])
+    def test_a_bias_written_in_place_reaches_a_compiled_model(
+        self, module: str, granularity: str
+    ) -> None:
+        rnn = getattr(ops.nn, module)(5, 7, num_layers=2, granularity=granularity, seed=0)
+        x = _rand(4, 2, 5)
+        compiled = dataflow.compile(rnn)
+
+        async def both() -> tuple[Array, Array]:
+            got = await dataflow.materialize((await compiled(x))[0])
+            want = await dataflow.materialize((await rnn(x))[0])
+            return got, want
+
+        dataflow.run(both)
+        for name in ("bias_ih_l0", "bias_hh_l1", "weight_hh_l1"):
+            getattr(rnn, name)[...] += np.float32(0.5)
+            got, want = dataflow.run(both)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -15,6 +15,7 @@ import pytest
 import dataflow
 import ops
 from ops import _rnn_kernels, nn
+from ops._recurrent import rnn_projection
 from tests.test_nn import ref_rnn
 
 Array = np.ndarray[Any, Any]
@@ -1259,3 +1260,36 @@ class TestArguments:
             nn.GRU(**args)
         assert isinstance(info.value, dataflow.DataflowError)
         assert "nn.GRU" in str(info.value)
+
+
+class TestSecondBias:
+    """``bias_hh``: lstm_sequence and rnn_projection add a second bias in their kernels, as
+    ``nn.LSTM`` passes its two biases (so a traced graph reads both parameters)."""
+
+    def test_equals_the_sum_given_as_one_bias(self) -> None:
+        x, w_ih, w_hh = _rand(1, 6, 3, 4), _rand(2, 20, 4), _rand(3, 20, 5)
+        b_ih, b_hh = _rand(4, 20), _rand(5, 20)
+        for reverse in (False, True):
+            want = ops.lstm_sequence(x, w_ih, b_ih + b_hh, w_hh, reverse=reverse)
+            got = ops.lstm_sequence(x, w_ih, b_ih, w_hh, reverse=reverse, bias_hh=b_hh)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g.result(), w.result(), rtol=1e-6, atol=1e-6)
+            alone = ops.lstm_sequence(x, w_ih, None, w_hh, reverse=reverse, bias_hh=b_hh)
+            np.testing.assert_allclose(
+                alone[0].result(),
+                ops.lstm_sequence(x, w_ih, b_hh, w_hh, reverse=reverse)[0].result(),
+            )
+        np.testing.assert_allclose(
+            rnn_projection(x, w_ih, b_ih, False, b_hh).result(),
+            rnn_projection(x, w_ih, b_ih + b_hh).result(),
+            rtol=1e-6,
+        )
+
+    def test_a_wrong_second_bias_is_named(self) -> None:
+        x, w_ih, w_hh = _rand(1, 6, 3, 4), _rand(2, 20, 4), _rand(3, 20, 5)
+        with pytest.raises(dataflow.OpInputError, match=r"lstm_sequence: bias_hh must have shape"):
+            ops.lstm_sequence(x, w_ih, _rand(4, 20), w_hh, bias_hh=_rand(5, 19))
+        with pytest.raises(dataflow.OpInputError, match=r"rnn_projection: bias_hh must have"):
+            rnn_projection(x, w_ih, None, False, _rand(5, 19))
+        with pytest.raises(dataflow.OpTypeError, match=r"lstm_sequence: every input must have"):
+            ops.lstm_sequence(x, w_ih, None, w_hh, bias_hh=_rand(5, 20).astype(np.float64))

@@ -93,13 +93,13 @@ _NAMES: dict[tuple[int, int], tuple[str, ...]] = {}
 
 
 class _Weights(NamedTuple):
-    """One layer-direction's parameters, and ``b_ih + b_hh`` computed once per forward."""
+    """One layer-direction's parameters, as the module holds them (passed to the ops as they
+    are: a traced graph reads each by its parameter name)."""
 
     w_ih: Array
     w_hh: Array
     b_ih: Array | None
     b_hh: Array | None
-    b_sum: Array | None
 
 
 def _check_positive(where: str, name: str, v: object) -> int:
@@ -134,7 +134,6 @@ class _RNNBase(Module):
     """What LSTM and GRU share: parameters, validation, and the layer/direction loop."""
 
     _gates: ClassVar[int]
-    _fold_bias: ClassVar[bool]  # b_ih + b_hh computed per forward (the LSTM's projection)
 
     if TYPE_CHECKING:
         # Parameters are set by name (weight_ih_l0, ...): let type checkers read them.
@@ -231,11 +230,11 @@ class _RNNBase(Module):
         w_ih: Array = getattr(self, names[0])
         w_hh: Array = getattr(self, names[1])
         if not self.bias:
-            return _Weights(w_ih, w_hh, None, None, None)
-        b_ih: Array = getattr(self, names[2])
-        b_hh: Array = getattr(self, names[3])
-        # The LSTM adds both biases once, to the projection; the GRU keeps them apart.
-        return _Weights(w_ih, w_hh, b_ih, b_hh, b_ih + b_hh if self._fold_bias else None)
+            return _Weights(w_ih, w_hh, None, None)
+        # (The LSTM's ops add both biases once, in their kernels: a sum computed here would be
+        # a constant to dataflow.trace, and a compiled model would keep the biases it was
+        # traced with after they were written in place.)
+        return _Weights(w_ih, w_hh, getattr(self, names[2]), getattr(self, names[3]))
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -452,7 +451,6 @@ class LSTM(_RNNBase):
     """
 
     _gates = 4
-    _fold_bias = True
 
     async def forward(
         self, x: Value, hx: tuple[Value, Value] | None = None
@@ -477,13 +475,17 @@ class LSTM(_RNNBase):
     def _sequence(
         self, w: _Weights, layer_in: Value, h0: State, c0: State, reverse: bool, stacked: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
+        if w.b_hh is None:
+            return lstm_sequence(
+                layer_in, w.w_ih, None, w.w_hh, h0, c0, reverse, self.batch_first, stacked
+            )
         return lstm_sequence(
-            layer_in, w.w_ih, w.b_sum, w.w_hh, h0, c0, reverse, self.batch_first, stacked
+            layer_in, w.w_ih, w.b_ih, w.w_hh, h0, c0, reverse, self.batch_first, stacked, w.b_hh
         )
 
     def _project(self, w: _Weights, layer_in: Value, batch_first: bool) -> Tensor:
-        # Both biases fold into one vector, added once to the whole projection.
-        return rnn_projection(layer_in, w.w_ih, w.b_sum, batch_first)
+        # Both biases are added once, to the whole projection (in its kernel).
+        return rnn_projection(layer_in, w.w_ih, w.b_ih, batch_first, w.b_hh)
 
     def _step(
         self, w: _Weights, xproj: Tensor, t: int, h: State, c: State
@@ -491,7 +493,7 @@ class LSTM(_RNNBase):
         return lstm_step(xproj, t, h, c, w.w_hh)
 
     def _cell(self, w: _Weights, x_t: Tensor, h: State, c: State) -> tuple[Tensor, Tensor | None]:
-        return lstm_cell(x_t, h, c, w.w_ih, w.w_hh, w.b_sum)
+        return lstm_cell(x_t, h, c, w.w_ih, w.w_hh, w.b_ih, w.b_hh)
 
 
 class GRU(_RNNBase):
@@ -507,7 +509,6 @@ class GRU(_RNNBase):
     """
 
     _gates = 3
-    _fold_bias = False
 
     async def forward(self, x: Value, hx: Value | None = None) -> tuple[Tensor, Tensor]:
         """``(output, h_n)`` for x (steps, batch, input_size) and optional h0."""
