@@ -22,6 +22,15 @@ naming where) a program whose ops changed: its control flow depends on the value
 check cannot see every case (a branch that two random inputs take the same way), so a
 program that branches on values must not be compiled; ``check=False`` skips it.
 
+**Parameters.** A plan reads a module's parameters where the trace found them (each array by
+its name): a parameter written in place takes effect at the next call. A module whose
+``load_state_dict`` replaced its parameters (new arrays, so that calls already dispatched keep
+the old ones) tells the compiled forward through its ``parameter_version`` (any object with
+``named_parameters()`` and that attribute may): the next call finds the plans that read a
+replaced array and traces them again. A parameter replaced some other way (assigning a new
+array to the attribute, or a module the compiled *function* only closes over) is not seen:
+call :meth:`Compiled.clear` then.
+
 **Cross-request batching** (opt-in, ``batch_axis=``): calls that arrive while an earlier batch
 of the same compiled model is running are gathered, concatenated along ``batch_axis``, run as
 one launch (every op then runs once for all of them, with larger, faster kernels: the
@@ -31,7 +40,9 @@ at most ``max_wait`` seconds otherwise. The batch is padded to a power of two (s
 few sizes are traced), the padding rows being copies of the first input's. Every array input
 and output must have the batch axis, and rows must be independent (no op may mix the batch's
 rows: reductions over the batch axis, batch norm ...): the results are then those of running
-each call alone, within float rounding.
+each call alone, within float rounding. A batch that fails (a kernel raised on some call's
+rows) runs its calls again one at a time, so each caller gets its own result or its own error,
+as unbatched.
 """
 
 from __future__ import annotations
@@ -142,6 +153,11 @@ class Compiled(Generic[R]):
         self._compiling: dict[Hashable, list[Any]] = {}
         self._batches: dict[Hashable, Batch] = {}
         self._running: dict[Hashable, int] = {}
+        # The module parameters each plan read, by name (``_stale``), and the module's
+        # parameter_version when they were last checked (None: not a versioned module).
+        self._read: dict[Hashable, dict[str, Any]] = {}
+        self._versioned = hasattr(fn, "parameter_version") and hasattr(fn, "named_parameters")
+        self._version = getattr(fn, "parameter_version", None) if self._versioned else None
         self.launches = 0
         self.calls = 0
         functools.update_wrapper(self, fn, updated=())
@@ -149,6 +165,23 @@ class Compiled(Generic[R]):
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
         return f"<dataflow.compile {name} signatures={len(self.programs)} calls={self.calls}>"
+
+    def clear(self) -> None:
+        """Forget every compiled plan: the next call of each signature traces it again (after
+        replacing a parameter in a way the module does not report: see the module docstring,
+        "Parameters")."""
+        self.programs.clear()
+        self._read.clear()
+
+    def _stale(self, version: Any) -> None:
+        """The module's parameter_version changed (``load_state_dict`` replaced parameters):
+        forget the plans that read an array the module no longer holds under that name."""
+        self._version = version
+        current = dict(self.fn.named_parameters())  # type: ignore[attr-defined]
+        for key, read in list(self._read.items()):
+            if any(current.get(name) is not array for name, array in read.items()):
+                self.programs.pop(key, None)
+                del self._read[key]
 
     # -- signatures ------------------------------------------------------------------------
 
@@ -179,6 +212,15 @@ class Compiled(Generic[R]):
                 try:
                     hash(a)
                 except TypeError:
+                    if isinstance(a, tuple | list) and any(
+                        isinstance(v, _ndarray | Pending) for v in a
+                    ):
+                        raise DataflowTypeError(
+                            f"a compiled forward takes each array as an argument of its own, "
+                            f"got a {type(a).__name__} of arrays (such as an LSTM's (h0, c0)): "
+                            "compile a function that takes them one by one, e.g. `async def "
+                            "fwd(x, h0, c0): return await lstm(x, (h0, c0))`"
+                        ) from None
                     raise DataflowTypeError(
                         f"a compiled forward's non-array arguments are part of its signature "
                         f"and must be hashable: got {type(a).__name__}: {a!r:.60}"
@@ -206,6 +248,8 @@ class Compiled(Generic[R]):
         self._compiling[key] = []
         try:
             found = self.programs[key] = await self._trace(arrays, statics)
+            graph = found.graph
+            self._read[key] = {name: graph.constants[name] for name in graph.parameters}
         finally:
             wake = self._compiling.pop(key)
             if wake and rt.host is not None:
@@ -224,6 +268,9 @@ class Compiled(Generic[R]):
             return await fn(*call)
 
         program.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        named = getattr(fn, "named_parameters", None)
+        if callable(named):  # a module: the trace names its parameters (``_stale`` reads them)
+            program.named_parameters = named  # type: ignore[attr-defined]
         examples = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TracerWarning)
@@ -245,8 +292,19 @@ class Compiled(Generic[R]):
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def __call__(self, *args: Any) -> R:
+    async def __call__(self, *args: Any, **kwargs: Any) -> R:
+        if kwargs:
+            raise DataflowTypeError(
+                f"{self!r}: a compiled forward takes its arguments by position (its signature "
+                f"is their shapes, dtypes and values in order), got keyword(s) "
+                f"{', '.join(kwargs)}: pass them positionally, or compile a function that "
+                "takes them in a fixed order"
+            )
         self.calls += 1
+        if self._versioned:
+            version = self.fn.parameter_version  # type: ignore[attr-defined]
+            if version != self._version:
+                self._stale(version)
         arrays, statics, key = self._split(args)
         if any(type(a) is not _ndarray for a in arrays):
             # A Tensor input is awaited first: the plan's kernels take its value.
@@ -405,7 +463,20 @@ class Compiled(Generic[R]):
                 inputs.append(np.concatenate(parts, axis=axis))
             _, _, key = self._split(tuple(with_arrays(statics, inputs)))
             prog = await self._program(tuple(key), inputs, statics)
-            out = await self._launch(prog, inputs)
+            try:
+                out = await self._launch(prog, inputs)
+            except Exception:
+                if len(calls) == 1:
+                    raise
+                # A kernel raised on some call's rows: one caller's bad input must not fail
+                # the others (nor show them its error). Each call runs again alone, and gets
+                # its own result or its own error, as it would unbatched.
+                for i, k in enumerate(calls):
+                    if not batch.left[k]:
+                        value, error = await self._alone(batch.calls[k], statics)
+                        batch.done[k](value, error)
+                    delivered = i + 1
+                return
             self._running[gk] -= 1  # the model is free: the next batch need not wait for us
             running = False
             bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
@@ -426,3 +497,13 @@ class Compiled(Generic[R]):
         finally:
             if running:
                 self._running[gk] -= 1
+
+    async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
+        """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""
+        try:
+            values = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
+            _, _, key = self._split(tuple(with_arrays(statics, values)))
+            prog = await self._program(tuple(key), values, statics)
+            return await self._launch(prog, values), None
+        except Exception as exc:
+            return None, exc

@@ -676,3 +676,136 @@ class TestCancelledCallers:
 
 async def _await(h: Any) -> Any:
     return await h
+
+
+def _refuse_negative(x: Array) -> Array:
+    if (x < 0).any():
+        raise ValueError("a negative row")
+    out: Array = x * 2
+    return out
+
+
+_checked = dataflow.op(
+    "refuse_negative", meta=lambda x: ops.spec_of(x), handle=ops.Tensor, inline=False
+)(_refuse_negative)
+
+
+async def _checked_model(x: Any) -> Any:
+    return _checked(x)
+
+
+class TestFailureIsolation:
+    """A failing call of a batch fails only itself: the batch runs its calls again alone."""
+
+    def test_one_callers_bad_rows_do_not_fail_the_others(self) -> None:
+        forward = dataflow.compile(_checked_model, batch_axis=0, max_wait=0.05)
+        xs = [np.full((1, 2), v, np.float32) for v in (1.0, -1.0, 3.0, 4.0)]
+
+        async def main() -> list[Any]:
+            gate = asyncio.Event()
+
+            async def call(x: Array) -> Array:
+                await gate.wait()
+                out: Array = await forward(x)
+                return out
+
+            calls = [asyncio.ensure_future(call(x)) for x in xs]
+            await asyncio.sleep(0)
+            gate.set()
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+        outs = dataflow.run(main, interop_threads=2)
+        assert forward.launches < 4 + len(xs)  # (some calls were batched, then rerun)
+        for x, got in zip(xs, outs, strict=True):
+            if x[0, 0] < 0:
+                assert isinstance(got, ValueError) and "a negative row" in str(got)
+            else:
+                np.testing.assert_array_equal(got, x * 2)
+
+    def test_a_batch_of_one_fails_with_its_own_error(self) -> None:
+        forward = dataflow.compile(_checked_model, batch_axis=0)
+
+        async def main() -> None:
+            with pytest.raises(ValueError, match="a negative row"):
+                await forward(-np.ones((1, 2), np.float32))
+
+        dataflow.run(main, interop_threads=2)
+
+
+class TestParameters:
+    """A compiled module's plans read its parameters by name: written in place or replaced by
+    load_state_dict, the next call uses the new values."""
+
+    def test_load_state_dict_reaches_the_compiled_model(self) -> None:
+        m, other = Mlp(), Mlp()
+        for k, layer in enumerate((other.fc1, other.fc2)):
+            layer.weight = layer.weight + np.float32(k + 1)
+        forward = dataflow.compile(m)
+        x, x2 = _x(4, 6), _x(2, 6, seed=1)
+
+        async def main() -> tuple[Array, Array]:
+            return await forward(x), await forward(x2)
+
+        dataflow.run(main)
+        assert len(forward.programs) == 2
+        m.load_state_dict(other.state_dict())
+        got, got2 = dataflow.run(main)
+        np.testing.assert_allclose(got, _reference(other, x), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got2, _reference(other, x2), rtol=1e-5, atol=1e-5)
+
+    def test_only_plans_that_read_a_replaced_array_are_traced_again(self) -> None:
+        m, unrelated = Mlp(), Mlp()
+        forward = dataflow.compile(m)
+
+        async def main() -> Array:
+            out: Array = await forward(_x(4, 6))
+            return out
+
+        dataflow.run(main)
+        plan = next(iter(forward.programs.values()))
+        unrelated.load_state_dict(unrelated.state_dict())  # another module: m's arrays stay
+        dataflow.run(main)
+        assert next(iter(forward.programs.values())) is plan
+        m.load_state_dict(m.state_dict())
+        dataflow.run(main)
+        assert next(iter(forward.programs.values())) is not plan
+
+    def test_a_parameter_written_in_place_or_cleared(self) -> None:
+        m = Mlp()
+        forward = dataflow.compile(m)
+        x = _x(4, 6)
+
+        async def main() -> Array:
+            out: Array = await forward(x)
+            return out
+
+        dataflow.run(main)
+        bias = m.fc2.bias
+        assert bias is not None
+        bias[...] += np.float32(1.5)  # in place: read at the next call
+        np.testing.assert_allclose(dataflow.run(main), _reference(m, x), rtol=1e-5, atol=1e-5)
+        m.fc1.weight = m.fc1.weight * np.float32(2)  # assigned: not seen until clear()
+        forward.clear()
+        assert not forward.programs
+        np.testing.assert_allclose(dataflow.run(main), _reference(m, x), rtol=1e-5, atol=1e-5)
+
+
+class TestArgumentErrors:
+    def test_keywords_are_refused_clearly(self) -> None:
+        forward = dataflow.compile(Mlp())
+
+        async def main() -> None:
+            with pytest.raises(dataflow.DataflowTypeError, match=r"by position .* keyword\(s\) x"):
+                await forward(x=_x(4, 6))
+
+        dataflow.run(main)
+
+    def test_a_tuple_of_arrays_says_to_pass_them_one_by_one(self) -> None:
+        forward = dataflow.compile(ops.nn.LSTM(5, 7, seed=0))
+        x, h0 = _x(4, 2, 5), np.zeros((1, 2, 7), np.float32)
+
+        async def main() -> None:
+            with pytest.raises(dataflow.DataflowTypeError, match=r"a tuple of arrays .* one by"):
+                await forward(x, (h0, h0))
+
+        dataflow.run(main)

@@ -94,6 +94,10 @@ def _fmt(a: Any) -> str:
     return f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
 
 
+# How many times a load_state_dict replaced parameters (Module.parameter_version).
+_loads = [0]
+
+
 class Module:
     """Base class of models: ``async def forward``, parameters by attribute, state dicts.
 
@@ -280,7 +284,16 @@ class Module:
             )
         for module, attr, value in updates:
             setattr(module, attr, value)
+        if updates:
+            _loads[0] += 1  # (parameter_version: compiled forwards look for replaced arrays)
         return IncompatibleKeys(missing, [str(k) for k in unexpected])
+
+    @property
+    def parameter_version(self) -> int:
+        """Changes whenever ``load_state_dict`` replaces parameters (of any module: a cheap
+        check, not a per-module count). ``dataflow.compile`` reads it at each call and, when
+        it changed, traces again the plans that read a replaced array."""
+        return _loads[0]
 
     # -- repr -----------------------------------------------------------------------------
 
