@@ -439,6 +439,10 @@ class TestRecurrent:
                 await m(_rand(0, 3, 2, 4), (_rand(0, 1, 2, 5), _rand(0, 2, 2, 5)))
             with pytest.raises(dataflow.OpInputError, match=r"hx must be a tuple \(h0, c0\)"):
                 await m(_rand(0, 3, 2, 4), _rand(0, 2, 2, 5))
+            with pytest.raises(dataflow.OpInputError, match=r"nn.LSTM: .* got h0 alone"):
+                await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), None))
+            with pytest.raises(dataflow.OpInputError, match=r"nn.LSTM: .* got c0 alone"):
+                await m(_rand(0, 3, 2, 4), (None, _rand(0, 2, 2, 5)))
 
         dataflow.run(main)
 

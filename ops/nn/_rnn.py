@@ -466,6 +466,11 @@ class LSTM(_RNNBase):
         else:
             if not isinstance(hx, tuple | list) or len(hx) != 2:
                 raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
+            if (hx[0] is None) != (hx[1] is None):
+                raise OpInputError(
+                    "nn.LSTM: hx must give both h0 and c0 (or pass hx=None for zero states), got "
+                    f"{'h0' if hx[1] is None else 'c0'} alone"
+                )
             h0 = self._split_state(hx[0], "h0", batch)
             c0 = self._split_state(hx[1], "c0", batch)
         output, h_n, c_n = self._run(x, steps, batch, h0, c0)
