@@ -114,7 +114,7 @@ class Tensor(Pending[np.ndarray]):
         value = np.asarray(self.result())
         if dtype is not None and value.dtype != np.dtype(dtype):
             if copy is False:
-                raise ValueError(
+                raise dataflow.DataflowValueError(  # (a ValueError, as numpy's protocol asks)
                     f"np.asarray({self!r}, dtype={np.dtype(dtype)}, copy=False): converting "
                     f"its {value.dtype} values to {np.dtype(dtype)} needs a copy"
                 )
