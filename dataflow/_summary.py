@@ -184,8 +184,12 @@ def critical_path(tasks: list[TaskSpan]) -> tuple[int, list[str]]:
     last = max(best, key=lambda n: best[n][0])
     length = best[last][0]
     path: list[str] = []
+    seen: set[str] = set()
     cursor: str | None = last
-    while cursor is not None:
+    # (A trace dataflow writes names each task once; a file that repeats a name, merged or
+    # made by hand, can link the chain back on itself: the walk stops at a name seen.)
+    while cursor is not None and cursor not in seen:
+        seen.add(cursor)
         path.append(cursor)
         cursor = best[cursor][1]
     path.reverse()

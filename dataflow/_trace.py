@@ -167,15 +167,19 @@ def output_bytes(args: dict[str, Any]) -> int:
     """The bytes of a task's output(s), from its recorded shape(s) and dtype(s) (0 unknown)."""
     shapes = args.get("shapes") or ([args["shape"]] if "shape" in args else [])
     dtypes = args.get("dtypes") or ([args["dtype"]] if "dtype" in args else [])
+    if not isinstance(shapes, list | tuple) or not isinstance(dtypes, list | tuple):
+        return 0  # (a trace file read back: fields of another type count as unknown)
     total = 0
     for shape, dtype in zip(shapes, dtypes, strict=False):
-        if shape is None or dtype is None:
+        if not isinstance(shape, list | tuple) or not isinstance(dtype, str):
+            continue
+        if not all(type(d) is int and d >= 0 for d in shape):
             continue
         try:
             itemsize = np.dtype(dtype).itemsize
-        except TypeError:
+        except (TypeError, ValueError):
             continue
-        total += math.prod(int(d) for d in shape) * itemsize
+        total += math.prod(shape) * itemsize
     return total
 
 

@@ -267,6 +267,59 @@ class TestHostileTraces:
         text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": {"inputs": 3}}]}'
         self._error(tmp_path, text, "args.inputs must be a list of task names")
 
+    @pytest.mark.parametrize(
+        "shape", ['["a"]', "1.5", "[null]", "[[1]]", "true", '{"x": 1}', "[-1]", "[true]"]
+    )
+    def test_shapes_that_are_not_shapes_count_as_unknown(self, tmp_path: Path, shape: str) -> None:
+        """A shape the reader cannot use (a foreign or edited trace) counts its output's bytes
+        as unknown: summary and render succeed, no traceback."""
+        path = tmp_path / "t.json"
+        for key, value in (("shape", shape), ("shapes", f"[{shape}]")):
+            path.write_text(
+                '{"traceEvents": [{"ph": "X", "name": "a", "tid": 1, "ts": 0, "dur": 1, '
+                f'"args": {{"task": "x#1", "{key}": {value}, "dtype": "float32", '
+                '"dtypes": ["float32"]}}]}'
+            )
+            for command in ("summary", "render"):
+                args = [
+                    "trace",
+                    command,
+                    str(path),
+                    *(["-o", str(tmp_path / "o.svg")] * (command == "render")),
+                ]
+                result = CliRunner().invoke(cli, args, catch_exceptions=False)
+                assert result.exit_code == 0, result.output
+
+    def test_a_repeated_task_name_does_not_loop(self, tmp_path: Path) -> None:
+        """Names repeated so that the inputs form a cycle (a hand-made or merged file): the
+        critical path stops at the name it saw, summary and render finish."""
+        events = [
+            {"ph": "X", "name": "a", "ts": 0, "dur": 1, "tid": 1, "args": {"task": "x"}},
+            {
+                "ph": "X",
+                "name": "a",
+                "ts": 2,
+                "dur": 1,
+                "tid": 1,
+                "args": {"task": "y", "inputs": ["x"]},
+            },
+            {
+                "ph": "X",
+                "name": "a",
+                "ts": 4,
+                "dur": 1,
+                "tid": 1,
+                "args": {"task": "x", "inputs": ["y"]},
+            },
+        ]
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"traceEvents": events}))
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
+        assert result.exit_code == 0 and "critical path" in result.stdout
+        out = tmp_path / "t.svg"
+        result = CliRunner().invoke(cli, ["trace", "render", str(path), "-o", str(out)])
+        assert result.exit_code == 0 and out.exists()
+
     def test_string_thread_ids_load(self, tmp_path: Path) -> None:
         """A foreign trace naming threads by strings loads; the lane keeps the string."""
         path = tmp_path / "t.json"
