@@ -153,15 +153,19 @@ class Scope:
                 self._hooks = {}
             GENERATION[0] += 1
 
-    def remove(self, observer: Any) -> None:
-        """Detach an observer; a no-op when it is not attached."""
+    def remove(self, observer: Any) -> bool:
+        """Detach an observer; a no-op when it is not attached. Returns whether it was."""
         with self._lock:
-            if observer in self.recorders:
+            found = False
+            if any(r is observer for r in self.recorders):
                 self.recorders = [r for r in self.recorders if r is not observer]
-            if observer in self.instruments:
+                found = True
+            if any(i is observer for i in self.instruments):
                 self.instruments = [i for i in self.instruments if i is not observer]
                 self._hooks = {}
+                found = True
             GENERATION[0] += 1
+            return found
 
     def methods(self, hook: str) -> tuple[tuple[Any, Any], ...]:
         """(instrument, bound method) for each instrument that defines ``hook``."""
@@ -188,9 +192,11 @@ class Scope:
     def disable(self, observer: Any, hook: str, exc: BaseException) -> None:
         """Switch off an observer that raised, and say so once; nothing here may raise."""
         try:
-            self.remove(observer)
+            removed = self.remove(observer)
             if self is PROCESS:
                 _sync()
+            if not removed:  # another thread's call of the hook raised too, and said so
+                return
             try:
                 shown = repr(observer)
             except BaseException:  # its __repr__ may raise too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,31 @@ class TestObserversNeverBreakARun:
         reports = [w for w in caught if f"raised in {hook}()" in str(w.message)]
         assert len(reports) == 1
         assert inst not in PROCESS.instruments
+
+    def test_two_threads_raising_at_once_are_reported_once(self) -> None:
+        """Both pool threads inside the hook when it raises: one of them switches the
+        observer off and says so; the other finds it switched off already, and is silent."""
+        barrier = threading.Barrier(2, timeout=5)
+
+        class BothAtOnce(dataflow.Instrument):
+            def task_started(self, ts: int, task: Any) -> None:
+                barrier.wait()  # (both threads are in the hook before either raises)
+                raise ValueError("hook")
+
+        async def main() -> None:
+            futs = [dataflow.fork(np.add, np.ones(2), 1.0) for _ in range(2)]
+            for f in futs:
+                await f
+
+        inst = BothAtOnce()
+        dataflow.add_instrument(inst)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                dataflow.run(main, interop_threads=2)
+        finally:
+            dataflow.remove_instrument(inst)
+        assert len([w for w in caught if "raised in task_started()" in str(w.message)]) == 1
 
     def test_hook_and_repr_both_raising(self) -> None:
         """An instrument whose hook and __repr__ both raise is still switched off cleanly."""
