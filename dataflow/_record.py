@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
@@ -110,6 +109,20 @@ class FlatRecords:
         return f"<FlatRecords {len(self)}>"
 
 
+#: The lane label of each thread that wrote an inline run's span record (its native id ->
+#: ``thread_label()`` at first sight, ``note_thread``): such a record carries the native id
+#: only, and the thread may have ended by the time the trace is built (each run's pool).
+LABELS: dict[int, str] = {}
+_MAX_LABELS = 4096
+
+
+def note_thread(native: int) -> None:
+    """Remember the calling thread's lane label under its native id (``LABELS``)."""
+    if len(LABELS) >= _MAX_LABELS:
+        LABELS.clear()
+    LABELS[native] = thread_label()
+
+
 class Recorder:
     """Keeps span records of the tasks run while attached (see the module docstring).
 
@@ -152,7 +165,10 @@ class Recorder:
         self.unrun_failed = 0
         self.unrun_cancelled = 0
         self.threads: dict[int, str] = {}
-        self._native: dict[int, int] = {}  # threading.get_ident() -> native thread id
+        # The calling thread's native id, once registered (a thread-local: a get_ident() key
+        # would be inherited by a later thread, which Python gives the ident of one that
+        # ended, and that thread's tasks then showed on the old thread's lane and label).
+        self._local = threading.local()
         self._appends = 0
         self.t0 = time.perf_counter_ns()
         self.t1 = 0
@@ -169,15 +185,14 @@ class Recorder:
 
     def thread(self) -> int:
         """The calling thread's native id, registering its label on first sight."""
-        ident = threading.get_ident()
-        native = self._native.get(ident)
+        native: int | None = getattr(self._local, "native", None)
         if native is None:
             native = threading.get_native_id()
             label = thread_label()
             if label == "loop" and "loop" in self.threads.values():  # a second event loop
                 label = f"loop ({threading.current_thread().name})"
             self.threads[native] = label
-            self._native[ident] = native
+            self._local.native = native
         return native
 
     def task(
@@ -193,7 +208,7 @@ class Recorder:
         when the task record does not hold them (an inline run's lean record)."""
         if inputs is None:
             inputs = task.inputs
-        native = self._native.get(get_ident())
+        native = getattr(self._local, "native", None)
         if native is None:
             native = self.thread()
         sig = task.sig
@@ -252,7 +267,7 @@ class Recorder:
         if unnamed:  # an inline run's record names its thread by native id only
             alive = {t.native_id: t.name for t in threading.enumerate()}
             for native in unnamed:
-                threads[native] = alive.get(native, f"thread {native}")
+                threads[native] = LABELS.get(native) or alive.get(native, f"thread {native}")
         return build(
             tasks,
             list(self.spans),

@@ -280,6 +280,34 @@ class TestRecorder:
         assert trace.unrun_failed >= 1
 
 
+def _plain_add(a: Any) -> Any:
+    return ops.add(a, 1.0).result()  # an op run inline on the pool thread
+
+
+async def _fork_plain_add() -> Any:
+    return await dataflow.fork(_plain_add, np.ones(4))
+
+
+class TestThreadsAcrossRuns:
+    """Each run starts its pool's threads again; Python hands a new thread the ident of one
+    that ended. Every task stays on the lane of the thread that ran it, with its label."""
+
+    def test_every_runs_tasks_are_on_their_own_threads_lane(self) -> None:
+        with dataflow.profile() as prof:
+            for _ in range(3):
+                dataflow.run(_fork_plain_add, interop_threads=1)
+        trace = prof.trace()
+        forks = [t for t in trace.tasks if t.op.endswith("_plain_add")]
+        adds = [t for t in trace.tasks if t.op == "add"]
+        assert len(forks) == 3 and len(adds) == 3
+        for fork in forks:
+            assert trace.threads[fork.thread] == "interop-0"
+        for add in adds:  # (inline in the fork's kernel, as a rule: its thread's label)
+            assert trace.threads[add.thread] in ("interop-0", "loop")
+        assert len({t.thread for t in forks}) == 3  # a pool thread per run
+        assert set(prof.summary().busy_s) <= {"interop-0", "loop"}
+
+
 class _Raising(dataflow.Instrument):
     """Raises ``exc`` from ``hook`` (and, optionally, from its own __repr__)."""
 

@@ -19,7 +19,7 @@ from .._errors import (
 from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
-from .._record import name_signature
+from .._record import name_signature, note_thread
 from .._signature import Signature
 from .._task import (
     DONE,
@@ -297,8 +297,10 @@ class Scheduler(Limits):
                 pool.wake_locked()
 
     def _native(self) -> int:
-        """The calling thread's native id (cached: ``get_native_id()`` is a system call)."""
+        """The calling thread's native id (cached: ``get_native_id()`` is a system call), its
+        lane label noted for the recorders (an inline record names the thread by id only)."""
         native = self._natives[get_ident()] = get_native_id()
+        note_thread(native)
         return native
 
     def _record_inline(self, task: Task, inputs: tuple[Task, ...], start: int, end: int) -> None:
