@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError
 from ._trace import Span, TaskSpan, Trace, describe_spec, thread_label
@@ -109,6 +112,10 @@ class FlatRecords:
         return f"<FlatRecords {len(self)}>"
 
 
+#: The longest age bound a recorder takes (``max_seconds``), in ns: about 292 years, the most a
+#: signed 64-bit count of ns holds (``time.perf_counter_ns`` differences).
+_MAX_WINDOW_NS = (1 << 63) - 1
+
 #: The lane label of each thread that wrote an inline run's span record (its native id ->
 #: ``thread_label()`` at first sight, ``note_thread``): such a record carries the native id
 #: only, and the thread may have ended by the time the trace is built (each run's pool).
@@ -137,18 +144,36 @@ class Recorder:
     """
 
     def __init__(self, *, max_spans: int | None = None, max_seconds: float | None = None) -> None:
-        if max_spans is not None and (type(max_spans) is not int or max_spans < 1):
-            raise DataflowValueError(
-                f"Recorder(max_spans=) must be a positive int or None, got {max_spans!r}"
-            )
+        if max_spans is not None:
+            if isinstance(max_spans, bool) or not isinstance(max_spans, int | np.integer):
+                raise DataflowTypeError(
+                    f"Recorder(max_spans=) must be a positive int or None, got "
+                    f"{type(max_spans).__name__}: {max_spans!r}"
+                )
+            max_spans = int(max_spans)
+            if max_spans < 1:
+                raise DataflowValueError(
+                    f"Recorder(max_spans=) must be a positive int or None, got {max_spans!r}"
+                )
         if max_seconds is not None:
-            if isinstance(max_seconds, bool) or not isinstance(max_seconds, int | float):
+            if isinstance(max_seconds, bool) or not isinstance(
+                max_seconds, int | float | np.integer | np.floating
+            ):
                 raise DataflowTypeError(
                     f"Recorder(max_seconds=) must be a number of seconds or None, got "
                     f"{type(max_seconds).__name__}: {max_seconds!r}"
                 )
             if not max_seconds > 0:
                 raise DataflowValueError(f"Recorder(max_seconds=) must be > 0, got {max_seconds!r}")
+            if max_seconds == math.inf:  # no age bound: as None
+                max_seconds = None
+            else:
+                max_seconds = float(max_seconds)
+                if max_seconds * 1e9 > _MAX_WINDOW_NS:
+                    raise DataflowValueError(
+                        f"Recorder(max_seconds=) must be at most {_MAX_WINDOW_NS / 1e9:g} "
+                        f"seconds (or math.inf or None: no age bound), got {max_seconds!r}"
+                    )
         self.max_spans = max_spans
         self.max_seconds = max_seconds
         self._window = None if max_seconds is None else int(max_seconds * 1e9)

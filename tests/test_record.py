@@ -259,6 +259,21 @@ class TestRecorder:
             dataflow.Recorder(max_spans=0)
         with pytest.raises(TypeError, match="max_seconds"):
             dataflow.Recorder(max_seconds="1")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"max_spans=\) must be a positive int .* str"):
+            dataflow.Recorder(max_spans="5")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="max_spans"):
+            dataflow.Recorder(max_spans=True)
+        with pytest.raises(ValueError, match=r"max_seconds=\) must be at most .* math.inf"):
+            dataflow.Recorder(max_seconds=1e300)
+
+    def test_numpy_numbers_and_an_infinite_age_are_bounds(self) -> None:
+        """numpy ints and floats are taken as their Python values; max_seconds=math.inf is no
+        age bound (as None), not an OverflowError."""
+        assert dataflow.Recorder(max_spans=np.int64(5)).max_spans == 5
+        assert dataflow.Recorder(max_seconds=np.float32(2.5)).max_seconds == 2.5
+        unbounded = dataflow.Recorder(max_seconds=float("inf"))
+        assert unbounded.max_seconds is None and "unbounded" in repr(unbounded)
+        assert dataflow.profile(max_seconds=float("inf")).max_seconds is None
 
     def test_failures_and_unrun_tasks_are_counted(self) -> None:
         """A failed kernel is a failed span; its dependents, which never ran, are counted."""
