@@ -135,18 +135,13 @@ class Scope:
 
     def add(self, observer: Any) -> None:
         """Attach an instrument or a recorder (once)."""
+        check_observer(observer)
         if _is_recorder(observer):
             with self._lock:
                 if observer not in self.recorders:
                     self.recorders = [*self.recorders, observer]
                 GENERATION[0] += 1
             return
-        if not any(callable(getattr(observer, h, None)) for h in _HOOKS):
-            raise DataflowTypeError(
-                f"add_instrument(): {observer!r:.80} has none of the hook methods "
-                f"({', '.join(_HOOKS)}); subclass dataflow.Instrument, or pass a "
-                "dataflow.Recorder"
-            )
         with self._lock:
             if observer not in self.instruments:
                 self.instruments = [*self.instruments, observer]
@@ -240,6 +235,23 @@ def _sync() -> None:
             HOOKED.append(PROCESS)
     else:
         HOOKED.clear()
+
+
+def check_observer(observer: Any) -> None:
+    """Refuse what cannot observe a runtime, at the call that attaches it: a class rather
+    than an instance (its hooks would miss ``self`` at the first event), or an object with
+    none of the hook methods."""
+    if isinstance(observer, type):
+        raise DataflowTypeError(
+            f"add_instrument(): got the class {observer.__qualname__}, not an instance: "
+            f"pass {observer.__qualname__}() (an observer is an object with hook methods)"
+        )
+    if not _is_recorder(observer) and not any(callable(getattr(observer, h, None)) for h in _HOOKS):
+        raise DataflowTypeError(
+            f"add_instrument(): {observer!r:.80} has none of the hook methods "
+            f"({', '.join(_HOOKS)}); subclass dataflow.Instrument, or pass a "
+            "dataflow.Recorder"
+        )
 
 
 def add_instrument(observer: Any) -> None:

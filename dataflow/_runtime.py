@@ -31,6 +31,7 @@ from . import _blas, _loop
 from ._backend import Backend, make_backend
 from ._defaults import DEFAULT_MAX_PENDING
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError, UnobservedTaskError
+from ._instrument import check_observer
 from ._lookup import _by_loop, _current
 from ._pool import (
     InteropPool,
@@ -360,6 +361,7 @@ class Runtime:
         Other runtimes of the process do not pay for it (``dataflow.add_instrument`` observes
         them all). It may be attached before the runtime is entered.
         """
+        check_observer(observer)
         self._observers.append(observer)
         if self._sched is not None:
             self._sched.observe(observer, True)

@@ -269,8 +269,8 @@ class TestRecorder:
     def test_numpy_numbers_and_an_infinite_age_are_bounds(self) -> None:
         """numpy ints and floats are taken as their Python values; max_seconds=math.inf is no
         age bound (as None), not an OverflowError."""
-        assert dataflow.Recorder(max_spans=np.int64(5)).max_spans == 5
-        assert dataflow.Recorder(max_seconds=np.float32(2.5)).max_seconds == 2.5
+        assert dataflow.Recorder(max_spans=np.int64(5)).max_spans == 5  # type: ignore[arg-type]
+        assert dataflow.Recorder(max_seconds=np.float32(2.5)).max_seconds == 2.5  # type: ignore[arg-type]
         unbounded = dataflow.Recorder(max_seconds=float("inf"))
         assert unbounded.max_seconds is None and "unbounded" in repr(unbounded)
         assert dataflow.profile(max_seconds=float("inf")).max_seconds is None
@@ -338,6 +338,22 @@ class _Raising(dataflow.Instrument):
         if self.bad_repr:
             raise RuntimeError("repr is broken too")
         return "<Raising>"
+
+
+class TestAttaching:
+    @pytest.mark.parametrize("cls", [dataflow.Instrument, dataflow.Recorder])
+    def test_a_class_instead_of_an_instance_is_refused(self, cls: type) -> None:
+        """Attached, a class would fail at its first event (its hooks miss ``self``)."""
+        with pytest.raises(dataflow.DataflowTypeError, match=r"got the class .*, not an instance"):
+            dataflow.add_instrument(cls)
+        runtime = dataflow.Runtime()
+        with pytest.raises(dataflow.DataflowTypeError, match=r"not an instance"):
+            runtime.add_instrument(cls)
+        assert cls not in PROCESS.instruments and cls not in PROCESS.recorders
+
+    def test_an_object_without_hooks_is_refused(self) -> None:
+        with pytest.raises(dataflow.DataflowTypeError, match=r"has none of the hook methods"):
+            dataflow.add_instrument(object())
 
 
 class TestObserversNeverBreakARun:
