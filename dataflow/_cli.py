@@ -142,6 +142,12 @@ def run(
         # With -m, the first positional is the module's first argument, not a script.
         args, script = (script, *args), None
     _warn_about_late_options(list(args), script or module or "")
+    if trace_path is not None:  # found now, not after the whole run
+        folder = os.path.dirname(os.path.abspath(trace_path))
+        if not os.path.isdir(folder):
+            raise click.BadParameter(f"the folder {folder} does not exist", param_hint="--trace")
+        if not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"the folder {folder} is not writable", param_hint="--trace")
     level = logging.getLevelName(log_level.upper())
     if log_tasks and isinstance(level, int) and level > logging.DEBUG:
         log_level = "debug"  # --log-tasks lines are debug lines

@@ -111,6 +111,20 @@ class TestRunTrace:
         assert proc.returncode == 130, proc.stderr
         assert len(x_events(out)) == 2
 
+    def test_a_trace_path_in_a_missing_folder_is_a_usage_error_before_the_run(
+        self, tmp_path: Path
+    ) -> None:
+        """The script does not run (its output would be lost after it): exit 2 at once."""
+        script = write_script(tmp_path)
+        out = tmp_path / "missing" / "t.json"
+        proc = run_cli("run", "--trace", str(out), str(script), cwd=tmp_path)
+        assert proc.returncode == 2
+        assert (
+            "Invalid value for --trace: the folder" in proc.stderr
+            and "does not exist" in proc.stderr
+        )
+        assert "trace of" not in proc.stderr and not out.exists()
+
     def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
         """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
         script = write_script(tmp_path)
