@@ -49,7 +49,7 @@ from ._lookup import current_runtime, get_runtime
 from ._runtime import Runtime
 from ._scheduler import scan
 from ._signature import Signature
-from ._task import DONE, Future, Pending, _next_id
+from ._task import DONE, Future, Pending, Task, _next_id
 
 __all__ = ["TaskFuture", "fork", "wait"]
 
@@ -338,7 +338,12 @@ async def wait(fut: Future[T]) -> T:
     sched = rt._sched if rt is not None else None
     if sched is None or not (ACTIVE or sched.watching):
         return await fut
-    name = getattr(fut, "name", None) or repr(fut)
+    # A forked future has a name; a pending value is named by its task (``op#id``), as
+    # everywhere else (its repr would freeze the state it had when the wait began).
+    name = getattr(fut, "name", None)
+    if not name:
+        task = getattr(fut, "_t", None)
+        name = task.name if isinstance(task, Task) else repr(fut)
     sched.emit("wait_started", name)
     start = time.perf_counter_ns()
     try:

@@ -483,3 +483,32 @@ class TestFlatRecords:
 
         dataflow.run(main)
         assert len(rec.tasks) == 3 and len(rec.trace().tasks) == 3
+
+
+def _sleepy(x: Any) -> Any:
+    import time
+
+    time.sleep(0.02)
+    return x
+
+
+_sleepy_op = dataflow.op("sleepy", meta=lambda x: ops.spec_of(x), handle=ops.Tensor, inline=False)(
+    _sleepy
+)
+
+
+class TestWaitSpans:
+    def test_a_wait_on_a_pending_value_is_named_by_its_task(self) -> None:
+        """``dataflow.wait(t)`` on a pending Tensor: the span is ``op#id``, not a repr that
+        froze the state the value had when the wait began."""
+
+        async def main() -> str:
+            t = _sleepy_op(np.ones(2))
+            await dataflow.wait(t)
+            return t._t.name
+
+        with dataflow.profile() as prof:
+            name = dataflow.run(main, interop_threads=1)
+        waits = [s for s in prof.trace().spans if s.kind == "wait"]
+        assert [s.name for s in waits] == [name]
+        assert name.startswith("sleepy#")
