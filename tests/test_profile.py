@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import json
 import os
+import threading
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -129,6 +131,23 @@ def boom(x: Any) -> Any:
     raise ValueError("boom")
 
 
+def _same_spec(x: Any, *_: Any) -> Any:
+    spec = ops.spec_of(x)
+    return ops.TensorSpec(spec.shape, spec.dtype)
+
+
+def _hold_kernel(x: Any, started: threading.Event, gate: threading.Event) -> Any:
+    started.set()
+    gate.wait(10)
+    return x
+
+
+# ``hold`` keeps the one pool thread busy until the test opens the gate; ``bump`` runs on the
+# pool (never inline at dispatch), so it queues behind ``hold``.
+hold = dataflow.op("hold", meta=_same_spec, handle=ops.Tensor, inline=False)(_hold_kernel)
+bump = dataflow.op("bump", meta=_same_spec, handle=ops.Tensor, inline=False)(np.negative)
+
+
 def _weights(n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
@@ -196,6 +215,40 @@ class TestRecording:
             await (await _chain(a, w, 2))
         assert len(prof.trace().tasks) == 4
         assert prof not in PROCESS.recorders
+
+    @pytest.mark.asyncio
+    @pytest.mark.parametrize("kind", ["waiting", "queued"])
+    async def test_tasks_cancelled_unrun_are_counted(self, kind: str) -> None:
+        """Tasks dropped unrun when the runtime closes, whether waiting for an input or queued
+        ready behind a running kernel, are each counted as never ran."""
+        started, gate = threading.Event(), threading.Event()
+        runtimes: list[dataflow.Runtime] = []
+
+        async def body() -> None:
+            async with dataflow.Runtime(interop_threads=1) as rt:
+                runtimes.append(rt)
+                a = hold(np.ones(2), started, gate)
+                if kind == "waiting":
+                    _ = [bump(a) for _ in range(5)]
+                else:
+                    _ = [bump(np.ones(2)) for _ in range(5)]
+                await asyncio.sleep(30)
+
+        with dataflow.profile() as prof:
+            task = asyncio.create_task(body())
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            task.cancel()
+            # Open the gate once the runtime is cancelling, so what waits behind is dropped.
+            while not runtimes[0]._sched.cancelling:
+                await asyncio.sleep(0.001)
+            gate.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        summary = prof.summary()
+        assert (summary.tasks, summary.unrun) == (1, 5)
+        assert (prof.unrun_cancelled, prof.unrun_failed) == (5, 0)
+        assert "5 never ran" in str(summary)
 
     def test_every_runtime_while_open(self) -> None:
         """Two runs in one profile: both recorded; same-named pool threads share a row."""

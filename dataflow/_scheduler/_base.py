@@ -226,14 +226,26 @@ class SchedulerBase:
             if gov is not None and gov.counted:
                 gov.end_locked(task.id)
 
-    def _fail_locked(self, task: Task, err: BaseException | None, counted: bool = True) -> None:
+    def _fail_locked(
+        self,
+        task: Task,
+        err: BaseException | None,
+        counted: bool = True,
+        ran: bool | None = None,
+    ) -> None:
         """Fail ``task`` and, transitively, every task waiting on it. Holds the lock.
 
         A dependent may belong to another runtime (nested runtimes, or runtimes in two
         threads): each task is accounted to, and its waiters woken through, its own runtime.
-        ``counted``: ``task`` was counted in flight (an inline task is not).
+        ``counted``: ``task`` was counted in flight (an inline task is not). ``ran``: its
+        kernel ran, so its span record (written where it ran) accounts for it; by default,
+        whether it was RUNNING. A task taken to run (RUNNING) whose kernel is then skipped
+        (its runtime closing) passes False: the recorders count it among those that never
+        ran, as they do the queued and waiting tasks that fail with it.
         """
         was_running = task.state == RUNNING
+        if ran is None:
+            ran = was_running
         owners: list[SchedulerBase] = []
         for t in gs.fail(task, err):
             if t.frozen is not None and not (t is task and was_running):
@@ -251,7 +263,7 @@ class SchedulerBase:
                 sched.host.wake(waiters)
             if ACTIVE or sched.watching:
                 cancelled = t.state == CANCELLED
-                if not (t is task and was_running):  # (a kernel that ran records its span)
+                if not (t is task and ran):  # (a kernel that ran records its span)
                     sched.record_unrun(cancelled)
                 sched.emit("task_cancelled" if cancelled else "task_failed", t)
         for sched in owners:

@@ -274,7 +274,8 @@ class Execution(Requests):
             thaw(task)
             cancelled = CancelledTaskError(f"{task.name} was not run: its runtime was closing")
             with GRAPH_LOCK:
-                self._fail_locked(task, cancelled)
+                # Taken to run (RUNNING) but never run: counted unrun, not as a span.
+                self._fail_locked(task, cancelled, ran=False)
                 nxt = self._lane_after_locked(task, here)
             return None if nxt is None else [nxt]
         if here is not None:
