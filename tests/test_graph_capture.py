@@ -194,6 +194,35 @@ class TestTrace:
         files = {node.location.rpartition(":")[0] for node in graph.nodes if node.location}
         assert files == {os.path.relpath(__file__)}
 
+    def test_location_of_an_op_declared_beside_the_model(self) -> None:
+        """An op declared in the caller's own package points at the calling line, not at the
+        event loop that drives the traced coroutine."""
+
+        async def f(x: Any) -> Any:
+            line = inspect.currentframe().f_lineno  # type: ignore[union-attr]
+            return counting_negative(x), line
+
+        graph = dataflow.trace(f, np.ones(2))
+        assert graph.nodes[0].location == f"{os.path.relpath(__file__)}:{graph.outputs[1] + 1}"
+
+    @pytest.mark.asyncio
+    async def test_location_beside_the_model_on_every_loop(self) -> None:
+        """The same on each event loop (uvloop's frames differ from asyncio's)."""
+
+        async def f(x: Any) -> Any:
+            line = inspect.currentframe().f_lineno  # type: ignore[union-attr]
+            return counting_negative(x), line
+
+        graph = await trace_async(f, np.ones(2))
+        assert graph.nodes[0].location == f"{os.path.relpath(__file__)}:{graph.outputs[1] + 1}"
+
+    def test_location_of_a_module_traced_directly(self) -> None:
+        """A module traced as the program points at its forward, never at the event loop."""
+        lstm = ops.nn.LSTM(3, 4, seed=0)
+        graph = dataflow.trace(lstm, _rand(2, 1, 3))
+        files = {node.location.rpartition(":")[0] for node in graph.nodes if node.location}
+        assert files and {os.path.basename(f) for f in files} == {"_rnn.py"}
+
     def test_non_array_example_input_is_refused(self) -> None:
         """Example inputs must be arrays; the message says how to bake other values in."""
 

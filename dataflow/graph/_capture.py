@@ -147,7 +147,8 @@ class Tracer(TracerBase):
         """Add a node for ``op(*args, **kwargs)``; the task stands for its value."""
         captured = tuple(self._capture(a) for a in args)
         captured_kw = {k: self._capture(v) for k, v in (kwargs or {}).items()}
-        where = user_location({"dataflow", package(op.qualname.rpartition(":")[0])})
+        declared_in = op.qualname.rpartition(":")[0]
+        where = user_location({"dataflow", package(declared_in)}, declared_in=declared_in)
         location = f"{short_path(where[0])}:{where[1]}" if where is not None else None
         task = Task(Signature(op.name, spec, cost, op=op), op.kernel, (), None, self.runtime)
         self._node_of_task[task.id] = len(self.records)
