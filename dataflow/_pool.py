@@ -33,7 +33,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ._errors import DataflowError
+from ._errors import DataflowError, DataflowRuntimeError
 from ._task import READY, RUNNING
 
 if TYPE_CHECKING:
@@ -276,16 +276,22 @@ _shared_lock = threading.Lock()
 
 
 def acquire_shared_pool(num_threads: int) -> InteropPool:
-    """Return the shared pool, starting it with ``num_threads`` if no runtime uses it."""
+    """Return the shared pool, starting it with ``num_threads`` if no runtime uses it.
+
+    Raises:
+        DataflowRuntimeError: it runs with another size. The call is valid, only not now
+            (as ``set_num_interop_threads`` while it runs): a running pool is not resized.
+    """
     global _shared, _shared_users
     with _shared_lock:
         if _shared is None:
             _shared = InteropPool(num_threads)
         elif _shared.num_threads != num_threads:
-            raise DataflowError(
-                f"the shared inter-op pool is already running with {_shared.num_threads} "
-                f"thread(s) for another runtime, and this one asks for {num_threads}. "
-                "Use the same count, or pass private_pool=True for a pool of its own."
+            raise DataflowRuntimeError(
+                f"interop_threads={num_threads}: the shared inter-op pool is already running "
+                f"with {_shared.num_threads} thread(s) for another runtime, and a running pool "
+                "is not resized. Use the same count, or pass private_pool=True for a pool of "
+                "its own."
             )
         _shared_users += 1
         return _shared

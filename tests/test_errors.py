@@ -9,6 +9,7 @@ import importlib
 import pickle
 import pkgutil
 import textwrap
+import threading
 import traceback
 import types
 from pathlib import Path
@@ -380,6 +381,38 @@ def _shared_pool_resize() -> None:
     dataflow.run(main)
 
 
+def _shared_pool_clash() -> None:
+    async def main() -> None:
+        async with dataflow.Runtime(interop_threads=dataflow.get_num_interop_threads() + 1):
+            pass
+
+    dataflow.run(main)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _shared_pool_clash_from_thread() -> None:
+    async def main() -> None:
+        size = dataflow.get_num_interop_threads()
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                dataflow.run(_nothing, interop_threads=size + 1)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()  # (blocks the loop: nothing else runs meanwhile)
+        if errors:
+            raise errors[0]
+
+    dataflow.run(main)
+
+
 def _bad_env_interop(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DATAFLOW_NUM_INTEROP_THREADS", "many")
     from dataflow._threads import default_interop_threads
@@ -417,6 +450,16 @@ def _render_arrows() -> None:
 # (name, the builtin a user catches, the call) for errors that used to be bare builtins.
 _CONVERTED: list[tuple[str, type[BaseException], Any]] = [
     ("set_num_interop_threads while running", RuntimeError, lambda mp, tmp: _shared_pool_resize()),
+    (
+        "Runtime(interop_threads=) clashing with the shared pool",
+        RuntimeError,
+        lambda mp, tmp: _shared_pool_clash(),
+    ),
+    (
+        "run(interop_threads=) in another thread clashing with the shared pool",
+        RuntimeError,
+        lambda mp, tmp: _shared_pool_clash_from_thread(),
+    ),
     ("$DATAFLOW_NUM_INTEROP_THREADS", ValueError, lambda mp, tmp: _bad_env_interop(mp)),
     ("op missing on a Dask worker", LookupError, lambda mp, tmp: _unknown_op_on_worker()),
     ("trace(non-callable)", TypeError, lambda mp, tmp: dataflow.trace(_NOT_CALLABLE, np.ones(3))),

@@ -491,7 +491,7 @@ class TestPools:
                 assert a._pool is not b._pool
                 t = where_run(np.ones(1))
                 assert (await t).startswith("interop-p")
-            with pytest.raises(DataflowError, match="private_pool=True"):
+            with pytest.raises(dataflow.DataflowRuntimeError, match="private_pool=True"):
                 async with dataflow.Runtime(interop_threads=3):
                     pass
 
