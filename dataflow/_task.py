@@ -298,6 +298,21 @@ class Future(Generic[T_co]):
         raise NotImplementedError
 
 
+def _not_yet(task: Task) -> str:
+    """Where an unfinished task stands, for a NotReadyError: the state names alone mislead
+    ("is still ready" reads as if the value were ready), so say it in words."""
+    state = task.state
+    if state == RUNNING:
+        return "is still running"
+    if state == READY:
+        return "is queued and has not run yet"
+    waiting = list(dict.fromkeys(t.name for t in task.inputs if t.state < DONE))
+    if not waiting:
+        return "has not run yet"
+    names = ", ".join(waiting[:3]) + (", ..." if len(waiting) > 3 else "")
+    return f"is waiting for its input{'s' if len(waiting) > 1 else ''} {names} and has not run yet"
+
+
 class Pending(Future[T]):
     """A handle on a graph task's value (one output of it when the op has several).
 
@@ -366,8 +381,8 @@ class Pending(Future[T]):
         if task.state > DONE:
             task.raise_error()
         raise NotReadyError(
-            f"{task.name} is still {STATE_NAMES[task.state]}: `await` it (or dataflow.wait) "
-            "to get its value without blocking the event loop"
+            f"{task.name} {_not_yet(task)}: `await` it (or dataflow.wait) to get its value "
+            "without blocking the event loop"
         )
 
     def exception(self) -> BaseException | None:
@@ -379,7 +394,7 @@ class Pending(Future[T]):
                 task.raise_error()
             except BaseException as exc:
                 return exc
-        raise NotReadyError(f"{task.name} is still {STATE_NAMES[task.state]}: await it first")
+        raise NotReadyError(f"{task.name} {_not_yet(task)}: await it first")
 
     def cancel(self) -> bool:
         rt = self._t.runtime  # (None for a light one: done, so nothing to cancel)

@@ -23,6 +23,7 @@ from dataflow import (
     TaskError,
     UnobservedTaskError,
 )
+from dataflow._task import RUNNING
 from tests._helpers import (
     add,
     boom,
@@ -244,6 +245,39 @@ class TestFuture:
             assert t.done()
 
         dataflow.run(main, loop=loop)
+
+    def test_not_ready_says_where_the_task_stands(self, loop: str) -> None:
+        """result() and exception() say whether a task runs, is queued, or waits for inputs
+        (a queued task is not "still ready")."""
+
+        async def main() -> None:
+            gate = threading.Event()
+            running = gated(np.ones(2), gate)  # holds the one pool thread
+            queued = gated(np.ones(2), gate)
+            waiting = add(running, running)
+            while running.task.state != RUNNING:
+                await asyncio.sleep(0.001)
+            try:
+                for handle, text in [
+                    (running, f"{running.task.name} is still running: `await` it"),
+                    (queued, f"{queued.task.name} is queued and has not run yet: `await` it"),
+                    (
+                        waiting,
+                        f"{waiting.task.name} is waiting for its input {running.task.name} "
+                        "and has not run yet: `await` it",
+                    ),
+                ]:
+                    with pytest.raises(NotReadyError) as info:
+                        handle.result()
+                    assert str(info.value).startswith(text)
+                    with pytest.raises(NotReadyError, match="await it first"):
+                        handle.exception()
+            finally:
+                gate.set()
+            await waiting
+            await queued
+
+        dataflow.run(main, interop_threads=1, loop=loop)
 
     def test_cancel_queued_plain_fork(self, loop: str) -> None:
         """cancel() of a queued plain-function fork stops it from running."""
