@@ -237,11 +237,29 @@ def check_int_scalar(op: str, pos: int | str, value: int, dtype: np.dtype[Any]) 
         return
     lo, hi = int_bounds(dtype)
     if not lo <= value <= hi:
+        fits = next(
+            (
+                t
+                for t in ("int64", "uint64")
+                if _fits(value, np.dtype(t)) and _fits(lo, np.dtype(t)) and _fits(hi, np.dtype(t))
+            ),
+            None,
+        )
+        fix = (
+            f"cast the array to a wider dtype first (ops.asarray(x, dtype=np.{fits}))"
+            if fits is not None and np.dtype(fits) != dtype
+            else "no integer dtype holds both: use a float dtype "
+            "(ops.asarray(x, dtype=np.float64)) or a value in range"
+        )
         raise OpInputError(
             f"{op}: Python integer {value} ({_label(pos)}) is out of bounds for {dtype} "
-            f"[{lo}, {hi}]: cast the array to a wider dtype first "
-            f"(ops.asarray(x, dtype=np.int64))"
+            f"[{lo}, {hi}]: {fix}"
         )
+
+
+def _fits(value: int, dtype: np.dtype[Any]) -> bool:
+    lo, hi = int_bounds(dtype)
+    return lo <= value <= hi
 
 
 def broadcast_shapes(op: str, *shapes: Shape) -> Shape:

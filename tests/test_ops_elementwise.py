@@ -277,6 +277,23 @@ class TestErrors:
         ):
             ops.add(np.ones(2, np.int8), 1000)
 
+    @pytest.mark.parametrize(
+        ("dtype", "value", "fix"),
+        [
+            (np.int8, 1000, r"dtype=np.int64\)"),
+            (np.uint8, -1, r"dtype=np.int64\)"),
+            (np.int64, 2**63, r"no integer dtype holds both: use a float dtype"),
+            (np.uint64, -1, r"no integer dtype holds both"),
+        ],
+    )
+    def test_the_fix_for_an_int_out_of_range_is_one_that_works(
+        self, dtype: Any, value: int, fix: str
+    ) -> None:
+        """The hint names a dtype that holds the array's values and the scalar, or says there
+        is none (an int64 array is not told to become int64)."""
+        with pytest.raises(OpInputError, match=fix):
+            ops.add(np.ones(2, dtype), value)
+
     def test_ragged_list(self) -> None:
         """A ragged nested list is an OpInputError."""
         with pytest.raises(OpInputError, match=r"add: argument 1 is a list that does not form"):
