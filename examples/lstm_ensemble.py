@@ -239,13 +239,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     small = (10, 4, 64) if args.small else (50, 50, 1024)
-    args.steps = args.steps or small[0]
-    args.batch = args.batch or small[1]
-    args.channels = args.channels or small[2]
-    args.rounds = args.rounds or (5 if args.small else 3)
+    # `is None`, not `or`: an explicit 0 is an error below, not the default.
+    if args.steps is None:
+        args.steps = small[0]
+    if args.batch is None:
+        args.batch = small[1]
+    if args.channels is None:
+        args.channels = small[2]
+    if args.rounds is None:
+        args.rounds = 5 if args.small else 3
     if args.interop_threads is None:
         args.interop_threads = dataflow.get_num_interop_threads()
-    for name in ("steps", "batch", "channels", "models", "interop_threads", "rounds"):
+    names = ("steps", "batch", "channels", "models", "interop_threads", "rounds")
+    for name in names:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args

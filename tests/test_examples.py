@@ -143,6 +143,36 @@ class TestLSTMEnsembleScript:
             proc.stdout
         )
 
+    def test_defaults(self, examples: tuple[ModuleType, ModuleType]) -> None:
+        """Left out, the sizes are the tutorial's (or --small's); given, they are kept."""
+        ensemble, _ = examples
+        args = ensemble.parse_args([])
+        assert (args.steps, args.batch, args.channels, args.rounds) == (50, 50, 1024, 3)
+        args = ensemble.parse_args(["--small"])
+        assert (args.steps, args.batch, args.channels, args.rounds) == (10, 4, 64, 5)
+        args = ensemble.parse_args(["--small", "-T", "1", "-B", "2", "-C", "3", "--rounds", "1"])
+        assert (args.steps, args.batch, args.channels, args.rounds) == (1, 2, 3, 1)
+
+    @pytest.mark.parametrize(
+        ("flag", "name"),
+        [("-T", "steps"), ("-B", "batch"), ("-C", "channels"), ("--rounds", "rounds")],
+    )
+    @pytest.mark.parametrize("value", ["0", "-1"])
+    def test_zero_is_refused_not_the_default(
+        self,
+        examples: tuple[ModuleType, ModuleType],
+        capsys: pytest.CaptureFixture[str],
+        flag: str,
+        name: str,
+        value: str,
+    ) -> None:
+        """An explicit 0 is a usage error like -1, not the full default size."""
+        ensemble, _ = examples
+        with pytest.raises(SystemExit) as exc:
+            ensemble.parse_args([flag, value, "--quiet"])
+        assert exc.value.code == 2
+        assert f"error: --{name} must be at least 1" in capsys.readouterr().err
+
 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
