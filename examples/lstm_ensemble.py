@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -250,10 +251,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.rounds = 5 if args.small else 3
     if args.interop_threads is None:
         args.interop_threads = dataflow.get_num_interop_threads()
-    names = ("steps", "batch", "channels", "models", "interop_threads", "rounds")
+    names = ("steps", "batch", "channels", "models", "interop_threads", "intraop_threads", "rounds")
     for name in names:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.trace is not None:
+        # Checked now, not after the whole benchmark has run.
+        trace = Path(args.trace)
+        if not args.trace:
+            p.error("--trace: the path is empty")
+        if trace.is_dir():
+            p.error(f"--trace: {args.trace} is a directory")
+        if not trace.parent.is_dir():
+            p.error(f"--trace: no directory {str(trace.parent)!r} to write {args.trace} in")
     return args
 
 

@@ -173,6 +173,36 @@ class TestLSTMEnsembleScript:
         assert exc.value.code == 2
         assert f"error: --{name} must be at least 1" in capsys.readouterr().err
 
+    def test_bad_intraop_threads_is_a_usage_error(
+        self, examples: tuple[ModuleType, ModuleType], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--intraop-threads 0 is argparse's error, like --interop-threads 0."""
+        ensemble, _ = examples
+        with pytest.raises(SystemExit) as exc:
+            ensemble.parse_args(["--intraop-threads", "0"])
+        assert exc.value.code == 2
+        assert "error: --intraop-threads must be at least 1" in capsys.readouterr().err
+
+    def test_trace_path_is_checked_before_the_run(
+        self,
+        examples: tuple[ModuleType, ModuleType],
+        capsys: pytest.CaptureFixture[str],
+        tmp_path: Path,
+    ) -> None:
+        """A --trace path that cannot be written is a usage error up front, not after the run."""
+        ensemble, _ = examples
+        missing = tmp_path / "no-such-dir" / "t.json"
+        for path, says in ((missing, "no directory"), (tmp_path, "is a directory"), ("", "empty")):
+            with pytest.raises(SystemExit) as exc:
+                ensemble.main(["--small", "--quiet", "--trace", str(path)])
+            assert exc.value.code == 2
+            out = capsys.readouterr()
+            assert "--trace: " in out.err and says in out.err
+            assert "Traceback" not in out.err
+            assert out.out == ""  # refused before the header, let alone the benchmark
+        args = ensemble.parse_args(["--trace", str(tmp_path / "t.json")])
+        assert args.trace == str(tmp_path / "t.json")
+
 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
