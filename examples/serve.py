@@ -421,6 +421,34 @@ def _config(args: argparse.Namespace) -> ServeConfig:
     )
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int of at least 1 (``--requests``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an int: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _levels(text: str) -> list[int]:
+    """argparse type: comma-separated client counts, each at least 1 (``--levels``)."""
+    parts = [v.strip() for v in text.split(",") if v.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"no client counts in {text!r}")
+    levels = []
+    for v in parts:
+        try:
+            n = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{v!r} is not an int (in {text!r})") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"client counts must be at least 1, got {n}")
+        levels.append(n)
+    return levels
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``serve`` (run the server) or ``bench`` (load-test one in this process)."""
     p = argparse.ArgumentParser(prog="serve.py", description=__doc__.split("\n")[0])
@@ -434,9 +462,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--models", type=int, default=d.models)
     p.add_argument("--interop-threads", type=int, default=d.interop_threads)
     p.add_argument("--intraop-threads", type=int, default=d.intraop_threads)
-    p.add_argument("--requests", type=int, default=64, help="bench: requests per level")
     p.add_argument(
-        "--levels", default="1,8,32", help="bench: comma-separated client counts (1,8,32)"
+        "--requests", type=_positive_int, default=64, help="bench: requests per level (default 64)"
+    )
+    p.add_argument(
+        "--levels",
+        type=_levels,
+        default="1,8,32",
+        help="bench: comma-separated client counts (default 1,8,32)",
     )
     args = p.parse_args(argv)
     config = _config(args)
@@ -445,8 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.on_startup.append(_on_signal)
         web.run_app(app, host=args.host, port=args.port)
         return 0
-    levels = [int(v) for v in args.levels.split(",") if v.strip()]
-    asyncio.run(bench(config, levels=levels, requests=args.requests))
+    asyncio.run(bench(config, levels=args.levels, requests=args.requests))
     return 0
 
 

@@ -478,6 +478,33 @@ class TestServe:
         assert all(0 < r.p50_ms <= r.p99_ms for r in results)
         assert "req/s" in out.getvalue() and '"serve_bench"' in out.getvalue()
 
+    @pytest.mark.parametrize(
+        ("args", "says"),
+        [
+            (["--levels", "0"], "argument --levels: client counts must be at least 1, got 0"),
+            (["--levels", "1,-2"], "argument --levels: client counts must be at least 1, got -2"),
+            (["--levels", "a,b"], "argument --levels: 'a' is not an int"),
+            (["--levels", ","], "argument --levels: no client counts"),
+            (["--requests", "0"], "argument --requests: must be at least 1, got 0"),
+            (["--requests", "x"], "argument --requests: not an int"),
+        ],
+    )
+    def test_bad_bench_arguments_are_usage_errors(
+        self,
+        examples: tuple[ModuleType, ModuleType],
+        capsys: pytest.CaptureFixture[str],
+        args: list[str],
+        says: str,
+    ) -> None:
+        """Bad --levels / --requests: argparse's one-line error (exit 2), nothing served."""
+        _, serve = examples
+        with pytest.raises(SystemExit) as exc:
+            serve.main(["bench", *args])
+        assert exc.value.code == 2
+        out = capsys.readouterr()
+        assert says in out.err and "Traceback" not in out.err
+        assert out.out == ""
+
     def test_runtime_in_a_plain_asyncio_run(self, examples: tuple[ModuleType, ModuleType]) -> None:
         """The app also works when started by an AppRunner in asyncio.run (no pytest loop)."""
         from aiohttp import ClientSession, web
