@@ -143,9 +143,24 @@ class TestRun:
         result = _invoke("graph", "run", str(model), "--input", str(xf), "--input", str(yf),
                          "-o", str(out))  # fmt: skip
         assert result.exit_code == 0, result.output
+        assert result.output == f"wrote {out} (output0, output1.diff)\n"
         with np.load(out) as npz:
             np.testing.assert_array_equal(npz["output0"], x + y)
             np.testing.assert_array_equal(npz["output1.diff"], x - y)
+
+    @pytest.mark.parametrize("name", ["noext", "out.npy", "out.NPZ"])
+    def test_output_without_npz_suffix_is_refused(
+        self, files: tuple[Path, Path, Path, Array, Array], name: str
+    ) -> None:
+        """-o must end in .npz (np.savez would write NAME.npz): a usage error, nothing written."""
+        model, xf, yf, _, _ = files
+        out = model.parent / name
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf),
+                                          "-i", str(yf), "-o", str(out)])  # fmt: skip
+        assert result.exit_code == 2
+        assert "does not end in .npz" in result.output
+        assert "Traceback" not in result.output
+        assert sorted(p.name for p in model.parent.iterdir()) == ["pair.dfg", "x.npy", "y.npy"]
 
     def test_wrong_number_of_inputs(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
         """Too few inputs is a usage error naming the graph's inputs."""

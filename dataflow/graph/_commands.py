@@ -5,7 +5,9 @@
 * ``dataflow graph run model.dfg --input x.npy [--input y.npy] [-o out.npz] [--trust ops]``
   loads the graph (importing only trusted modules), runs it on the inputs and prints the
   outputs, or saves them as one ``.npz`` (keys ``output`` for a single array, else
-  ``output0``, ``output1``, ... following the output structure: ``output1.key``).
+  ``output0``, ``output1``, ... following the output structure: ``output1.key``). The ``-o``
+  path must end in ``.npz`` (``np.savez`` would otherwise write ``PATH.npz``): another name is
+  a usage error, refused before the graph is loaded.
 
 Errors print ``dataflow graph <command>: error: Type: message`` and exit 1 (2 for bad usage).
 """
@@ -56,6 +58,15 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+def _npz_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # np.savez appends ".npz" to any other name: refuse it rather than write another file.
+    if value is not None and not value.endswith(".npz"):
+        raise click.BadParameter(
+            f"{value!r} does not end in .npz (the outputs are saved as one .npz file)"
+        )
+    return value
+
+
 @graph_group.command("run")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.option(
@@ -70,7 +81,8 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False, writable=True),
-    help="Save the outputs to this .npz instead of printing them.",
+    callback=_npz_path,
+    help="Save the outputs to this .npz file (the name must end in .npz) instead of printing them.",
 )
 @click.option(
     "--trust",
