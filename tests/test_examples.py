@@ -533,3 +533,37 @@ class TestServe:
         app = serve.create_app(config)
         _check_summary(body, ref_ensemble(app[serve.MODEL], serve.seeded_input(config, 2)))
         assert dataflow.current_runtime() is None
+
+
+class TestGraphDocExample:
+    """docs/graph.md's ensemble example (IR, code, saved JSON) is what the code gives today."""
+
+    @staticmethod
+    def _block(doc: str, after: str, fence: str) -> str:
+        start = doc.index(fence + "\n", doc.index(after)) + len(fence) + 1
+        return doc[start : doc.index("```\n", start)]
+
+    def test_doc_matches_a_real_trace(
+        self, examples: tuple[ModuleType, ModuleType], tmp_path: Path
+    ) -> None:
+        import json
+        import re
+        import zipfile
+
+        ensemble, _ = examples
+        doc = (ROOT / "docs" / "graph.md").read_text()
+        x = np.random.default_rng(1).random((3, 2, 4), dtype=np.float32)
+        graph = dataflow.trace(ensemble.Ensemble(1, 4, seed=0), x)
+        assert self._block(doc, "`Ensemble(1, 4)` traced with", "```text") == str(graph) + "\n"
+        code = graph.optimize().code.splitlines()
+        shown = self._block(doc, "`graph.optimize().code` begins:", "```python").splitlines()
+        assert shown[:4] == code[:4] and shown[-2:] == code[-2:]
+        path = tmp_path / "g.dfg"
+        graph.save(str(path))
+        with zipfile.ZipFile(path) as zf:
+            saved = json.loads(zf.read("graph.json"))
+        shown_json = self._block(doc, "**`graph.json`**", "```json")
+        real_ops = {node["op"] for node in saved["nodes"]}
+        assert set(re.findall(r'"op": "([^"]+)"', shown_json)) <= real_ops
+        assert f'"location": "{saved["nodes"][0]["location"]}"' in shown_json
+        assert f'"outputs": {json.dumps(saved["outputs"])}' in shown_json
