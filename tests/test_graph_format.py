@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import io
 import json
@@ -769,6 +770,42 @@ class TestFileMode:
             os.umask(old)
         assert (tmp_path / "a.dfg").stat().st_mode & 0o777 == 0o644
         assert (tmp_path / "b.dfg").stat().st_mode & 0o777 == 0o640
+
+    def test_symlink_is_followed(self, tmp_path: Path) -> None:
+        """Saving over a symlink writes the file it points to (as open(path, 'w') does), beside
+        that file; the link stays a link."""
+        real_dir, link_dir = tmp_path / "real", tmp_path / "links"
+        real_dir.mkdir()
+        link_dir.mkdir()
+        target = real_dir / "a.dfg"
+        target.write_bytes(b"old")
+        target.chmod(0o604)
+        link = link_dir / "a.dfg"
+        link.symlink_to(os.path.join("..", "real", "a.dfg"))  # relative, as ln -s makes them
+        _small_graph(link)
+        assert link.is_symlink() and os.readlink(link) == os.path.join("..", "real", "a.dfg")
+        assert target.stat().st_mode & 0o777 == 0o604
+        assert dataflow.load(str(target)).nodes
+        assert os.listdir(real_dir) == ["a.dfg"] and os.listdir(link_dir) == ["a.dfg"]
+
+    def test_dangling_symlink_creates_its_target(self, tmp_path: Path) -> None:
+        """A link to a file not there yet: the file is created, as open(path, 'w') would."""
+        link = tmp_path / "link.dfg"
+        link.symlink_to(tmp_path / "new.dfg")
+        _small_graph(link)
+        assert link.is_symlink()
+        assert dataflow.load(str(tmp_path / "new.dfg")).nodes
+
+    def test_symlink_loop_is_refused(self, tmp_path: Path) -> None:
+        """A link loop: open()'s error (ELOOP), the links left as they were, nothing written."""
+        a, b = tmp_path / "a.dfg", tmp_path / "b.dfg"
+        a.symlink_to(b)
+        b.symlink_to(a)
+        with pytest.raises(OSError) as info:
+            _small_graph(a)
+        assert info.value.errno == errno.ELOOP
+        assert a.is_symlink() and b.is_symlink()
+        assert sorted(os.listdir(tmp_path)) == ["a.dfg", "b.dfg"]
 
     def test_overwritten_file_keeps_its_mode(self, tmp_path: Path) -> None:
         """Saving over an existing file keeps that file's mode, as open(path, 'w') does."""

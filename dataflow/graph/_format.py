@@ -203,7 +203,8 @@ def save(graph: Graph, path: str | os.PathLike[str]) -> None:
     """Write ``graph`` to ``path`` (format version 1; see the module docstring).
 
     The file is written next to ``path`` and renamed into place, so a failed save leaves no
-    half-written file.
+    half-written file. A symlink is followed, as ``open(path, "w")`` follows it: the file it
+    points to is replaced (written beside it, in its own directory), and the link stays.
 
     Raises:
         TypeError: the graph holds something a file cannot represent (an op that is not
@@ -238,12 +239,13 @@ def save(graph: Graph, path: str | os.PathLike[str]) -> None:
         for name, array in graph.constants.items():
             with npz.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-    fd, tmp = _create_beside(file)
+    target = _follow_links(file)
+    fd, tmp = _create_beside(target)
     try:
         with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("graph.json", text)
             zf.writestr("params.npz", params.getvalue(), compress_type=zipfile.ZIP_STORED)
-        os.replace(tmp, file)
+        os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
         raise
@@ -262,6 +264,20 @@ def _path(path: object, call: str) -> str:
         f"{call}(path=...) must be a file path (str or os.PathLike of str), got "
         f"{type(path).__name__}: {path!r:.60}"
     )
+
+
+def _follow_links(path: str) -> str:
+    """``path`` with its symlinks resolved: the file ``open(path, "w")`` would write.
+
+    A dangling link gives the path it points to (``open`` creates that file); a loop is
+    ``open``'s own error (ELOOP), not a plain file put in place of the link.
+    """
+    if not os.path.islink(path):
+        return path
+    target = os.path.realpath(path)
+    if os.path.islink(target):  # realpath stops at a loop: the file system's own error
+        os.stat(path)  # (OSError ELOOP, naming the path), as open(path, "w") would raise
+    return target
 
 
 def _create_beside(path: str) -> tuple[int, str]:
