@@ -5,6 +5,10 @@ Run it with ``dataflow run examples/fork_basics.py`` (or ``python examples/fork_
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
+
 import numpy as np
 
 import dataflow
@@ -34,6 +38,19 @@ async def example_loop(x: np.ndarray) -> ops.Tensor:
     return total
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run both examples and print their results (the command line takes no arguments)."""
+    argparse.ArgumentParser(
+        prog="fork_basics.py",
+        description=(
+            "The TorchScript tutorial's first two fork examples in dataflow: one fork awaited "
+            "beside a plain call, then 100 forks stacked and summed. Takes no arguments."
+        ),
+    ).parse_args(argv)
     print(dataflow.run(example, np.ones(1)))  # (array([-1.]), array([-1.]))
     print(dataflow.run(example_loop, np.ones(())))  # -100.0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

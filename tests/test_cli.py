@@ -72,6 +72,18 @@ class TestRun:
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == ["(array([-1.]), array([-1.]))", "-100.0"]
 
+    def test_fork_basics_help(self) -> None:
+        """examples/fork_basics.py --help prints its usage and exits, running nothing; an
+        unknown flag is a usage error."""
+        r = dataflow_cmd("run", "examples/fork_basics.py", "--help")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("usage: fork_basics.py [-h]")
+        assert "fork examples" in r.stdout and "-100.0" not in r.stdout
+        r = dataflow_cmd("run", "examples/fork_basics.py", "--bogus")
+        assert r.returncode == 2
+        assert "error: unrecognized arguments: --bogus" in r.stderr
+        assert "Traceback" not in r.stderr and r.stdout == ""
+
     def test_system_exit_passes_through(self, tmp_path: Path) -> None:
         """The script's own exit code is the command's."""
         script = tmp_path / "x.py"
