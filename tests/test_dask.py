@@ -92,6 +92,17 @@ def _unprintable_kernel(x: Any) -> Any:
     raise Unprintable("the original")
 
 
+class Unpicklable(Exception):
+    """An exception that cannot be pickled (so it cannot travel back from a worker)."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError("no pickle")
+
+
+def _unpicklable_kernel(x: Any) -> Any:
+    raise Unpicklable("the original")
+
+
 def _wrong_shape_kernel(x: Any) -> Any:
     return np.zeros(7)
 
@@ -116,6 +127,7 @@ def _pair_meta(p: Pair) -> ops.TensorSpec:
 gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=False)
 die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
+unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
 wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
 wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
 pair_sum = ops.define("pair_sum", _pair_sum_kernel, _pair_meta, inline=False)
@@ -518,6 +530,30 @@ class TestErrors:
         dataflow.run(main, "dask", {"address": address, "local_threshold": 0.0})
         assert [type(c) for c in causes] == [Unprintable, Unprintable]
         assert [c.args for c in causes] == [("the original",)] * 2  # type: ignore[union-attr]
+
+    def test_unpicklable_kernel_error_fails_its_dependents_with_one_error(
+        self, address: str
+    ) -> None:
+        """An exception that cannot be pickled arrives as a RuntimeError describing it, in a
+        TaskError naming the failed op that its dependents share; awaiting one observes it."""
+        seen: list[Any] = []
+
+        async def main() -> None:
+            async with dask(address):
+                bad = unpicklable(np.ones(2))
+                with pytest.raises(TaskError) as info:
+                    await add(bad, 1.0)
+                seen.extend([bad, info.value])
+
+        dataflow.run(main)  # no UnobservedTaskError: the one failure was observed
+        bad, err = seen
+        assert err.op == "unpicklable" and err.task == bad.task.name, str(err)
+        assert "dask worker" in str(err)
+        cause = err.__cause__
+        assert type(cause) is RuntimeError, repr(cause)
+        assert "Unpicklable: the original" in str(cause) and "could not be pickled" in str(cause)
+        assert any("_unpicklable_kernel" in note for note in cause.__notes__)
+        assert bad.exception() is err, "dependents fail with the failed task's own error"
 
 
 class TestNewCore:

@@ -185,6 +185,7 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     else:
         fn, check = call.fn, call.check
     start = time.time_ns() if call.topic is not None else 0
+    failed: KernelFailed | None = None
     try:
         value = fn(*args, **kwargs) if kwargs else fn(*args)
         if check is not None and call.spec is not None:  # what the meta rule declared
@@ -192,18 +193,32 @@ def run_op(call: Call, deps: list[Any]) -> Any:
             sig.check = check
             sig.check_value(value)
     except Exception as exc:
-        worker = _this_worker()
-        if call.topic is not None and worker is not None:
-            _log_timing(worker, call, start, failed=True)
-        where = f"dask worker {worker.address}" if worker is not None else "process outside Dask"
-        tb = "".join(traceback.format_tb(exc.__traceback__))
-        exc.add_note(f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}")
-        raise KernelFailed(call.name, call.op, where, _picklable(exc)) from None
+        failed = _failure(call, exc, start)
+    if failed is not None:
+        # Raised here, outside the except block, so that it has no __context__: Dask pickles
+        # an error with its context (tblib), and the kernel's own exception may not pickle
+        # (that is what _picklable replaced), which would lose the KernelFailed altogether.
+        raise failed
     if call.topic is not None:
         worker = _this_worker()
         if worker is not None:
             _log_timing(worker, call, start, failed=False)
     return value
+
+
+def _failure(call: Call, exc: BaseException, start: int) -> KernelFailed:
+    """The KernelFailed a kernel's exception travels back as (its span reported if timed)."""
+    worker = _this_worker()
+    if call.topic is not None and worker is not None:
+        _log_timing(worker, call, start, failed=True)
+    where = f"dask worker {worker.address}" if worker is not None else "process outside Dask"
+    tb = "".join(traceback.format_tb(exc.__traceback__))
+    note = f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}"
+    exc.add_note(note)
+    shipped = _picklable(exc)
+    if shipped is not exc:
+        shipped.add_note(note)
+    return KernelFailed(call.name, call.op, where, shipped)
 
 
 def _this_worker() -> Any:
