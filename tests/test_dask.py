@@ -103,6 +103,13 @@ def _unpicklable_kernel(x: Any) -> Any:
     raise Unpicklable("the original")
 
 
+def _exit_kernel(x: Any, how: str) -> Any:
+    """Raise what ends a program: sys.exit(3), or a KeyboardInterrupt."""
+    if how == "exit":
+        sys.exit(3)
+    raise KeyboardInterrupt
+
+
 def _wrong_shape_kernel(x: Any) -> Any:
     return np.zeros(7)
 
@@ -128,6 +135,7 @@ gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=
 die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
+exiting = ops.define("exiting", _exit_kernel, lambda x, how: ops.spec_of(x), inline=False)
 wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
 wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
 pair_sum = ops.define("pair_sum", _pair_sum_kernel, _pair_meta, inline=False)
@@ -725,6 +733,36 @@ class TestProcesses:
             check_unprintable(info.value, bad)
 
         dataflow.run(main)
+
+    def test_system_exit_in_a_kernel_fails_its_task(self, processes: Any) -> None:
+        """SystemExit and KeyboardInterrupt raised by a kernel fail its task, as on the local
+        backend; they do not end the worker process that runs it."""
+        errors: dict[str, list[BaseException]] = {}
+
+        async def main(options: dict[str, Any]) -> None:
+            async with dataflow.Runtime(**options) as rt:
+                for how in ("exit", "interrupt"):
+                    bad = exiting(np.ones(2), how)
+                    with pytest.raises(TaskError) as info:
+                        await add(bad, 1.0)
+                    assert info.value.op == "exiting" and bad.exception() is info.value
+                    errors.setdefault(how, []).append(info.value)
+                if rt.backend.name == "dask":
+                    assert counters(rt).sent == 4
+
+        dataflow.run(main, {"backend": "local"})
+        # Not WorkerLostError: before, the worker process exited and was restarted until
+        # Dask gave up on the task.
+        dataflow.run(main, {"address": processes.scheduler_address, "local_threshold": 0.0})
+        for (here, there), cause in zip(
+            errors.values(), (SystemExit, KeyboardInterrupt), strict=True
+        ):
+            assert type(here) is type(there) is TaskError, (here, there)
+            assert type(here.__cause__) is type(there.__cause__) is cause
+            said = str(here).split(" failed: ", 1)[1]  # "SystemExit: 3", "KeyboardInterrupt"
+            assert str(there).endswith(f": {said}"), (here, there)
+        assert "dask worker" in str(errors["exit"][1])
+        assert errors["exit"][1].__cause__.args == (3,)  # type: ignore[union-attr]
 
 
 def check_unprintable(err: TaskError, bad: Arr) -> None:

@@ -192,7 +192,12 @@ def run_op(call: Call, deps: list[Any]) -> Any:
             sig = Signature(call.op, call.spec)
             sig.check = check
             sig.check_value(value)
-    except Exception as exc:
+    except BaseException as exc:
+        # Every exception the kernel raises is the task's failure, as on the local backend:
+        # SystemExit and KeyboardInterrupt too, which Dask would let through to shut the
+        # worker process down. Nothing else can arrive here: this runs on a worker's executor
+        # thread, where Dask never raises to cancel a task (it drops the result) and signals
+        # never land (they go to the main thread), so whatever is raised is the kernel's own.
         failed = _failure(call, exc, start)
     if failed is not None:
         # Raised here, outside the except block, so that it has no __context__: Dask pickles
