@@ -764,6 +764,38 @@ class TestProcesses:
         assert "dask worker" in str(errors["exit"][1])
         assert errors["exit"][1].__cause__.args == (3,)  # type: ignore[union-attr]
 
+    def test_op_from_a_module_the_workers_lack(
+        self, processes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An op whose module the workers cannot import fails with one TaskError naming it,
+        shared by its dependents and saying what the workers need; awaiting one observes it."""
+        name = f"dataflow_test_absent_{os.getpid()}"
+        (tmp_path / f"{name}.py").write_text(
+            "import ops\n"
+            "def _kernel(x):\n"
+            "    return x + 5\n"
+            "absent = ops.define('absent', _kernel, lambda x: ops.spec_of(x), inline=False)\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))  # here only: the workers started before
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        module = __import__(name)
+        seen: list[Any] = []
+
+        async def main() -> None:
+            async with dask(processes.scheduler_address):
+                bad = module.absent(np.ones(3))
+                with pytest.raises(TaskError) as info:
+                    await add(bad, 1.0)
+                seen.extend([bad, info.value])
+
+        dataflow.run(main)  # no UnobservedTaskError: the one failure was observed
+        bad, err = seen
+        assert err.op == "absent" and err.task == bad.task.name, str(err)
+        assert f"No module named '{name}'" in str(err), str(err)
+        assert "the workers need the same packages as the client" in str(err)
+        assert isinstance(err.__cause__, ImportError)
+        assert bad.exception() is err, "dependents fail with the failed task's own error"
+
 
 def check_unprintable(err: TaskError, bad: Arr) -> None:
     """The TaskError of ``unprintable``: names it, and chains the original exception."""

@@ -28,6 +28,10 @@ from ._worker import KernelFailed
 __all__ = ["Outcomes"]
 
 _FINAL = ("finished", "error", "cancelled")
+_PACKAGES_HINT = (
+    " (the workers need the same packages as the client: dataflow, the ops' modules and the "
+    "code defining the kernels)"
+)
 
 
 class Outcomes(BackendBase):
@@ -96,8 +100,9 @@ class Outcomes(BackendBase):
             err = self._errors.get(exc.task)
             if err is None:
                 orig = exc.exc
+                hint = _PACKAGES_HINT if getattr(exc, "loading", False) else ""
                 err = task_error_type(type(orig))(
-                    f"{exc.task} failed on the {exc.worker}: {describe(orig)}",
+                    f"{exc.task} failed on the {exc.worker}: {describe(orig)}{hint}",
                     task=exc.task,
                     op=exc.op,
                 )
@@ -117,12 +122,7 @@ class Outcomes(BackendBase):
             ran = False
         else:
             # Not the kernel: the task could not run there (e.g. a module the workers lack).
-            hint = ""
-            if isinstance(exc, ImportError):
-                hint = (
-                    " (the workers need the same packages as the client: dataflow, the ops' "
-                    "modules and the code defining the kernels)"
-                )
+            hint = _PACKAGES_HINT if isinstance(exc, ImportError) else ""
             err = TaskError(
                 f"{task.name} failed on the Dask cluster: {describe(exc)}{hint}",
                 task=task.name,

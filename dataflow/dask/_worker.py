@@ -103,12 +103,15 @@ class KernelFailed(Exception):
     names the origin, and the client gives all of them the origin's one TaskError.
     """
 
-    def __init__(self, task: str, op: str, worker: str, exc: BaseException) -> None:
+    def __init__(
+        self, task: str, op: str, worker: str, exc: BaseException, loading: bool = False
+    ) -> None:
         super().__init__(task, op, worker, exc)
         self.task = task
         self.op = op
         self.worker = worker
         self.exc = exc
+        self.loading = loading  # the worker could not load the op (its module, say)
 
     def __str__(self) -> str:
         # describe(): the kernel's exception may have a __str__ that raises itself.
@@ -180,12 +183,17 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     """Run one op's kernel on a worker (the function every dataflow Dask task calls)."""
     args = fill(call.args, deps)
     kwargs = fill(call.kwargs, deps) if call.kwargs else None
-    if isinstance(call.fn, str):
-        fn, check = _declared(call.fn)
-    else:
-        fn, check = call.fn, call.check
     start = time.time_ns() if call.topic is not None else 0
     failed: KernelFailed | None = None
+    if isinstance(call.fn, str):
+        try:
+            fn, check = _declared(call.fn)
+        except Exception as exc:  # a module the workers lack: this task's failure, too
+            failed = _failure(call, exc, start, loading=True)
+        if failed is not None:
+            raise failed
+    else:
+        fn, check = call.fn, call.check
     try:
         value = fn(*args, **kwargs) if kwargs else fn(*args)
         if check is not None and call.spec is not None:  # what the meta rule declared
@@ -211,7 +219,7 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     return value
 
 
-def _failure(call: Call, exc: BaseException, start: int) -> KernelFailed:
+def _failure(call: Call, exc: BaseException, start: int, loading: bool = False) -> KernelFailed:
     """The KernelFailed a kernel's exception travels back as (its span reported if timed)."""
     worker = _this_worker()
     if call.topic is not None and worker is not None:
@@ -223,7 +231,7 @@ def _failure(call: Call, exc: BaseException, start: int) -> KernelFailed:
     shipped = _picklable(exc)
     if shipped is not exc:
         shipped.add_note(note)
-    return KernelFailed(call.name, call.op, where, shipped)
+    return KernelFailed(call.name, call.op, where, shipped, loading)
 
 
 def _this_worker() -> Any:
