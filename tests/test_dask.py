@@ -110,6 +110,17 @@ def _exit_kernel(x: Any, how: str) -> Any:
     raise KeyboardInterrupt
 
 
+def _poisoned() -> Any:
+    raise ValueError("poisoned when unpickled")
+
+
+class Poisoned:
+    """An argument that pickles, but raises where it is unpickled (Dask's scheduler)."""
+
+    def __reduce__(self) -> Any:
+        return (_poisoned, ())
+
+
 def _wrong_shape_kernel(x: Any) -> Any:
     return np.zeros(7)
 
@@ -561,6 +572,23 @@ class TestErrors:
         assert type(cause) is RuntimeError, repr(cause)
         assert "Unpicklable: the original" in str(cause) and "could not be pickled" in str(cause)
         assert any("_unpicklable_kernel" in note for note in cause.__notes__)
+        assert bad.exception() is err, "dependents fail with the failed task's own error"
+
+    def test_dependents_share_a_failure_that_is_not_the_kernels(self, address: str) -> None:
+        """A task that could not run at all (here: its batch, which Dask's scheduler cannot
+        unpickle) fails its dependents with its own error, as a kernel's failure does."""
+        seen: list[Any] = []
+
+        async def main() -> None:
+            async with dask(address):
+                bad = add(np.ones(2), Poisoned())
+                with pytest.raises(TaskError) as info:
+                    await add(bad, 1.0)
+                seen.extend([bad, info.value])
+
+        dataflow.run(main)  # no UnobservedTaskError: the one failure was observed
+        bad, err = seen
+        assert err.task == bad.task.name and "failed on the Dask cluster" in str(err), str(err)
         assert bad.exception() is err, "dependents fail with the failed task's own error"
 
 

@@ -72,6 +72,8 @@ class Outcomes(BackendBase):
             if status == "error":
                 exc = await fut.exception()
                 tb = await fut.traceback()
+                if not isinstance(exc, KernelFailed) and type(exc).__name__ != "KilledWorker":
+                    await self._inputs_ended(task)  # one of them may be the origin
                 self._failed(task, rem, exc, tb)
                 return False
             if was_lost(task) and not self._sched.cancelling:
@@ -80,6 +82,20 @@ class Outcomes(BackendBase):
                     continue
             self._cancelled(task, rem)
             return False
+
+    async def _inputs_ended(self, task: Task) -> None:
+        """Wait until the task's inputs on the cluster, and those of the inputs that erred,
+        ended: Dask fails a task and its dependents with one exception, but reports them in
+        no particular order, and ``_failed`` blames the first of the chain."""
+        for t in task_inputs(task):
+            rem = t.value
+            if type(rem) is not Remote or rem.future is None:
+                continue
+            fut = rem.future
+            while t.state < DONE and fut.status not in _FINAL:
+                await fut._state.wait()
+            if fut.status == "error":
+                await self._inputs_ended(t)
 
     def _settle_locked(self, task: Task, rem: Remote) -> None:
         """A sent task ended (once): it no longer holds up the runtime's closing."""
@@ -121,7 +137,13 @@ class Outcomes(BackendBase):
                 self._sched.failures.append(err)
             ran = False
         else:
-            # Not the kernel: the task could not run there (e.g. a module the workers lack).
+            # Not the kernel: the task could not run there (e.g. a batch whose graph the
+            # scheduler could not unpickle). Dask gives the task the exception of the input
+            # that failed first: if an input failed with it too, its error is this task's.
+            shared = self._input_error(task, exc, tb)
+            if shared is not None:
+                self._finish_failed(task, rem, shared, ran=False)
+                return
             hint = _PACKAGES_HINT if isinstance(exc, ImportError) else ""
             err = TaskError(
                 f"{task.name} failed on the Dask cluster: {describe(exc)}{hint}",
@@ -132,6 +154,21 @@ class Outcomes(BackendBase):
             self._sched.failures.append(err)
             ran = False
         self._finish_failed(task, rem, err, ran)
+
+    def _input_error(self, task: Task, exc: BaseException, tb: Any) -> BaseException | None:
+        """The error of an input of ``task`` that failed on the cluster with ``exc`` too (its
+        origin's: ``_inputs_ended`` waited for them to end), or None."""
+        said = (type(exc), describe(exc))
+        for t in task_inputs(task):
+            rem = t.value
+            erred = type(rem) is Remote and rem.future is not None and rem.future.status == "error"
+            if erred and t.state < DONE:  # not handled yet: the origin first
+                self._failed(t, rem, exc, tb)
+            err = t.error if t.state == FAILED else None
+            cause = getattr(err, "__cause__", None)
+            if cause is not None and (type(cause), describe(cause)) == said:
+                return err
+        return None
 
     def _named(self, key: str) -> tuple[str, str]:
         """(task name, op) of the task this runtime sent as Dask key ``key``."""
