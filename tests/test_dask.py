@@ -1042,3 +1042,21 @@ class TestCLI:
         assert r.stdout.strip() == "dask 1 [0.0, 0.0, 0.0]"
         # It says which cluster it used, and closes quietly.
         assert r.stderr == f"dataflow run: ops run on the Dask cluster at {address}\n", r.stderr
+
+    def test_run_dask_bad_address(self, tmp_path: Path) -> None:
+        """A wrong address is a DataflowError, and nothing more: the half-started client is
+        closed (no "coroutine ... was never awaited" warnings)."""
+        script = tmp_path / "s.py"
+        script.write_text("import dataflow\nasync def main():\n    pass\ndataflow.run(main)\n")
+        command = ["-X", "dev", "-m", "dataflow", "run", "--dask", "notanaddress", str(script)]
+        r = subprocess.run(
+            [sys.executable, *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode != 0
+        assert "DataflowError: cannot connect to the Dask scheduler at 'notanaddress'" in r.stderr
+        assert "never awaited" not in r.stderr, r.stderr
+        assert "Warning" not in r.stderr, r.stderr

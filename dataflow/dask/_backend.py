@@ -61,6 +61,7 @@ relay of worker spans) and ``_worker`` (the worker side).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -97,6 +98,12 @@ def place(sig: Signature, inputs: tuple[Task, ...], local_threshold: float, fork
     ):
         return "local"
     return "remote"
+
+
+async def _close_quietly(client: Any) -> None:
+    """Close a client that failed to connect (nothing to release: only its own tasks)."""
+    with contextlib.suppress(Exception):  # the connection error is the one to report
+        await client.close()
 
 
 class DaskBackend(Revival):
@@ -150,14 +157,18 @@ class DaskBackend(Revival):
                     "address=c.scheduler.address and the runtime connects its own"
                 )
             return
+        client = None
         try:
-            self.client = await distributed.Client(
+            client = distributed.Client(
                 self.address,
                 asynchronous=True,
                 set_as_default=False,
                 timeout=self.connect_timeout,
             )
+            self.client = await client
         except Exception as exc:
+            if client is not None:  # half started: close it here, or its __del__ warns
+                await _close_quietly(client)
             raise DataflowError(
                 f"cannot connect to the Dask scheduler at {self.address!r}: {describe(exc)}. "
                 "Is `dask scheduler` running there, and reachable from this machine?"
