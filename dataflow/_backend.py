@@ -35,6 +35,11 @@ __all__ = ["DASK_ADDRESS_ENV", "Backend", "LocalBackend", "make_backend", "regis
 # The Dask scheduler address `dataflow run --dask ADDRESS` sets for the script's runtimes.
 DASK_ADDRESS_ENV = "DATAFLOW_DASK_ADDRESS"
 
+# Called with the address by a Dask runtime once its own client connected to the address of
+# $DATAFLOW_DASK_ADDRESS: `dataflow run --dask` says there (once) which cluster the run uses,
+# and so says nothing when the address is wrong.
+on_dask_connected: Callable[[str], None] | None = None
+
 
 class Backend(Protocol):
     """What a runtime needs from a backend (see the module docstring)."""

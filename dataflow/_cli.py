@@ -192,10 +192,15 @@ def _use_dask(address: str) -> None:
             "--dask needs dask.distributed, which is not installed: pip install "
             "'dask[distributed]>=2024.1' (in a checkout: pip install -e '.[dask]')"
         )
-    from ._backend import DASK_ADDRESS_ENV
+    from . import _backend
 
-    os.environ[DASK_ADDRESS_ENV] = address
-    click.echo(f"dataflow run: ops run on the Dask cluster at {address}", err=True)
+    os.environ[_backend.DASK_ADDRESS_ENV] = address
+
+    def connected(where: str) -> None:  # said once, by the first runtime that connects
+        _backend.on_dask_connected = None
+        click.echo(f"dataflow run: ops run on the Dask cluster at {where}", err=True)
+
+    _backend.on_dask_connected = connected
 
 
 def _run_main(module: str | None, script: str | None, args: list[str], options: Any) -> int:

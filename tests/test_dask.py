@@ -1045,7 +1045,8 @@ class TestCLI:
 
     def test_run_dask_bad_address(self, tmp_path: Path) -> None:
         """A wrong address is a DataflowError, and nothing more: the half-started client is
-        closed (no "coroutine ... was never awaited" warnings)."""
+        closed (no "coroutine ... was never awaited" warnings), and no line claims the run
+        uses a cluster."""
         script = tmp_path / "s.py"
         script.write_text("import dataflow\nasync def main():\n    pass\ndataflow.run(main)\n")
         command = ["-X", "dev", "-m", "dataflow", "run", "--dask", "notanaddress", str(script)]
@@ -1060,3 +1061,4 @@ class TestCLI:
         assert "DataflowError: cannot connect to the Dask scheduler at 'notanaddress'" in r.stderr
         assert "never awaited" not in r.stderr, r.stderr
         assert "Warning" not in r.stderr, r.stderr
+        assert "ops run on the Dask cluster" not in r.stderr, r.stderr

@@ -62,10 +62,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import _backend as backends
 from .._errors import CancelledTaskError, DataflowError, describe
 from .._log import logger
 from .._pool import GRAPH_LOCK
@@ -173,6 +175,9 @@ class DaskBackend(Revival):
                 f"cannot connect to the Dask scheduler at {self.address!r}: {describe(exc)}. "
                 "Is `dask scheduler` running there, and reachable from this machine?"
             ) from exc
+        hook = backends.on_dask_connected
+        if hook is not None and self.address == os.environ.get(backends.DASK_ADDRESS_ENV):
+            hook(self.address)
 
     def cancel_everything(self) -> None:
         futures = [t.value.future for t in self._remote.values() if type(t.value) is Remote]
