@@ -657,6 +657,27 @@ class TestNewCore:
             np.testing.assert_array_equal(await dataflow.wait(forked), np.ones(3))
             assert counters(rt).sent == 0
 
+    @pytest.mark.asyncio
+    async def test_compiled_forward_runs_on_the_client(self, address: str) -> None:
+        """dataflow.compile inside a Dask runtime: the plan runs on the client's lean executor
+        (documented in docs/dask.md), with the right result, and sends no op."""
+
+        async def forward(x: Any) -> Any:
+            return ops.tanh(ops.add(ops.matmul(x, np.eye(3) * 2.0), 1.0))
+
+        compiled = dataflow.compile(forward)
+        x = np.arange(6.0).reshape(2, 3)
+        async with dask(address) as rt:
+            y = await compiled(x)
+            y2 = await compiled(x)  # the prepared plan, launched
+            on_cluster = add(x, 1.0)  # a Tensor argument computed on the cluster: fetched
+            z = await compiled(on_cluster)
+            assert counters(rt).sent == 1 and counters(rt).fetched == 1
+        np.testing.assert_allclose(y, np.tanh(x * 2.0 + 1.0))
+        np.testing.assert_allclose(y2, y)
+        np.testing.assert_allclose(z, np.tanh((x + 1.0) * 2.0 + 1.0))
+        assert compiled.launches >= 2
+
 
 class TestCancellation:
     @pytest.mark.asyncio
