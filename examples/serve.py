@@ -421,15 +421,21 @@ def _config(args: argparse.Namespace) -> ServeConfig:
     )
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int of at least 1 (``--requests``)."""
+def _at_least_one(text: str, bad_int: str, too_small: str) -> int:
+    """``text`` as an int of at least 1, or argparse's error (``bad_int``, ``too_small``:
+    the messages, ``{n}`` the value)."""
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an int: {text!r}") from None
+        raise argparse.ArgumentTypeError(bad_int) from None
     if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+        raise argparse.ArgumentTypeError(too_small.format(n=n))
     return n
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an int of at least 1 (``--requests``)."""
+    return _at_least_one(text, f"not an int: {text!r}", "must be at least 1, got {n}")
 
 
 def _levels(text: str) -> list[int]:
@@ -437,16 +443,8 @@ def _levels(text: str) -> list[int]:
     parts = [v.strip() for v in text.split(",") if v.strip()]
     if not parts:
         raise argparse.ArgumentTypeError(f"no client counts in {text!r}")
-    levels = []
-    for v in parts:
-        try:
-            n = int(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{v!r} is not an int (in {text!r})") from None
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"client counts must be at least 1, got {n}")
-        levels.append(n)
-    return levels
+    too_small = "client counts must be at least 1, got {n}"
+    return [_at_least_one(v, f"{v!r} is not an int (in {text!r})", too_small) for v in parts]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

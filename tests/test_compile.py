@@ -41,6 +41,20 @@ def _reference(m: Mlp, x: Array, scale: float = 1.0) -> Array:
     return out
 
 
+async def _all_at_once(forward: Any, xs: list[Array], return_exceptions: bool = False) -> list[Any]:
+    """``forward(x)`` for every x, all started before any runs (so they may share batches)."""
+    gate = asyncio.Event()
+
+    async def call(x: Array) -> Any:
+        await gate.wait()
+        return await forward(x)
+
+    calls = [asyncio.ensure_future(call(x)) for x in xs]
+    await asyncio.sleep(0)
+    gate.set()
+    return list(await asyncio.gather(*calls, return_exceptions=return_exceptions))
+
+
 class TestCompile:
     def test_gives_the_eager_results_as_arrays(self) -> None:
         """await forward(x) equals the eager model's output, as an array."""
@@ -218,18 +232,8 @@ class TestBatching:
         forward = dataflow.compile(m, batch_axis=0)
         xs = [_x(1, 6, seed=k) for k in range(32)]
 
-        async def main() -> list[Array]:
-            gate = asyncio.Event()
-
-            async def call(x: Array) -> Array:
-                await gate.wait()
-                out: Array = await forward(x)
-                return out
-
-            calls = [asyncio.ensure_future(call(x)) for x in xs]
-            await asyncio.sleep(0)
-            gate.set()
-            return list(await asyncio.gather(*calls))
+        async def main() -> list[Any]:
+            return await _all_at_once(forward, xs)
 
         outs = dataflow.run(main)
         assert forward.calls == 32 and forward.launches < 32
@@ -702,17 +706,7 @@ class TestFailureIsolation:
         xs = [np.full((1, 2), v, np.float32) for v in (1.0, -1.0, 3.0, 4.0)]
 
         async def main() -> list[Any]:
-            gate = asyncio.Event()
-
-            async def call(x: Array) -> Array:
-                await gate.wait()
-                out: Array = await forward(x)
-                return out
-
-            calls = [asyncio.ensure_future(call(x)) for x in xs]
-            await asyncio.sleep(0)
-            gate.set()
-            return list(await asyncio.gather(*calls, return_exceptions=True))
+            return await _all_at_once(forward, xs, return_exceptions=True)
 
         outs = dataflow.run(main, interop_threads=2)
         assert forward.launches < 4 + len(xs)  # (some calls were batched, then rerun)

@@ -555,17 +555,7 @@ class TestErrors:
     ) -> None:
         """An exception that cannot be pickled arrives as a RuntimeError describing it, in a
         TaskError naming the failed op that its dependents share; awaiting one observes it."""
-        seen: list[Any] = []
-
-        async def main() -> None:
-            async with dask(address):
-                bad = unpicklable(np.ones(2))
-                with pytest.raises(TaskError) as info:
-                    await add(bad, 1.0)
-                seen.extend([bad, info.value])
-
-        dataflow.run(main)  # no UnobservedTaskError: the one failure was observed
-        bad, err = seen
+        bad, err = _dependent_fails(address, lambda: unpicklable(np.ones(2)))
         assert err.op == "unpicklable" and err.task == bad.task.name, str(err)
         assert "dask worker" in str(err)
         cause = err.__cause__
@@ -828,17 +818,7 @@ class TestProcesses:
         monkeypatch.syspath_prepend(str(tmp_path))  # here only: the workers started before
         monkeypatch.delitem(sys.modules, name, raising=False)
         module = __import__(name)
-        seen: list[Any] = []
-
-        async def main() -> None:
-            async with dask(processes.scheduler_address):
-                bad = module.absent(np.ones(3))
-                with pytest.raises(TaskError) as info:
-                    await add(bad, 1.0)
-                seen.extend([bad, info.value])
-
-        dataflow.run(main)  # no UnobservedTaskError: the one failure was observed
-        bad, err = seen
+        bad, err = _dependent_fails(processes.scheduler_address, lambda: module.absent(np.ones(3)))
         assert err.op == "absent" and err.task == bad.task.name, str(err)
         assert f"No module named '{name}'" in str(err), str(err)
         assert "the workers need the same packages as the client" in str(err)
@@ -1083,3 +1063,22 @@ class TestCLI:
         assert "never awaited" not in r.stderr, r.stderr
         assert "Warning" not in r.stderr, r.stderr
         assert "ops run on the Dask cluster" not in r.stderr, r.stderr
+
+
+def _dependent_fails(address: str, failing: Any) -> tuple[Any, TaskError]:
+    """Run ``failing()`` (an op call that fails on the cluster) and ``add`` on its output in a
+    Dask runtime at ``address``: the TaskError awaiting the dependent raised, and the failed
+    handle. The run itself must end cleanly (no UnobservedTaskError: the failure was
+    observed through its dependent)."""
+    seen: list[Any] = []
+
+    async def main() -> None:
+        async with dask(address):
+            bad = failing()
+            with pytest.raises(TaskError) as info:
+                await add(bad, 1.0)
+            seen.extend([bad, info.value])
+
+    dataflow.run(main)
+    bad, err = seen
+    return bad, err
