@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from structlog.contextvars import bind_contextvars
 
+from ._errors import DataflowTypeError
 from ._trace import describe_spec, thread_label
 
 if TYPE_CHECKING:
@@ -83,6 +84,15 @@ class TaskLogger:
             from ._log import logger as default
 
             logger = default
+        elif isinstance(logger, logging.Logger):
+            # (Its methods take no keyword fields: the first task would raise, and the
+            # instrument be switched off.)
+            raise DataflowTypeError(
+                f"TaskLogger(logger): {logger!r} is a standard library logger, whose methods "
+                "take no keyword fields; pass a structlog logger, e.g. "
+                f"structlog.wrap_logger(logging.getLogger({logger.name!r}), "
+                "wrapper_class=structlog.stdlib.BoundLogger), or None for dataflow's own"
+            )
         self._log = logger
         self._starts: dict[int, int] = {}
 

@@ -169,6 +169,16 @@ class TestTaskLogger:
         assert {e["component"] for e in logs} == {"model"}
 
 
+class TestTaskLoggerArguments:
+    def test_a_standard_library_logger_is_refused_with_the_wrapper_to_use(self) -> None:
+        """Its methods take no keyword fields: it would fail at the first task (and be
+        switched off), so it is refused at once, naming structlog's wrapper."""
+        import logging
+
+        with pytest.raises(dataflow.DataflowTypeError, match=r"structlog.wrap_logger"):
+            dataflow.TaskLogger(logging.getLogger("dataflow.test"))
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
