@@ -162,6 +162,17 @@ class TestRun:
         assert "Traceback" not in result.output
         assert sorted(p.name for p in model.parent.iterdir()) == ["pair.dfg", "x.npy", "y.npy"]
 
+    def test_output_in_a_missing_folder_is_refused_before_running(
+        self, files: tuple[Path, Path, Path, Array, Array]
+    ) -> None:
+        """A usage error at once (it was found after the graph ran: exit 1)."""
+        model, xf, yf, _, _ = files
+        out = model.parent / "missing" / "out.npz"
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf),
+                                          "-i", str(yf), "-o", str(out)])  # fmt: skip
+        assert result.exit_code == 2
+        assert "does not exist" in result.output and "Traceback" not in result.output
+
     def test_wrong_number_of_inputs(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
         """Too few inputs is a usage error naming the graph's inputs."""
         model, xf, _, _, _ = files

@@ -14,6 +14,7 @@ Errors print ``dataflow graph <command>: error: Type: message`` and exit 1 (2 fo
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -64,6 +65,10 @@ def _npz_path(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(
             f"{value!r} does not end in .npz (the outputs are saved as one .npz file)"
         )
+    if value is not None:  # found now, not after the graph ran
+        folder = os.path.dirname(os.path.abspath(value))
+        if not os.path.isdir(folder):
+            raise click.BadParameter(f"the folder {folder} does not exist")
     return value
 
 
