@@ -140,7 +140,8 @@ transpose.__doc__ = "``transpose(x, axes=None)``: permute axes (reverse them by 
 
 def _flip_meta(x: Any, axis: Any = None) -> TensorSpec:
     s, key = operand("flip", 1, x)
-    normalize_axes("flip", axis, len(s))
+    # (numpy takes a list of axes as a tuple; the kernel's np.flip does too)
+    normalize_axes("flip", tuple(axis) if type(axis) is list else axis, len(s))
     return TensorSpec(s, dtype_of(key))
 
 
@@ -207,17 +208,18 @@ _split: Op[..., Any] = declare_multi("split", _split_kernel, _split_meta, _free)
 def split(x: Any, indices_or_sections: Any, axis: Any = 0) -> tuple[Tensor, ...]:
     """``split(x, indices_or_sections, axis=0)``: a tuple of Tensors (views), like ``np.split``.
 
-    ``indices_or_sections`` is a number of equal sections or the cut points (a list, tuple or
-    1-D integer array).
+    ``indices_or_sections`` is a number of equal sections (an int, or a 0-d integer array) or
+    the cut points (a list, tuple or 1-D integer array).
 
     Example:
         >>> head, tail = ops.split(x, [1], axis=0)
     """
     ios = indices_or_sections
-    if isinstance(ios, np.ndarray) and ios.ndim == 1 and ios.dtype.kind in "iu":
-        # Cut points set the output shapes, and the op's signature cache knows an array
-        # argument by its shape and dtype only: pass them as values.
-        ios = tuple(ios.tolist())
+    if isinstance(ios, np.ndarray) and ios.ndim <= 1 and ios.dtype.kind in "iu":
+        # Cut points (1-D) or a number of sections (0-d, as numpy takes it) set the output
+        # shapes, and the op's signature cache knows an array argument by its shape and dtype
+        # only: pass them as values.
+        ios = tuple(ios.tolist()) if ios.ndim else int(ios)
     # The call is recorded as written (a traced graph prints `ops.split(h, 2, axis=1)`).
     pieces: tuple[Tensor, ...] = (
         _split(x, ios) if type(axis) is int and axis == 0 else _split(x, ios, axis=axis)

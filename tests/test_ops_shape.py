@@ -89,7 +89,7 @@ class TestTranspose:
 
 
 class TestFlip:
-    @pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -3, (0, 2)], ids=str)
+    @pytest.mark.parametrize("axis", [None, 0, 1, 2, -1, -3, (0, 2), [0, 2], [-1]], ids=str)
     def test_matches_numpy(self, axis: Any) -> None:
         """flip along each axis form equals np.flip (one int axis: the kernel's own slice),
         by position and by keyword."""
@@ -228,6 +228,18 @@ class TestSplit:
             assert isinstance(got, tuple) and len(got) == len(expected)
             for g, e in zip(got, expected, strict=True):
                 assert_like(g, e)
+
+    def test_a_0d_integer_array_is_a_number_of_sections(self) -> None:
+        """As numpy takes it; each value its own outputs (the signature cache knows an array
+        by its shape and dtype only, so the value is passed as an int)."""
+        x = rand((6, 4), np.float64, 13)
+        for sections in (2, 3):
+            expected = np.split(x, np.array(sections))
+            cut = np.array(sections)
+            for got in both(functools.partial(ops.split, x, cut)):
+                assert len(got) == len(expected)
+                for g, e in zip(got, expected, strict=True):
+                    assert_like(g, e)
 
     def test_pieces_are_pending_tensors_in_a_runtime(self) -> None:
         """Each piece is a Tensor with its own shape; awaiting one gives its array."""
