@@ -93,7 +93,8 @@ def difference(a: Graph, b: Graph) -> tuple[str, str | None] | None:
     if _key(a.outputs) != _key(b.outputs):
         return ("the program returns other values for other inputs", None)
     for name, array in a.constants.items():
-        if name not in a.parameters and not _same_array(array, b.constants.get(name, array[:0])):
+        other = b.constants.get(name)  # (None: the other trace has no such constant)
+        if name not in a.parameters and (other is None or not _same_array(array, other)):
             return (
                 f"constant %{name}, returned by the program, changes with the input values",
                 None,

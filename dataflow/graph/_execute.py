@@ -246,6 +246,9 @@ def dispatch(graph: Graph, inputs: Sequence[Any]) -> Any:
         _publish(env, node, i, task)
         for ref in plan.frees[k]:
             del env[ref]
+    for out in iter_refs(graph.outputs):
+        if type(out) is ConstRef:  # a fresh array per run, as the eager program made (_slots)
+            env[out] = env[out].copy()
     return _bind(graph.outputs, env)
 
 

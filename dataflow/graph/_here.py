@@ -17,7 +17,7 @@ from .._errors import TaskError, task_failed
 from .._pool import GRAPH_LOCK
 from .._scheduler._placement import FIRST_RUNS, SAMPLE
 from ._ir import map_refs
-from ._slots import NODE, NODE_OUT, ref_value
+from ._slots import NODE, NODE_OUT, output_value, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -90,4 +90,6 @@ def run_here(prog: Program, rt: Runtime, inputs: Sequence[Any]) -> Any:
             raise err from exc
         values[i] = value
     sched.inline_run += n
-    return map_refs(prog.outputs, value_of)
+    return map_refs(
+        prog.outputs, lambda ref: output_value(ref, inputs, prog.constants, values.__getitem__)
+    )

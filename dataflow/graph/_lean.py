@@ -65,7 +65,7 @@ from .._record import name_signature
 from .._scheduler._placement import FIRST_RUNS, MIN_MEASURED, SAMPLE, SPAWN_CPU_SHARE
 from .._task import PENDING, READY, Task, _next_id
 from ._ir import map_refs
-from ._slots import NODE, NODE_OUT, ref_value
+from ._slots import NODE, NODE_OUT, output_value, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -325,12 +325,15 @@ class LeanRun:
     def _value(self, ref: Any) -> Any:
         return ref_value(ref, self.inputs, self.prog.constants, self.values.__getitem__)
 
+    def _output(self, ref: Any) -> Any:
+        return output_value(ref, self.inputs, self.prog.constants, self.values.__getitem__)
+
     # -- the end of a run ----------------------------------------------------------------------
 
     def _finish(self) -> None:
         """Every node ran: build the outputs and finish the gather task (the last runner)."""
         try:
-            out = map_refs(self.prog.outputs, self._value)
+            out = map_refs(self.prog.outputs, self._output)
         except BaseException as exc:  # (an output of the wrong structure: a kernel's fault)
             self._stop(task_failed(self.prog.graph.name, self.prog.graph.name, exc))
             return

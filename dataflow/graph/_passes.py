@@ -1,8 +1,9 @@
 """Graph passes: each a pure function ``Graph -> Graph`` that keeps the graph's results.
 
-* :func:`fold_constants`: a node that reads only constants is computed now; its value becomes
-  a constant.
-* :func:`eliminate_common_subexpressions`: equal constants are merged, then a node with the
+* :func:`fold_constants`: a node that reads only constants (not parameters) is computed now;
+  its value becomes a constant.
+* :func:`eliminate_common_subexpressions`: equal constants (not parameters) are merged, then
+  a node with the
   same op and arguments as an earlier one is replaced by it (``flip(x)`` issued by each of four
   ensemble members becomes one node).
 * :func:`eliminate_dead_code`: nodes whose values no output depends on are dropped (an LSTM's
@@ -75,7 +76,10 @@ def fold_constants(graph: Graph) -> Graph:
     """Compute every node whose arguments are all constants; use its value as a constant.
 
     Folded values are new constants ``c<k>``. A node whose kernel raises, or returns something
-    that is not an array or numpy scalar, is left as it is (it will fail or run as before).
+    that is not an array or numpy scalar, is left as it is (it will fail or run as before). A
+    module's parameters are not constants: a node that reads one is kept, so a parameter
+    written in place takes effect at the next run (as the unoptimised graph and a compiled
+    forward promise).
     """
     _require_resolved(graph, "fold_constants")
     b = Builder(graph)
@@ -84,11 +88,13 @@ def fold_constants(graph: Graph) -> Graph:
         return b.constants[ref.name]
 
     changed = False
+    parameters = graph.parameters
     for i, node in enumerate(graph.nodes):
         args = b.remap(node.args)
         kwargs = b.remap(dict(node.kwargs))
         refs = [*iter_refs(args), *iter_refs(kwargs)]
-        if any(type(r) is not ConstRef for r in refs):
+        # (A parameter is no constant: written in place, it must be read at the next run.)
+        if any(type(r) is not ConstRef or r.name in parameters for r in refs):
             b.keep(i)
             continue
         try:
@@ -171,16 +177,18 @@ def _fingerprint(array: np.ndarray[Any, Any]) -> tuple[Any, ...]:
 def eliminate_common_subexpressions(graph: Graph) -> Graph:
     """Merge equal constants, then nodes with the same op and the same arguments.
 
-    Constants are equal when shape, dtype and bytes are (a parameter's name is kept over an
-    anonymous constant's). Nodes are equal when they call the same op with arguments that are
-    the same references and equal literals; the later one is replaced by the earlier.
+    Constants are equal when shape, dtype and bytes are. Parameters are never merged, with
+    each other or with a constant: equal now (two zero-initialised biases), they may differ
+    once one is written in place. Nodes are equal when they call the same op with arguments
+    that are the same references and equal literals; the later one is replaced by the
+    earlier.
     """
     b = Builder(graph)
     changed = False
     by_content: dict[tuple[Any, ...], str] = {}
-    for name in sorted(graph.constants, key=lambda n: (n not in graph.parameters, n)):
+    for name in sorted(graph.constants):
         array = graph.constants[name]
-        if array.dtype == object:
+        if array.dtype == object or name in graph.parameters:
             continue
         kept = by_content.setdefault(_fingerprint(array), name)
         if kept != name:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .._pool import GRAPH_LOCK
 from .._task import READY, Task
 from ._ir import map_refs
-from ._slots import NODE, NODE_OUT, ref_value
+from ._slots import NODE, NODE_OUT, output_value, ref_value
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -129,6 +129,9 @@ class PlanRun:
 
     def finish(self, *inputs: Any) -> Any:
         """The outputs, built from the output nodes' values (the gather task's kernel)."""
-        out = map_refs(self.prog.outputs, self._value)
+        out = map_refs(
+            self.prog.outputs,
+            lambda ref: output_value(ref, self.inputs, self.prog.constants, self._node_value),
+        )
         self.tasks = []  # the run is over: let every value go
         return out

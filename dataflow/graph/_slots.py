@@ -21,7 +21,7 @@ from typing import Any
 
 from ._ir import ConstRef, InputRef, NodeRef, iter_refs
 
-__all__ = ["INPUT", "NODE", "NODE_OUT", "flat_slots", "ref_value"]
+__all__ = ["INPUT", "NODE", "NODE_OUT", "flat_slots", "output_value", "ref_value"]
 
 # Slot kinds of a node's argument template (``_launch.Program.slots``).
 INPUT, NODE, NODE_OUT = range(3)
@@ -37,6 +37,17 @@ def ref_value(ref: Any, inputs: Sequence[Any], constants: Any, node: Callable[[i
         return constants[ref.name]
     value = node(ref.node)
     return value if ref.index is None else value[ref.index]
+
+
+def output_value(
+    ref: Any, inputs: Sequence[Any], constants: Any, node: Callable[[int], Any]
+) -> Any:
+    """:func:`ref_value` for a graph output: a constant is copied, so each run returns an array
+    of its own, as the eager program did (a folded ``c * 2`` made a new array at each call;
+    the graph's own one, handed out and written to by the caller, changed later runs)."""
+    if type(ref) is ConstRef:
+        return constants[ref.name].copy()
+    return ref_value(ref, inputs, constants, node)
 
 
 def flat_slots(args: tuple[Any, ...]) -> tuple[tuple[int, int, int, int | None], ...] | None:
