@@ -109,6 +109,10 @@ def foldable(
         return False
     if not -ndim <= axis < ndim or axis % ndim != stack_axis % ndim:
         return False
+    if axis % ndim == ndim - 1:
+        # numpy reduces the innermost axis pairwise (and in SIMD lanes), not left to right:
+        # a chain of binary ops would round differently (and max/min pick another signed 0).
+        return False
     if any(d != dtype for d in item_dtypes):
         return False  # the stack promotes mixed dtypes first: a fold would round differently
     only = getattr(op, "stack_fold_dtypes", None)

@@ -178,6 +178,28 @@ class TestFold:
         assert "stack" in ran and "sum" in ran
         assert stack.state == DONE
 
+    def test_a_reduction_of_the_innermost_axis_is_not_folded(self) -> None:
+        """numpy reduces the innermost axis pairwise: a stack of 0-d values (its one axis is
+        the innermost) is summed as numpy sums it, bit for bit, in the graph pass too."""
+        rng = np.random.default_rng(5)
+        xs = [np.asarray(v) for v in (rng.standard_normal(16) * 1000).astype(np.float32)]
+
+        async def main() -> tuple[Any, list[str], Any]:
+            return await _folded(ops.sum, xs, axis=0)
+
+        value, ran, _ = dataflow.run(main)
+        assert "stack" in ran and "sum" in ran
+        np.testing.assert_array_equal(value, np.sum(np.stack(xs), axis=0))
+
+        x = np.stack(xs)
+
+        async def program(x: Any) -> Any:
+            return ops.sum(ops.stack([x[i] for i in range(16)], axis=-1), axis=-1)
+
+        graph = dataflow.trace(program, x).optimize()
+        assert any(n.op.name == "stack" for n in graph.nodes)
+        np.testing.assert_array_equal(graph.run(x), np.sum(np.stack(xs, axis=-1), axis=-1))
+
     def test_mixed_dtypes_are_not_folded(self) -> None:
         """stack promotes float32 and float64 to float64 before the sum: a fold would add two
         float32 values in float32 first."""

@@ -249,11 +249,12 @@ class TestDeadCode:
 
 
 class TestStackReductions:
-    @pytest.mark.parametrize(("reduce", "axis"), [("sum", 0), ("max", 1), ("min", -1)])
+    @pytest.mark.parametrize(("reduce", "axis"), [("sum", 0), ("max", 1), ("min", -2)])
     def test_a_reduction_along_the_new_axis_is_a_fold_bit_for_bit(
         self, reduce: str, axis: int
     ) -> None:
-        """sum/max/min of a stack along its new axis: a chain of add/maximum/minimum, exact."""
+        """sum/max/min of a stack along its new axis: a chain of add/maximum/minimum, exact.
+        (Not along the innermost axis, which numpy reduces pairwise: tests/test_fold.py.)"""
 
         async def f(a: Any, b: Any, c: Any, d: Any) -> Any:
             stacked = ops.stack([ops.tanh(a), b, c, ops.exp(d)], axis=axis)
