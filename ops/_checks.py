@@ -363,6 +363,8 @@ def quiet(kernel: F) -> F:
             with np.errstate(all="ignore"):
                 return kernel(*args, **kwargs)
 
+    if isinstance(kernel, np.ufunc):  # it calls the ufunc unchanged: fusion may call it too
+        run.dataflow_ufunc = kernel  # type: ignore[attr-defined]
     return run  # type: ignore[return-value]
 
 

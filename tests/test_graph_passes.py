@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,7 +23,7 @@ from dataflow.graph import (
     fuse_elementwise,
     optimize,
 )
-from dataflow.graph._fused import Arg, Tmp
+from dataflow.graph._fused import Arg, Tmp, ufunc_of
 from examples.lstm_ensemble import Ensemble
 
 Array = np.ndarray[Any, Any]
@@ -665,3 +666,30 @@ class TestParametersStayParameters:
 
         x = np.ones(3, np.float32)
         np.testing.assert_array_equal(dataflow.trace(f, x).run(x), x + c)
+
+
+def _clamped_add(x: Any, y: Any) -> Any:
+    return np.clip(np.add(x, y), -1.0, 1.0)
+
+
+# functools.wraps(np.add) makes it look like np.add (its __wrapped__), but it does more.
+_add_clamped = ops.define(
+    "add_clamped",
+    functools.wraps(np.add)(_clamped_add),
+    lambda x, y: ops.TensorSpec(np.broadcast_shapes(x.shape, y.shape), x.dtype),
+)
+
+
+class TestFusionRunsTheKernel:
+    def test_a_wrapper_of_a_ufunc_is_not_taken_for_the_ufunc(self) -> None:
+        """Fusion calls a ufunc itself only for a kernel that is one, or says it calls one
+        unchanged (``dataflow_ufunc``): this clamp, which only wraps np.add's name, runs."""
+
+        async def f(x: Any) -> Any:
+            return _add_clamped(ops.multiply(x, 3.0), x)
+
+        x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+        want = np.clip(x * 3 + x, -1, 1)
+        np.testing.assert_array_equal(dataflow.run(f, x), want)
+        np.testing.assert_array_equal(dataflow.trace(f, x).optimize().run(x), want)
+        assert ufunc_of(ops.add) is np.add  # ops' own wrappers say so

@@ -67,9 +67,14 @@ class FusedStep:
 
 
 def ufunc_of(op: OpLike) -> np.ufunc | None:
-    """The elementwise ufunc an op's kernel is (or wraps), else None."""
-    kernel = op.kernel
-    kernel = getattr(kernel, "__wrapped__", kernel)
+    """The elementwise ufunc an op's kernel is, or stands for (a wrapper that calls it
+    unchanged says so with a ``dataflow_ufunc`` attribute), else None.
+
+    A wrapper made with ``functools.wraps`` alone does not count: it may do more than the
+    ufunc (clip, cast, check), which fusion, calling the ufunc with ``out=``, would skip."""
+    kernel: Any = op.kernel
+    if not isinstance(kernel, np.ufunc):
+        kernel = getattr(kernel, "dataflow_ufunc", None)
     if isinstance(kernel, np.ufunc) and kernel.signature is None and kernel.nout == 1:
         return kernel
     return None

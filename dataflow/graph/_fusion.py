@@ -1,8 +1,9 @@
 """Fusion of elementwise chains into one task: the pass, :func:`fuse_elementwise`.
 
 **Which ops are elementwise.** ``dataflow`` knows no op library, so it recognises them by what
-they are: an op whose kernel is a numpy ufunc (or wraps one, via ``functools.wraps``) with one
-output and no core dimensions (``np.add``, ``np.tanh``, ``np.greater`` ..., not ``np.matmul``),
+they are: an op whose kernel is a numpy ufunc (or a wrapper that calls one unchanged and says
+so: ``kernel.dataflow_ufunc = np.tanh``) with one output and no core dimensions (``np.add``,
+``np.tanh``, ``np.greater`` ..., not ``np.matmul``),
 called with one positional argument per ufunc input. An op whose kernel is something else can
 declare itself with attributes: ``op.elementwise = True`` (same shapes in, broadcast shape
 out, each element on its own) and, optionally, ``op.numexpr = "tanh({0})"``.
