@@ -298,13 +298,20 @@ class Runtime:
         self._backend.cancel_everything()
 
     async def _join(self) -> None:
-        """Wait for the forked coroutines, then for the graph to drain."""
+        """Wait for the forked coroutines, then for the graph to drain.
+
+        While it drains, the loop's other tasks (not forks of this runtime: a background task
+        the block started, say) may no longer add work: each op they dispatched kept the
+        graph from draining, and the exit waited for ever. They get a DataflowError saying
+        the runtime is closing; kernels still running (a forked plain function calling ops
+        on a worker) go on."""
         assert self.host is not None
         while True:
             await self.host.close()  # every forked coroutine ended
             await self._backend.join()
             if not getattr(self.host, "tasks", None):
                 break
+        self._sched.draining = True
         await self._sched.join()
 
     async def _close(self) -> None:

@@ -725,3 +725,41 @@ class TestCrossRuntime:
         t.join(20)
         assert not t.is_alive()
         assert got and "boom after the gate" in got[0]
+
+
+def _held(x: Any) -> Any:
+    import time
+
+    time.sleep(0.01)
+    return x
+
+
+class TestExitWhileOthersDispatch:
+    def test_the_block_exits_while_other_tasks_keep_dispatching(self) -> None:
+        """Tasks the block started (not forks) that keep sending ops: the exit waits for what
+        is in flight, then refuses their new work with a clear error, instead of waiting for
+        ever for a graph they keep filling."""
+        import ops
+
+        held = ops.define("held", _held, lambda x: ops.spec_of(x), inline=False)
+        errors: list[str] = []
+
+        async def worker() -> None:
+            while True:
+                try:
+                    await held(np.ones(3))
+                except dataflow.DataflowError as exc:
+                    errors.append(str(exc))
+                    return
+                await asyncio.sleep(0.001)
+
+        async def main() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                workers = [asyncio.create_task(worker()) for _ in range(2)]
+                await asyncio.sleep(0.1)
+            await asyncio.wait_for(asyncio.gather(*workers), 10)
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+        assert len(errors) == 2
+        # ("closing" while it drains; "closed" for a worker that dispatches again only after)
+        assert all("this runtime is clos" in e for e in errors), errors

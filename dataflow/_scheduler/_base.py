@@ -81,6 +81,7 @@ class SchedulerBase:
         self.dropped = 0
         self.cancelling = False
         self.closed = False
+        self.draining = False  # the runtime's block ended: the loop adds no work (Runtime._join)
         # Inline at dispatch is allowed (not while cancelling, nor with simulated kernels).
         self._inline_ok = simulate is None
         self._drained: Any = None

@@ -199,6 +199,12 @@ class Scheduler(Limits):
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
         on_loop = get_ident() == self.host.thread_id
+        if self.draining and on_loop:  # (Runtime._join: its block ended, the graph drains)
+            raise DataflowError(
+                f"{sig.name}: this runtime is closing (its `async with` block ended and it "
+                "waits for its work to finish): dispatch from a task that outlives the block "
+                "to a runtime that does, or end that task inside the block"
+            )
         if not ready and on_loop:
             # The loop dispatches work that waits: small tasks workers make ready meanwhile
             # are handed back to it (HANDBACK_SECONDS). Run those first; if that finished
