@@ -279,6 +279,11 @@ class Runtime:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close()
+        interrupt = getattr(self.host, "interrupt", None)
+        if interrupt is not None:
+            # A forked coroutine stops the process (trio: its task could not raise it), as
+            # asyncio's loop lets it through, whatever the body raised.
+            raise interrupt
         unobserved = [e for e in self._sched.failures if not getattr(e, "observed", True)]
         if not unobserved:
             return

@@ -328,3 +328,28 @@ class TestRequestsUnderTrio:
                 trio.lowlevel.remove_instrument(instrument)
 
         run_trio(main)
+
+
+class TestStoppingTheProcess:
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+    def test_a_fork_that_stops_the_process_raises_at_the_blocks_exit(self, exc: type) -> None:
+        """A trio system task may not raise (trio makes it TrioInternalError): the fork's
+        KeyboardInterrupt / SystemExit comes out of the runtime's block instead, as asyncio's
+        loop lets it through; the awaiter got its TaskError meanwhile."""
+        import trio
+
+        seen: list[str] = []
+
+        async def stop() -> None:
+            raise exc()
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                try:
+                    await dataflow.fork(stop)
+                except dataflow.TaskError:
+                    seen.append("TaskError")
+
+        with pytest.raises(exc):
+            trio.run(main)
+        assert seen == ["TaskError"]
