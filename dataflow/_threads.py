@@ -154,6 +154,10 @@ def _loop_name() -> str:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
+        from ._trace import in_trio
+
+        if in_trio():
+            return "trio"
         from ._defaults import resolve_loop_factory
 
         factory = resolve_loop_factory("auto")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "Trace",
     "alive_bytes",
     "describe_spec",
+    "in_trio",
     "is_loop_lane",
     "lanes",
     "output_bytes",
@@ -133,12 +135,25 @@ def is_loop_lane(name: str) -> bool:
 
 
 def thread_label() -> str:
-    """The track name of the calling thread: ``loop`` when it runs an event loop, else its name."""
+    """The track name of the calling thread: ``loop`` when it runs an event loop (asyncio's, or
+    trio's), else its name."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return threading.current_thread().name
+        return "loop" if in_trio() else threading.current_thread().name
     return "loop"
+
+
+def in_trio() -> bool:
+    """Whether the calling thread runs trio's event loop (trio imported and running here)."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
 
 
 def describe_spec(spec: Any) -> dict[str, Any]:

@@ -353,3 +353,23 @@ class TestStoppingTheProcess:
         with pytest.raises(exc):
             trio.run(main)
         assert seen == ["TaskError"]
+
+
+class TestLoopThreadUnderTrio:
+    def test_the_loop_thread_is_the_loop_lane_and_parallel_info_says_trio(self) -> None:
+        """The profile's lanes and parallel_info() recognised only asyncio's loop: under trio
+        the loop's thread was counted as a pool thread (halving the lower bound)."""
+        import trio
+
+        async def main() -> tuple[list[str], int, str]:
+            info = dataflow.parallel_info()
+            async with dataflow.Runtime(interop_threads=2), dataflow.profile() as prof:
+                for _ in range(3):
+                    await ops.add(ops.add(np.ones(4), 1.0), 1.0)
+            summary = prof.summary()
+            return list(summary.busy_s), summary.pool_threads, info
+
+        lanes, pool_threads, info = trio.run(main)
+        assert "loop" in lanes and "MainThread" not in lanes
+        assert pool_threads <= 2
+        assert "event loop: trio" in info
