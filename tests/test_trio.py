@@ -373,3 +373,21 @@ class TestLoopThreadUnderTrio:
         assert "loop" in lanes and "MainThread" not in lanes
         assert pool_threads <= 2
         assert "event loop: trio" in info
+
+
+class TestTraceUnderTrio:
+    def test_trace_is_refused_inside_trio_as_inside_asyncio(self) -> None:
+        """trace() runs its own asyncio loop: inside trio's it blocked trio for the whole
+        trace; it says to await trace_async instead, as under asyncio."""
+        import trio
+
+        async def model(x: Any) -> Any:
+            return ops.tanh(x)
+
+        async def main() -> None:
+            with pytest.raises(dataflow.DataflowError, match=r"trace_async"):
+                dataflow.trace(model, np.ones(3))
+            graph = await dataflow.graph.trace_async(model, np.ones(3))
+            assert [n.op.name for n in graph.nodes] == ["tanh"]
+
+        trio.run(main)

@@ -22,6 +22,7 @@ from .._defaults import resolve_loop_factory
 from .._errors import DataflowError, DataflowTypeError
 from .._runtime import Runtime
 from .._task import Future, Pending
+from .._trace import in_trio
 from ._capture import Tracer
 from ._check import check_trace
 from ._ir import Graph, GraphInput, ValueType, type_of
@@ -169,8 +170,10 @@ def trace(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> G
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
+        running = in_trio()  # (trio's loop too: a nested asyncio run would block it)
     else:
+        running = True
+    if running:
         raise DataflowError(
             "dataflow.trace() cannot run inside a running event loop; "
             "use `await dataflow.graph.trace_async(fn, *inputs)` there"
