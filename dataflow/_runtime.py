@@ -339,6 +339,11 @@ class Runtime:
                 except ValueError:  # exited in another context than entered
                     _current.set(None)
                 self._token = None
+                restored = _current.get()
+                if restored is not None and restored._closed:
+                    # The runtime entered before this one exited first (out of order): not
+                    # it, but whichever is open on the loop (``current_runtime``).
+                    _current.set(None)
             if self._limits is not None:
                 self._limits.restore_original_limits()
                 self._limits = None

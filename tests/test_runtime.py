@@ -763,3 +763,23 @@ class TestExitWhileOthersDispatch:
         assert len(errors) == 2
         # ("closing" while it drains; "closed" for a worker that dispatches again only after)
         assert all("this runtime is clos" in e for e in errors), errors
+
+
+class TestOutOfOrderExit:
+    def test_no_closed_runtime_is_current_after_exits_out_of_order(self) -> None:
+        """A entered, then B, then A exits first: B's exit restored A, closed, as the
+        context's runtime. It now falls back to what is open on the loop (here: none)."""
+
+        async def main() -> tuple[Any, Any, Any]:
+            a = dataflow.Runtime()
+            b = dataflow.Runtime(private_pool=True)
+            await a.__aenter__()
+            await b.__aenter__()
+            await a.__aexit__(None, None, None)
+            between = dataflow.current_runtime()
+            await b.__aexit__(None, None, None)
+            return between, b, dataflow.current_runtime()
+
+        between, b, after = asyncio.run(main())
+        assert between is b  # (the one still open)
+        assert after is None
