@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import numpy as np
@@ -29,6 +29,7 @@ from ._tensor import Tensor
 
 __all__ = [
     "ACCEPTED",
+    "WEAK_VALUE",
     "DtypeKey",
     "Shape",
     "array_kernel",
@@ -46,6 +47,7 @@ __all__ = [
     "shape_of",
     "size_of",
     "ufunc_dtypes",
+    "weak_result_type",
 ]
 
 Shape: TypeAlias = tuple[int, ...]
@@ -71,6 +73,16 @@ _WEAK_DEFAULT: dict[type, np.dtype[Any]] = {
     float: np.dtype(np.float64),
     complex: np.dtype(np.complex128),
 }
+
+
+#: A Python scalar's stand-in for numpy's promotion as a weak scalar (NEP 50): its value
+#: (not its type, which numpy would take as the strong default dtype) in ``np.result_type``.
+WEAK_VALUE: dict[type, Any] = {int: 0, float: 0.0, complex: 0j}
+
+
+def weak_result_type(keys: Iterable[DtypeKey]) -> np.dtype[Any]:
+    """numpy's result dtype of operands with these dtype keys, Python scalars weak."""
+    return np.result_type(*(WEAK_VALUE[k] if isinstance(k, type) else k for k in keys))
 
 
 def _label(pos: int | str) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 from dataflow import Cost, Op, OpTypeError
 
 from ._checks import (
+    WEAK_VALUE,
     DtypeKey,
     broadcast_shapes,
     check_int_scalar,
@@ -31,6 +32,7 @@ from ._checks import (
     shape_of,
     size_of,
     ufunc_dtypes,
+    weak_result_type,
 )
 from ._tensor import Tensor, TensorSpec, declare
 
@@ -252,14 +254,13 @@ relu.__doc__ = "``max(x, 0)`` elementwise; NaN stays NaN (like ``torch.relu``)."
 # -- where -------------------------------------------------------------------------------
 
 # Python scalars enter np.result_type as values (weak, NEP 50); any value of the type will do.
-_WEAK_VALUE: dict[type, Any] = {int: 0, float: 0.0, complex: 0j}
 
 
 @functools.cache
 def _where_dtype(keys: tuple[DtypeKey, DtypeKey]) -> np.dtype[Any]:
     kx, ky = keys
-    vx = _WEAK_VALUE[kx] if isinstance(kx, type) else kx
-    vy = _WEAK_VALUE[ky] if isinstance(ky, type) else ky
+    vx = WEAK_VALUE[kx] if isinstance(kx, type) else kx
+    vy = WEAK_VALUE[ky] if isinstance(ky, type) else ky
     return np.result_type(vx, vy)
 
 
@@ -300,7 +301,7 @@ where.__doc__ = (
 @functools.cache
 def _clip_dtype(keys: tuple[DtypeKey, DtypeKey, DtypeKey]) -> np.dtype[Any]:
     # np.clip's ufunc promotes its three operands to one dtype, weak Python scalars included.
-    return np.result_type(*(_WEAK_VALUE[k] if isinstance(k, type) else k for k in keys))
+    return weak_result_type(keys)
 
 
 def _clip_meta(x: Any, a_min: Any = None, a_max: Any = None) -> TensorSpec:

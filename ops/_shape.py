@@ -34,6 +34,7 @@ from ._checks import (
     quiet,
     shape_nbytes,
     size_of,
+    weak_result_type,
 )
 from ._tensor import Tensor, TensorSpec, declare, declare_multi
 
@@ -240,15 +241,11 @@ def _items(op: str, arrays: Any) -> list[tuple[Shape, DtypeKey]]:
     return [operand(op, f"item {i} of argument 1", a) for i, a in enumerate(arrays)]
 
 
-# A Python scalar's stand-in for numpy's promotion as a weak scalar (NEP 50).
-_WEAK_VALUE: dict[type, Any] = {int: 0, float: 0.0, complex: 0j}
-
-
 def _concatenate_dtype(arrays: Sequence[Any], keys: list[DtypeKey]) -> np.dtype[Any]:
     """np.concatenate's result dtype: Python scalars among the items are weak (NEP 50), as
     numpy takes them (``[float32 array, 1.0]`` stays float32); a Python int must fit an
     integer result (numpy would wrap it silently)."""
-    dtype = np.result_type(*(_WEAK_VALUE[k] if isinstance(k, type) else k for k in keys))
+    dtype = weak_result_type(keys)
     if dtype.kind in "iu":
         for i, (a, k) in enumerate(zip(arrays, keys, strict=True)):
             if k is int:
