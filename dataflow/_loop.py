@@ -70,6 +70,9 @@ class HostLoop:
     """What the runtime needs from its event loop (see the module docstring)."""
 
     library = ""
+    #: A KeyboardInterrupt or SystemExit a forked coroutine raised that the loop could not let
+    #: through itself (trio's system tasks may not raise): the runtime's exit raises it.
+    interrupt: BaseException | None = None
 
     def __init__(self, key: object) -> None:
         self.key = key

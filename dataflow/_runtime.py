@@ -279,7 +279,7 @@ class Runtime:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close()
-        interrupt = getattr(self.host, "interrupt", None)
+        interrupt = self.host.interrupt if self.host is not None else None
         if interrupt is not None:
             # A forked coroutine stops the process (trio: its task could not raise it), as
             # asyncio's loop lets it through, whatever the body raised.

@@ -154,9 +154,9 @@ def _loop_name() -> str:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from ._trace import in_trio
+        from ._loop import running_library
 
-        if in_trio():
+        if running_library() == "trio":
             return "trio"
         from ._defaults import resolve_loop_factory
 

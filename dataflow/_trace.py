@@ -18,14 +18,14 @@ the file format, and they import this module alone.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ._loop import running_library
 
 __all__ = [
     "Span",
@@ -33,7 +33,6 @@ __all__ = [
     "Trace",
     "alive_bytes",
     "describe_spec",
-    "in_trio",
     "is_loop_lane",
     "lanes",
     "output_bytes",
@@ -137,23 +136,7 @@ def is_loop_lane(name: str) -> bool:
 def thread_label() -> str:
     """The track name of the calling thread: ``loop`` when it runs an event loop (asyncio's, or
     trio's), else its name."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return "loop" if in_trio() else threading.current_thread().name
-    return "loop"
-
-
-def in_trio() -> bool:
-    """Whether the calling thread runs trio's event loop (trio imported and running here)."""
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return False
-    try:
-        trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        return False
-    return True
+    return "loop" if running_library() is not None else threading.current_thread().name
 
 
 def describe_spec(spec: Any) -> dict[str, Any]:

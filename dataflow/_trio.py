@@ -63,9 +63,6 @@ class TrioLoop(HostLoop):
         self._trio = trio
         self.scopes: set[Any] = set()
         self._idle: Any = None
-        # A KeyboardInterrupt or SystemExit a forked coroutine raised: a trio system task may
-        # not raise (trio turns it into TrioInternalError), so the runtime's exit raises it.
-        self.interrupt: BaseException | None = None
         # The tracked requests' end callbacks, and the instrument that reports their ends.
         self._ends: dict[Any, Callable[[Any, bool], None]] = {}
         self._instrument: Any = None
@@ -127,6 +124,7 @@ class TrioLoop(HostLoop):
                 with scope:
                     await coro
             except (KeyboardInterrupt, SystemExit) as exc:
+                # (a system task may not raise: trio would make it TrioInternalError)
                 if self.interrupt is None:
                     self.interrupt = exc
             finally:

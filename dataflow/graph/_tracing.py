@@ -20,9 +20,9 @@ import numpy as np
 from .._api import model_code
 from .._defaults import resolve_loop_factory
 from .._errors import DataflowError, DataflowTypeError
+from .._loop import running_library
 from .._runtime import Runtime
 from .._task import Future, Pending
-from .._trace import in_trio
 from ._capture import Tracer
 from ._check import check_trace
 from ._ir import Graph, GraphInput, ValueType, type_of
@@ -167,13 +167,7 @@ def trace(fn: Callable[..., Any], *example_inputs: Any, check: bool = True) -> G
             ``check`` is not a bool (a ``DataflowTypeError``).
         DataflowError: called from a running event loop (use ``await trace_async(...)``).
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        running = in_trio()  # (trio's loop too: a nested asyncio run would block it)
-    else:
-        running = True
-    if running:
+    if running_library() is not None:  # (trio's loop too: a nested asyncio run would block it)
         raise DataflowError(
             "dataflow.trace() cannot run inside a running event loop; "
             "use `await dataflow.graph.trace_async(fn, *inputs)` there"
