@@ -1,4 +1,4 @@
-"""The recurrent kernels' scratch buffers (``ops._rnn_kernels._scratch``): temporaries kept by
+"""The recurrent kernels' scratch buffers (``ops._rnn_buffers._scratch``): temporaries kept by
 each thread between calls, never handed out, and no pages faulted in again per call."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ops import _rnn_buffers
 from ops import _rnn_kernels as K
 
 Array = np.ndarray
@@ -55,13 +56,13 @@ SIZES = [(12, 1, 16), (6, 3, 128), (5, 8, 256)]
 
 class TestScratch:
     def test_a_thread_gets_its_buffer_back_and_another_thread_its_own(self) -> None:
-        a = K._scratch("test", (3, 4), np.dtype(np.float32))
-        assert K._scratch("test", (3, 4), np.dtype(np.float32)) is a
-        assert K._scratch("test", (3, 5), np.dtype(np.float32)) is not a
-        assert K._scratch("test", (3, 4), np.dtype(np.float64)) is not a
+        a = _rnn_buffers._scratch("test", (3, 4), np.dtype(np.float32))
+        assert _rnn_buffers._scratch("test", (3, 4), np.dtype(np.float32)) is a
+        assert _rnn_buffers._scratch("test", (3, 5), np.dtype(np.float32)) is not a
+        assert _rnn_buffers._scratch("test", (3, 4), np.dtype(np.float64)) is not a
         other: list[Array] = []
         t = threading.Thread(
-            target=lambda: other.append(K._scratch("test", (3, 4), np.dtype(np.float32)))
+            target=lambda: other.append(_rnn_buffers._scratch("test", (3, 4), np.dtype(np.float32)))
         )
         t.start()
         t.join()
@@ -70,17 +71,17 @@ class TestScratch:
     def test_a_buffer_over_the_size_limit_is_not_kept(self) -> None:
         """Big temporaries (a long chunk's projection) are allocated per call: kept, they
         would stay beside the outputs until the pool closes."""
-        n = K.SCRATCH_BYTES_MAX // 4 + 1
-        a = K._scratch("big", (n,), np.dtype(np.float32))
+        n = _rnn_buffers.SCRATCH_BYTES_MAX // 4 + 1
+        a = _rnn_buffers._scratch("big", (n,), np.dtype(np.float32))
         assert a.shape == (n,)
-        assert K._scratch("big", (n,), np.dtype(np.float32)) is not a
-        small = K._scratch("big", (n - 1,), np.dtype(np.float32))
-        assert K._scratch("big", (n - 1,), np.dtype(np.float32)) is small
+        assert _rnn_buffers._scratch("big", (n,), np.dtype(np.float32)) is not a
+        small = _rnn_buffers._scratch("big", (n - 1,), np.dtype(np.float32))
+        assert _rnn_buffers._scratch("big", (n - 1,), np.dtype(np.float32)) is small
 
     def test_a_thread_keeps_a_bounded_number(self) -> None:
-        for n in range(3 * K.SCRATCH_MAX):
-            K._scratch("bounded", (n + 1,), np.dtype(np.float32))
-        assert len(K._scratch_local.buffers) <= K.SCRATCH_MAX
+        for n in range(3 * _rnn_buffers.SCRATCH_MAX):
+            _rnn_buffers._scratch("bounded", (n + 1,), np.dtype(np.float32))
+        assert len(_rnn_buffers._scratch_local.buffers) <= _rnn_buffers.SCRATCH_MAX
 
     @pytest.mark.parametrize("size", SIZES, ids=str)
     def test_results_never_share_memory_with_a_later_call(self, size: tuple[int, int, int]) -> None:

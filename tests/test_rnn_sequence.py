@@ -14,7 +14,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_kernels, nn
+from ops import _rnn_buffers, _rnn_kernels, nn
 from ops._recurrent import rnn_projection
 from tests.test_nn import ref_rnn
 
@@ -178,7 +178,7 @@ class TestSequenceOps:
             return blocked(*args)
 
         copies: list[bool] = []
-        weight_blocks = _rnn_kernels._weight_blocks
+        weight_blocks = _rnn_buffers._weight_blocks
 
         def blocks_spy(w: Any, block: int, view: bool = False) -> Any:
             got = weight_blocks(w, block, view)
