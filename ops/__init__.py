@@ -56,8 +56,8 @@ from ._reduce import mean as mean
 from ._reduce import min as min
 from ._reduce import sum as sum
 from ._reduce import var as var
-from ._rnn_kernels import get_recurrent_engine as get_recurrent_engine
-from ._rnn_kernels import set_recurrent_engine as set_recurrent_engine
+from ._rnn_engine import get_recurrent_engine as get_recurrent_engine
+from ._rnn_engine import set_recurrent_engine as set_recurrent_engine
 from ._rnn_ops import gru_sequence as gru_sequence
 from ._rnn_ops import lstm_sequence as lstm_sequence
 from ._shape import asarray as asarray

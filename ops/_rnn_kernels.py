@@ -69,10 +69,10 @@ code written the obvious way:
   or one that copies them where it is clearly faster than that.
 * **Fewest calls for a small model.** Where a step's arithmetic is a few microseconds and
   numpy's per-call overhead (about 0.4 us a call) is most of it, the LSTM kernel
-  (:func:`_lstm_sequence_small`, see :data:`SMALL_WEIGHTS_PER_STEP`) copies the weights for
-  the call with the gate rows reordered i, f, o, g and the sigmoid gates' rows halved: one
-  ``tanh`` then gives every gate, and the three sigmoids one multiply-add, 10 numpy calls a
-  step instead of 13 (15-30% faster at (10, 1, 32) to (50, 1, 128)).
+  (:func:`_lstm_sequence_small`, see :data:`ops._rnn_engine.SMALL_WEIGHTS_PER_STEP`) copies
+  the weights for the call with the gate rows reordered i, f, o, g and the sigmoid gates'
+  rows halved: one ``tanh`` then gives every gate, and the three sigmoids one multiply-add,
+  10 numpy calls a step instead of 13 (15-30% faster at (10, 1, 32) to (50, 1, 128)).
 * **Weights in the layout BLAS likes.** :func:`lay_out` stores a recurrent weight in the
   memory order whose ``h @ w.T`` GEMM measured fastest on this machine for its shape (Fortran
   order makes ``w.T`` a plain row-major operand: 22% faster at (50, 1024) x (1024, 4096) with
@@ -91,32 +91,24 @@ import math
 import os
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import numpy as np
 
-from dataflow import DataflowRuntimeError, OpInputError, OpTypeError
-
 from . import _rnn_numba
 from ._rnn_buffers import _drop_scratch, _output, _output_blocks, _scratch, _weight_blocks
+from ._rnn_engine import _numba_gates, _small_engine
 
 __all__ = [
     "CHUNK_BYTES",
-    "ENGINES",
-    "NUMBA_STEP_MACS_MAX",
-    "SMALL_GATES_MAX",
-    "SMALL_WEIGHTS_PER_STEP",
     "TANH_DIRECT_MAX",
     "chunk_steps",
-    "get_recurrent_engine",
     "gru_sequence_kernel",
     "LAYOUT_BATCH",
     "lay_out",
     "lstm_sequence_kernel",
     "recurrent_product",
-    "set_recurrent_engine",
 ]
 
 Array: TypeAlias = "np.ndarray[Any, Any]"
@@ -132,82 +124,6 @@ TANH_DIRECT_MAX = 8192
 
 _LSTM_GATES = 4
 _GRU_GATES = 3
-
-#: The recurrent engines (``set_recurrent_engine``): "auto" (the default) is "numba" where
-#: numba is installed and its loops compile, else "numpy".
-ENGINES = ("auto", "numpy", "numba")
-_engine = ["auto"]
-# What "auto" resolved to (None: not yet; resolved at the first small kernel, once).
-_auto: list[str | None] = [None]
-_auto_lock = threading.Lock()
-
-
-def set_recurrent_engine(name: str) -> None:
-    """Run small recurrent models' sequence kernels on ``name``: ``"auto"`` (the default:
-    ``"numba"`` where numba is installed, else ``"numpy"``), ``"numpy"``, or ``"numba"``
-    (compiled loops that release the GIL, so a model's directions run side by side: an
-    optional extra, ``pip install 'numpy-dataflow[numba]'``; see ``ops._rnn_numba``).
-
-    The numba engine applies to float32 models whose step's recurrent product is at most
-    NUMBA_STEP_MACS_MAX multiply-adds; others keep the numpy kernels. Process-wide: set it
-    before running a model. The sequence ops' learnt kernel times and GIL estimates start
-    over.
-    """
-    if type(name) is not str:
-        raise OpTypeError(
-            f"set_recurrent_engine(name): a str, one of {', '.join(map(repr, ENGINES))}; got "
-            f"{type(name).__name__}: {name!r}"
-        )
-    if name not in ENGINES:
-        raise OpInputError(
-            f"set_recurrent_engine(name): one of {', '.join(map(repr, ENGINES))}, got {name!r}"
-        )
-    if name == "numba" and not _rnn_numba.available():
-        raise DataflowRuntimeError(
-            "set_recurrent_engine('numba') needs numba: pip install 'numpy-dataflow[numba]'"
-        )
-    if name != _engine[0]:
-        _engine[0] = name
-        for forget in _on_engine_change:
-            forget()
-
-
-def get_recurrent_engine() -> str:
-    """The recurrent engine small models run on: ``"numpy"`` or ``"numba"`` (what ``"auto"``
-    resolves to, if it is set: finding out imports numba and compiles its loops once)."""
-    engine = _engine[0]
-    return _resolve_auto() if engine == "auto" else engine
-
-
-def _resolve_auto() -> str:
-    """What ``"auto"`` means in this process: ``"numba"`` if numba is installed and its loops
-    compile and run (checked once, on a tiny model), else ``"numpy"``. A numba that is
-    installed but broken is reported once (a RuntimeWarning) and left alone."""
-    found = _auto[0]
-    if found is not None:
-        return found
-    with _auto_lock:
-        found = _auto[0]
-        if found is None:
-            found = "numpy"
-            if _rnn_numba.available():
-                try:
-                    _rnn_numba.check()
-                    found = "numba"
-                except Exception as exc:  # an installed numba that cannot run our loops
-                    warnings.warn(
-                        f"ops: the 'numba' recurrent engine is installed but does not work "
-                        f"here ({type(exc).__name__}: {exc}); small recurrent models run on "
-                        "numpy. ops.set_recurrent_engine('numpy') silences this.",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-            _auto[0] = found
-    return found
-
-
-# Called when the engine changes (the sequence ops register theirs: ``_rnn_ops``).
-_on_engine_change: list[Callable[[], None]] = []
 
 
 def chunk_steps(steps: int, batch: int, width: int, itemsize: int) -> int:
@@ -894,50 +810,6 @@ def _chunks(steps: int, size: int, reverse: bool) -> list[tuple[int, int]]:
     return bounds[::-1] if reverse else bounds
 
 
-def _small_engine(x: Array, w_ih: Array, w_hh: Array, gates: int, batch_first: bool) -> str | None:
-    """Which engine runs this direction: "numba" where it is set (or "auto" finds it), the
-    model is float32 and a step's recurrent product is at most NUMBA_STEP_MACS_MAX
-    multiply-adds; else "numpy" for numpy's small kernel (SMALL_WEIGHTS_PER_STEP,
-    SMALL_GATES_MAX); else None (numpy's big kernels)."""
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden = w_hh.shape[1]
-    width = gates * hidden
-    engine = _engine[0]
-    if (
-        engine != "numpy"
-        and batch * width * hidden <= NUMBA_STEP_MACS_MAX
-        and w_hh.dtype == np.float32
-        and (engine == "numba" or (_auto[0] or _resolve_auto()) == "numba")
-    ):
-        return "numba"
-    if width * (w_ih.shape[1] + hidden) > steps * SMALL_WEIGHTS_PER_STEP:
-        return None
-    if batch * width > SMALL_GATES_MAX:
-        return None
-    return "numpy"
-
-
-def _numba_gates(dtype: np.dtype[Any], gru: bool = False) -> Callable[..., None] | None:
-    """numba's one-pass gate step for the blocked and fused LSTM kernels
-    (``_rnn_numba.lstm_block_gates``) or, with ``gru``, the blocked GRU kernel
-    (``_rnn_numba.gru_block_gates``), where the recurrent engine is numba (set, or "auto"
-    finding it) and the model float32; else None: numpy's passes. The GEMMs stay BLAS's.
-
-    numpy's gate math is a dozen passes over the step's arrays, each a call under the GIL;
-    the compiled step is one pass without it (the biases folded in, so the projection needs
-    no pass of its own). One LSTM direction on one thread, in place blocks of 16: 478
-    against 457 ms at the tutorial's (50, 50, 1024)."""
-    if dtype != np.float32:
-        return None
-    engine = _engine[0]
-    if engine == "numpy" or (engine == "auto" and (_auto[0] or _resolve_auto()) != "numba"):
-        return None
-    gates: Callable[..., None] = (
-        _rnn_numba.gru_block_gates() if gru else _rnn_numba.lstm_block_gates()
-    )
-    return gates
-
-
 _NO_COL = np.zeros((0, 0), dtype=np.float32)  # (the gate steps' "no projected input")
 _NO_BIAS = _rnn_numba.NO_BIAS
 
@@ -986,32 +858,6 @@ def lstm_sequence_kernel(
     if form == "transposed" and not fortran:
         return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-
-
-#: A direction whose weights (``4H x (I + H)`` elements) are at most this many per step, with
-#: a gate array (``B x 4H``) of at most SMALL_GATES_MAX elements, takes
-#: :func:`_lstm_sequence_small`: a model this small spends its steps in numpy's per-call
-#: overhead, and the weights' copy it makes (about 0.3 ns an element) costs less than the
-#: calls it saves (about 2 us a step). Measured on one thread (AMD EPYC, OpenBLAS), small /
-#: plain kernel: 0.77 at (T, B, H) = (10, 1, 32), 0.84 at (10, 2, 32), 0.70 at (50, 1, 64),
-#: 0.86 at (50, 4, 64), 0.82 at (50, 1, 128); past the weights bound 0.97 at (20, 1, 128),
-#: 1.16 at (10, 1, 128), 1.02 at (50, 1, 256).
-SMALL_WEIGHTS_PER_STEP = 4096
-#: Past this many gate elements the small kernel's time varied from process to process
-#: (0.92x the plain kernel's in some, 1.2-1.3x in others, at (50, 4, 128), (50, 8, 128) and
-#: (50, 4, 96): a memory-layout effect not yet understood), so it keeps to gate arrays where
-#: it was measured steady.
-SMALL_GATES_MAX = 1024
-#: The numba engine runs a direction whose step's recurrent product (``B x G*H x H``
-#: multiply-adds) is at most this: its compiled loop does the product itself, without the
-#: GIL, where numpy's kernels pay a BLAS call and a dozen numpy calls a step under it. The
-#: ensemble of 4 bidirectional LSTMs, inter-op 2, BLAS 1, best of 60 forwards in one
-#: process, numba / numpy engine, two processes each (since the loops vectorize, numba's
-#: ``error_model``): 0.72-0.75 at (T, B, C) = (50, 16, 128), 0.87-0.89 at (50, 1, 512),
-#: 0.89-0.95 at (50, 4, 256) (1,048,576 a step), 0.73-0.78 at (50, 50, 64) (819,200); past
-#: it 1.06-1.17 at (50, 8, 256) and 1.04-1.11 at (50, 32, 128), 0.86-0.95 at (50, 2, 512)
-#: (2,097,152). (Before the loops vectorized the bound was half this: 1.03 at (50, 1, 512).)
-NUMBA_STEP_MACS_MAX = 1 << 20
 
 
 @functools.lru_cache(maxsize=64)

@@ -8,7 +8,7 @@ kernels run the whole time loop as compiled code without the GIL (``nogil=True``
 scheduler measures them GIL-free and runs a model's directions side by side.
 
 Only for float32, and where a step's recurrent product is at most
-``_rnn_kernels.NUMBA_STEP_MACS_MAX`` multiply-adds: past that BLAS's own products win, and a
+``_rnn_engine.NUMBA_STEP_MACS_MAX`` multiply-adds: past that BLAS's own products win, and a
 float64 model keeps numpy's exact functions. The input projection is one BLAS product, as in
 the numpy kernels; the step runs the recurrent product and the gate math in loops compiled
 for this machine. ``tanh`` (and the sigmoids, as ``(tanh(x / 2) + 1) / 2``) is a rational

@@ -14,7 +14,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
-from . import _rnn_kernels
+from . import _rnn_engine
 from ._checks import array_kernel
 from ._recurrent import _bias_sum, _common_dtype, _describe, _specs
 from ._rnn_kernels import chunk_steps, gru_sequence_kernel, lstm_sequence_kernel
@@ -203,7 +203,7 @@ def _forget_learnt() -> None:
         op._outcomes.clear()
 
 
-_rnn_kernels._on_engine_change.append(_forget_learnt)
+_rnn_engine._on_engine_change.append(_forget_learnt)
 
 
 def lstm_sequence(

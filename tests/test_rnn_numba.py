@@ -17,7 +17,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_kernels, _rnn_numba, nn
+from ops import _rnn_engine, _rnn_kernels, _rnn_numba, nn
 from tests.test_nn import ref_rnn
 from tests.test_rnn_sequence import GRU_CASES, GRU_HIDDEN, _rand, gru_case
 
@@ -39,7 +39,7 @@ def _plain_lstm(*args: Any) -> Any:
 
 def _plain_gru(monkeypatch: pytest.MonkeyPatch, *args: Any) -> Any:
     with monkeypatch.context() as m:
-        m.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        m.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         return _rnn_kernels.gru_sequence_kernel(*args)
 
 
@@ -124,11 +124,11 @@ class TestKernels:
             (_rnn_kernels._lstm_sequence_fused, (32,)),
         ]
         ops.set_recurrent_engine("numpy")
-        assert _rnn_kernels._numba_gates(np.dtype(np.float32)) is None
+        assert _rnn_engine._numba_gates(np.dtype(np.float32)) is None
         want = [kernel(*args, *extra) for kernel, extra in kernels]
         ops.set_recurrent_engine("numba")
-        assert _rnn_kernels._numba_gates(np.dtype(np.float32)) is not None
-        assert _rnn_kernels._numba_gates(np.dtype(np.float64)) is None
+        assert _rnn_engine._numba_gates(np.dtype(np.float32)) is not None
+        assert _rnn_engine._numba_gates(np.dtype(np.float64)) is None
         for (kernel, extra), exp in zip(kernels, want, strict=True):
             got = kernel(*args, *extra)
             for g, w in zip(got, exp, strict=True):
@@ -202,7 +202,7 @@ class TestKernels:
         ops.set_recurrent_engine("numpy")
         want = [_rnn_kernels._gru_sequence_blocked(*args, *extra) for extra in kernels]
         ops.set_recurrent_engine("numba")
-        assert _rnn_kernels._numba_gates(np.dtype(np.float32), gru=True) is not None
+        assert _rnn_engine._numba_gates(np.dtype(np.float32), gru=True) is not None
         for extra, exp in zip(kernels, want, strict=True):
             got = _rnn_kernels._gru_sequence_blocked(*args, *extra)
             for g, w in zip(got, exp, strict=True):
@@ -320,7 +320,7 @@ class TestEngine:
                                           False, False)  # fmt: skip
         # Past it (32 x 512 x 128 a step): BLAS's products win there.
         big = _rand(4, 512, 128), _rand(5, 512, 128)
-        assert _rnn_kernels.NUMBA_STEP_MACS_MAX < 32 * 512 * 128
+        assert _rnn_engine.NUMBA_STEP_MACS_MAX < 32 * 512 * 128
         _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 32, 128), big[0], None, big[1], None,
                                           None, False, False)  # fmt: skip
         assert used == [(24, 6), (256, 64)]
@@ -354,7 +354,7 @@ class TestEngine:
         """Past numpy's small kernel, within NUMBA_STEP_MACS_MAX: longer dot products in the
         compiled loop, still the reference loop's values."""
         gates = 4 if mode == "LSTM" else 3
-        assert batch * gates * hidden * hidden <= _rnn_kernels.NUMBA_STEP_MACS_MAX
+        assert batch * gates * hidden * hidden <= _rnn_engine.NUMBA_STEP_MACS_MAX
         used: list[int] = []
         real = _rnn_numba.lstm_sequence if mode == "LSTM" else _rnn_numba.gru_sequence
 
@@ -454,10 +454,10 @@ class TestAuto:
     @staticmethod
     def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
         ops.set_recurrent_engine("auto")
-        monkeypatch.setattr(_rnn_kernels, "_auto", [None])
+        monkeypatch.setattr(_rnn_engine, "_auto", [None])
 
     def test_it_is_the_default(self) -> None:
-        assert _rnn_kernels._engine[0] == "auto"  # (the fixture restores it after each test)
+        assert _rnn_engine._engine[0] == "auto"  # (the fixture restores it after each test)
 
     @needs_numba
     def test_numba_when_installed(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -465,7 +465,7 @@ class TestAuto:
         assert ops.get_recurrent_engine() == "numba"
         x = _rand(2, 5, 1, 8)
         w_ih, w_hh = _rand(3, 16, 8), _rand(4, 16, 4)
-        assert _rnn_kernels._small_engine(x, w_ih, w_hh, 4, False) == "numba"
+        assert _rnn_engine._small_engine(x, w_ih, w_hh, 4, False) == "numba"
 
     def test_numpy_without_numba(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self._fresh(monkeypatch)
@@ -502,4 +502,4 @@ class TestAuto:
     def test_float64_models_keep_numpy(self) -> None:
         x = _rand(7, 5, 1, 8).astype(np.float64)
         w_ih, w_hh = _rand(8, 16, 8).astype(np.float64), _rand(9, 16, 4).astype(np.float64)
-        assert _rnn_kernels._small_engine(x, w_ih, w_hh, 4, False) == "numpy"
+        assert _rnn_engine._small_engine(x, w_ih, w_hh, 4, False) == "numpy"

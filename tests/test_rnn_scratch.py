@@ -137,8 +137,9 @@ def test_repeated_calls_fault_no_pages_in() -> None:
         """
         import resource
         import numpy as np
+        from ops import _rnn_engine
         from ops import _rnn_kernels as K
-        K.set_recurrent_engine("numpy")  # (the numpy kernels' scratch buffers)
+        _rnn_engine.set_recurrent_engine("numpy")  # (the numpy kernels' scratch buffers)
         K._projection_form = lambda *a: 16  # the form with a buffer of its own: the most kept
         rng = np.random.default_rng(0)
         x = rng.standard_normal((50, 1, 128)).astype(np.float32)

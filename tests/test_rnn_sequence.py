@@ -14,7 +14,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_buffers, _rnn_kernels, nn
+from ops import _rnn_buffers, _rnn_engine, _rnn_kernels, nn
 from ops._recurrent import rnn_projection
 from tests.test_nn import ref_rnn
 
@@ -26,7 +26,7 @@ TOL = 2e-5
 def _numpy_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """These are numpy's kernels: the default engine ("auto") would give the small and
     middle-sized float32 models here to numba's loops (tests/test_rnn_numba.py)."""
-    monkeypatch.setattr(_rnn_kernels, "_engine", ["numpy"])
+    monkeypatch.setattr(_rnn_engine, "_engine", ["numpy"])
 
 
 def _rand(seed: int, *shape: int) -> Array:
@@ -72,7 +72,7 @@ def _forward(m: nn.LSTM | nn.GRU, x: Array, h0: Array | None, c0: Array | None) 
 def no_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small models take _lstm_sequence_small / _gru_sequence_small; this sends them to the
     other forms."""
-    monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+    monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
 
 
 class TestSequenceOps:
@@ -354,7 +354,7 @@ class TestSequenceOps:
         monkeypatch.setattr(_rnn_kernels, "_blas_threads", lambda: 7)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
         monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
-        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         hid = 8
         w_ih, w_hh, bias = _rand(1, 4 * hid, 5), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
         x = _rand(4, 6, 3, 5)
@@ -379,7 +379,7 @@ class TestSequenceOps:
         candidates, down to one."""
         monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 1024)
         monkeypatch.setattr(_rnn_kernels, "_forms", {})
-        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         gates, hid, inp = (4, 64, 16) if mode == "LSTM" else (3, 64, 16)
         w_ih, w_hh, bias = (
             _rand(1, gates * hid, inp),
@@ -413,7 +413,7 @@ class TestSequenceOps:
     ) -> None:
         """It copies W_hh into blocks at each call: an in-place write shows at the next one."""
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: 4)
-        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         m = nn.LSTM(4, 8, seed=3)
         x = _rand(1, 6, 3, 4)
         before = _forward(m, x, None, None)[0]
@@ -757,7 +757,7 @@ class TestSequenceOps:
         b_hh = args[4]
         monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
         small = _rnn_kernels._gru_sequence_small(*args)
-        monkeypatch.setattr(_rnn_kernels, "SMALL_WEIGHTS_PER_STEP", 0)
+        monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         plain = _rnn_kernels.gru_sequence_kernel(*args)
         for got, want in zip(small, plain, strict=True):
             np.testing.assert_allclose(got, want, atol=1e-6)
