@@ -88,7 +88,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -96,9 +95,10 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_numba
-from ._rnn_buffers import _drop_scratch, _output, _output_blocks, _scratch, _weight_blocks
+from . import _rnn_measure, _rnn_numba
+from ._rnn_buffers import _output, _output_blocks, _scratch, _weight_blocks
 from ._rnn_engine import _numba_gates, _small_engine
+from ._rnn_measure import _FORM_MARGIN
 
 __all__ = [
     "CHUNK_BYTES",
@@ -209,7 +209,7 @@ def _layout_fortran(hidden: int, gates: int, dtype: np.dtype[Any]) -> bool:
     the process has more, which lasts the measurement: a model is built before its runs, not
     during them) and, only then, at the process's count now. Row-major at one thread already
     settles it, so building a model measures once, not twice (1.3 s at the tutorial's size)."""
-    threads = _blas_threads()
+    threads = _rnn_measure._blas_threads()
     if threads == 1:
         return _layout_is_fortran(hidden, gates, dtype, 1)
     from threadpoolctl import threadpool_limits
@@ -242,36 +242,11 @@ def _layout_is_fortran(hidden: int, gates: int, dtype: np.dtype[Any], threads: i
         if fortran is None:
             candidates = [("plain", True), *((f, False) for f in forms)]
             runs = _form_runs(LAYOUT_BATCH, hidden, gates, dtype, hidden, candidates)
-            times = _best_times(runs, *_FORM_REPEATS, _FORM_BUDGET)
+            times = _rnn_measure._best_times(runs, *_FORM_REPEATS, _FORM_BUDGET)
             form = (LAYOUT_BATCH, hidden, gates, dtype, threads, False, hidden)
             _forms.setdefault(form, _pick_form(forms, times[1:]))
             fortran = _layouts[key] = times[0] < _FORM_MARGIN * min(times[1:])
     return fortran
-
-
-def _best_times(
-    runs: tuple[Callable[[], object], ...], fewest: int, most: int, budget: float
-) -> list[float]:
-    """The best time of each of ``runs``, timed in turn (interleaved, so a slow moment of a
-    shared machine hits them alike): at least ``fewest`` rounds, then more until they have
-    run ``budget`` seconds each on average (small kernels are noisy), at most ``most``.
-
-    The calling thread's scratch buffers are dropped afterwards (:func:`_drop_scratch`): the
-    runs fill them for shapes of their own (a short sequence), which would otherwise stay
-    allocated on the thread that built the model (30 MiB at the tutorial's size)."""
-    best = [float("inf")] * len(runs)
-    spent = 0.0
-    for repeat in range(most):
-        if repeat >= fewest and spent >= budget * len(runs):
-            break
-        for i, run in enumerate(runs):
-            t0 = time.perf_counter()
-            run()
-            dt = time.perf_counter() - t0
-            spent += dt
-            best[i] = min(best[i], dt)
-    _drop_scratch()
-    return best
 
 
 #: The short sequence :func:`_kernel_form` runs each kernel form on: its steps (fewer let
@@ -294,10 +269,6 @@ _FORM_MIN_HIDDEN = 64
 #: (20, 1, 256), yet a served ensemble of 8 such directions on 2 threads ran 15% slower with
 #: it. (At batch 2 it is 16-25% faster, served too: OpenBLAS's plain GEMM is slow there.)
 _FORM_MIN_BATCH = 2
-#: Another form must be this much faster than the plain one to be taken: a close call
-#: (batch 1, where they measure within a few percent of each other) keeps the plain form,
-#: which is the faster one there in a real workload (12% on a served (20, 1, 256) ensemble).
-_FORM_MARGIN = 0.95
 
 
 #: The block widths (gate columns per block) the blocked kernels are measured with
@@ -333,41 +304,6 @@ VIEW_WIDTHS = (8, 16)
 #: The forms of the LSTM kernel (:func:`_kernel_form`): "plain", "transposed", a block width
 #: (int), ``("view", width)`` (blocked, ``W_hh`` read in place) or ``("fused", width)``.
 Form: TypeAlias = "str | int | tuple[str, int]"
-
-
-_blas_libs: list[Any] = []  # threadpoolctl's controller of numpy's BLAS, or None (found once)
-
-
-def _blas_threads() -> int:
-    """numpy's BLAS thread count now (about a microsecond: asks the library itself). The
-    forms' speeds depend on it (bigger products gain more from BLAS's threads), and a runtime
-    sets it for the whole process (BLAS 1 on inter-op threads), so kernel forms are measured
-    per count: a model built outside the runtime measures its weight layout under the
-    process's default.
-
-    numpy's own BLAS only (:func:`_numpy_blas`): with scipy's OpenBLAS loaded too (numba
-    imports scipy), the highest count of the two read scipy's ungoverned 2 while numpy's ran
-    on 1, and the tutorial's directions took the two-thread forms: 3.0-3.4 s a forward
-    against 1.9-2.1 (the defaults, one process in two)."""
-    if not _blas_libs:
-        from threadpoolctl import ThreadpoolController
-
-        found = ThreadpoolController().select(user_api="blas").lib_controllers
-        _blas_libs.append(_numpy_blas(found))
-    lib = _blas_libs[0]
-    return 1 if lib is None else int(lib.get_num_threads())
-
-
-def _numpy_blas(libs: list[Any]) -> Any:
-    """Of threadpoolctl's BLAS controllers, the one numpy's products call: loaded from numpy's
-    package (its wheels bundle OpenBLAS in ``numpy.libs``), else the first loaded (numpy loads
-    its BLAS when imported, before a library that depends on numpy loads its own); None for
-    none."""
-    own = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy")
-    for lib in libs:  # (numpy/ or numpy.libs/)
-        if (getattr(lib, "filepath", None) or "").startswith(own):
-            return lib
-    return libs[0] if libs else None
 
 
 _forms: dict[tuple[int, int, int, Any, int, bool, int], Form] = {}
@@ -408,10 +344,10 @@ def _measure_form(
 ) -> Form:
     """Which form of the LSTM kernel (``gates`` 4) or the GRU kernel (3) is fastest for this
     shape (``inputs``: the input size, None for ``hidden``), BLAS thread count
-    (:func:`_blas_threads`, which the caller passes; the measurement runs under it) and
-    weight order: ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``, every per-step
-    array features x batch: the LSTM only), a block width from :data:`BLOCK_WIDTHS` (``h @
-    Wb[k]`` per block of gate columns, :func:`_lstm_sequence_blocked`,
+    (:func:`ops._rnn_measure._blas_threads`, which the caller passes; the measurement runs
+    under it) and weight order: ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``,
+    every per-step array features x batch: the LSTM only), a block width from
+    :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate columns, :func:`_lstm_sequence_blocked`,
     :func:`_gru_sequence_blocked`), ``("view", width)`` (the same with ``W_hh``'s row blocks
     read in place) or ``("fused", width)`` with a width from :data:`FUSED_WIDTHS` (the input
     projection inside the step's blocked GEMM, :func:`_lstm_sequence_fused`: the LSTM only).
@@ -442,7 +378,7 @@ def _measure_form(
     if len(forms) == 1:  # nothing to choose from (a large GRU, or a Fortran-ordered LSTM)
         return forms[0]
     runs = _form_runs(batch, hidden, gates, dtype, inputs, [(f, fortran) for f in forms])
-    return _pick_form(forms, _best_times(runs, *_FORM_REPEATS, _FORM_BUDGET))
+    return _pick_form(forms, _rnn_measure._best_times(runs, *_FORM_REPEATS, _FORM_BUDGET))
 
 
 def _candidate_forms(
@@ -565,7 +501,9 @@ def recurrent_product(h: Array, w: Array) -> Array:
         batch >= _FORM_MIN_BATCH
         and batch * w.size >= STEP_PRODUCT_MEASURED_MIN  # (before the flags: a small call
         and w.flags.c_contiguous  # pays the two cheapest tests only)
-        and _product_is_transposed(batch, w.shape[0], w.shape[1], w.dtype, _blas_threads())
+        and _product_is_transposed(
+            batch, w.shape[0], w.shape[1], w.dtype, _rnn_measure._blas_threads()
+        )
     ):
         product: Array = np.matmul(w, h.T)
         return product.T
@@ -588,7 +526,7 @@ def _product_is_transposed(
                 rng = np.random.default_rng(0)
                 h = rng.random((batch, cols), dtype=np.float32).astype(dtype, copy=False)
                 w = rng.random((rows, cols), dtype=np.float32).astype(dtype, copy=False)
-                plain, transposed = _best_times(
+                plain, transposed = _rnn_measure._best_times(
                     (lambda: np.matmul(h, w.T), lambda: np.matmul(w, h.T)), 5, 200, 0.005
                 )
                 found = _products[key] = transposed < _FORM_MARGIN * plain
@@ -743,7 +681,7 @@ def _projection_form(rows: int, inputs: int, outputs: int, dtype: Any) -> int:
     out = np.empty((rows, outputs), dtype=dtype)
     forms = [PLAIN, TRANSPOSED, *(b for b in PROJECTION_VIEW_WIDTHS if outputs % b == 0)]
     runs = tuple(functools.partial(_project, x, w, out, form) for form in forms)
-    times = _best_times(runs, 5, 200, 0.005)
+    times = _rnn_measure._best_times(runs, 5, 200, 0.005)
     best = min(range(1, len(forms)), key=times.__getitem__)
     return forms[best] if times[best] < _FORM_MARGIN * times[0] else PLAIN
 
@@ -843,7 +781,7 @@ def lstm_sequence_kernel(
         return _lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     fortran = not w_hh.flags.c_contiguous
     form = _kernel_form(
-        batch, hidden, _LSTM_GATES, w_hh.dtype, _blas_threads(), fortran, w_ih.shape[1]
+        batch, hidden, _LSTM_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran, w_ih.shape[1]
     )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
@@ -1245,7 +1183,9 @@ def gru_sequence_kernel(
     if small == "numpy":
         return _gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     fortran = not w_hh.flags.c_contiguous
-    form = _kernel_form(batch, hidden, _GRU_GATES, w_hh.dtype, _blas_threads(), fortran)
+    form = _kernel_form(
+        batch, hidden, _GRU_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran
+    )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
         return _gru_sequence_blocked(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form)
     if type(form) is tuple:  # ("view", width): W_hh row-major, read in place

@@ -14,7 +14,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_buffers, _rnn_engine, _rnn_kernels, nn
+from ops import _rnn_buffers, _rnn_engine, _rnn_kernels, _rnn_measure, nn
 from ops._recurrent import rnn_projection
 from tests.test_nn import ref_rnn
 
@@ -338,7 +338,7 @@ class TestSequenceOps:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(1, user_api="blas"):
-            assert _rnn_kernels._blas_threads() == 1
+            assert _rnn_measure._blas_threads() == 1
         asked: list[tuple[Any, ...]] = []
         ran: list[bool] = []
         transposed = _rnn_kernels._lstm_sequence_transposed
@@ -351,7 +351,7 @@ class TestSequenceOps:
             ran.append(bool(args[3].flags.c_contiguous))
             return transposed(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_blas_threads", lambda: 7)
+        monkeypatch.setattr(_rnn_measure, "_blas_threads", lambda: 7)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
         monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
@@ -541,7 +541,7 @@ class TestSequenceOps:
 
             monkeypatch.setattr(_rnn_kernels, f"_lstm_sequence_{name}", spy)
         times: list[float] = []
-        real = _rnn_kernels._best_times
+        real = _rnn_measure._best_times
 
         def best_times(runs: Any, *rest: Any) -> list[float]:
             if len(runs) != len(times):  # another measurement (the projection's form)
@@ -550,7 +550,7 @@ class TestSequenceOps:
                 run()
             return times
 
-        monkeypatch.setattr(_rnn_kernels, "_best_times", best_times)
+        monkeypatch.setattr(_rnn_measure, "_best_times", best_times)
         fused_cap = _rnn_kernels.FUSED_COPY_BYTES_MAX
         monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 0)  # (until their own parts)
         monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", ())
@@ -978,7 +978,7 @@ class TestWeightLayout:
             monkeypatch.setattr(_rnn_kernels, f"_lstm_sequence_{name}", spy)
         times: list[float] = []
         monkeypatch.setattr(
-            _rnn_kernels,
+            _rnn_measure,
             "_best_times",
             lambda runs, *a: [(r() and 0) or t for r, t in zip(runs, times, strict=True)],
         )
@@ -1058,7 +1058,7 @@ class TestWeightLayout:
         got = _rnn_kernels.recurrent_product(h, w)
         np.testing.assert_allclose(got, h @ w.T, rtol=1e-5, atol=1e-4)
         assert got.flags.f_contiguous is transposed
-        assert asked == [(batch, 4 * hid, hid, np.dtype(np.float32), _rnn_kernels._blas_threads())]
+        assert asked == [(batch, 4 * hid, hid, np.dtype(np.float32), _rnn_measure._blas_threads())]
         asked.clear()
         _rnn_kernels.recurrent_product(h, np.asfortranarray(w))
         _rnn_kernels.recurrent_product(h[:1], w)

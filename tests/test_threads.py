@@ -93,13 +93,13 @@ class TestNumpysBlas:
         import numpy as np
 
         from dataflow import _blas
-        from ops import _rnn_kernels
+        from ops import _rnn_measure
 
         site = os.path.dirname(os.path.dirname(np.__file__))
         scipy_lib = self._Lib(os.path.join(site, "scipy.libs", "libscipy_openblas.so"), 2)
         wheel = self._Lib(os.path.join(site, "numpy.libs", "libscipy_openblas64_.so"), 1)
         system = self._Lib("/usr/lib/libopenblas.so", 4)
-        for find in (_blas.numpy_blas, _rnn_kernels._numpy_blas):
+        for find in (_blas.numpy_blas, _rnn_measure._numpy_blas):
             assert find([scipy_lib, wheel]) is wheel
             assert find([system, scipy_lib]) is system  # none in numpy's package: the first
             assert find([]) is None
@@ -111,7 +111,7 @@ class TestNumpysBlas:
         from threadpoolctl import ThreadpoolController
 
         from dataflow import _blas
-        from ops import _rnn_kernels
+        from ops import _rnn_measure
 
         libs = ThreadpoolController().select(user_api="blas").lib_controllers
         mine = _blas.numpy_blas(libs)
@@ -124,12 +124,12 @@ class TestNumpysBlas:
             for lib in others:
                 lib.set_num_threads(2)
             assert dataflow.get_num_threads() == 1
-            assert _rnn_kernels._blas_threads() == 1
+            assert _rnn_measure._blas_threads() == 1
             mine.set_num_threads(2)
             for lib in others:
                 lib.set_num_threads(1)
             assert dataflow.get_num_threads() == 2
-            assert _rnn_kernels._blas_threads() == 2
+            assert _rnn_measure._blas_threads() == 2
         finally:
             for lib, n in before:
                 lib.set_num_threads(n)
