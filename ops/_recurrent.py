@@ -36,7 +36,8 @@ import numpy as np
 from dataflow import Cost, OpInputError, OpTypeError
 
 from ._checks import array_kernel
-from ._rnn_kernels import _lstm_exp_scale, recurrent_product
+from ._rnn_gates import _lstm_exp_scale
+from ._rnn_kernels import recurrent_product
 from ._tensor import Tensor, TensorSpec, define, define_multi, spec_of
 
 __all__ = [

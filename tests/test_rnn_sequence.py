@@ -14,7 +14,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_buffers, _rnn_engine, _rnn_kernels, _rnn_measure, nn
+from ops import _rnn_buffers, _rnn_engine, _rnn_gates, _rnn_kernels, _rnn_measure, nn
 from ops._recurrent import rnn_projection
 from tests.test_nn import ref_rnn
 
@@ -438,7 +438,7 @@ class TestSequenceOps:
     ) -> None:
         """Gates through np.tanh (sigmoid = (tanh(x/2) + 1) / 2) or through np.exp, whichever
         measures faster, in every GEMM form: the same results within float32 rounding."""
-        monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
+        monkeypatch.setattr(_rnn_gates, "_tanh_form_is_faster", lambda *a: tanh_form)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
@@ -503,9 +503,9 @@ class TestSequenceOps:
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         f32 = np.dtype(np.float32)
         assert _rnn_kernels._kernel_form(3, 16, 4, f32) == "plain"
-        assert _rnn_kernels._tanh_form_is_faster((3, 64), f32) is False
-        big_gates = _rnn_kernels._tanh_form_is_faster((50, 1024), f32)
-        assert _rnn_kernels._tanh_form_is_faster((50, 1024), f32) is big_gates
+        assert _rnn_gates._tanh_form_is_faster((3, 64), f32) is False
+        big_gates = _rnn_gates._tanh_form_is_faster((50, 1024), f32)
+        assert _rnn_gates._tanh_form_is_faster((50, 1024), f32) is big_gates
         big = _rnn_kernels._kernel_form(8, 512, 4, f32)
         assert big in (
             "plain",
@@ -839,11 +839,11 @@ class TestSequenceOps:
     ) -> None:
         """Above TANH_DIRECT_MAX elements (the state's tanh through np.tanh or through exp),
         in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
-        monkeypatch.setattr(_rnn_kernels, "_tanh_form_is_faster", lambda *a: tanh_form)
+        monkeypatch.setattr(_rnn_gates, "_tanh_form_is_faster", lambda *a: tanh_form)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
         monkeypatch.setattr(_rnn_kernels, "_layout_fortran", lambda *a: form == "plain")
         hid = 96
-        batch = _rnn_kernels.TANH_DIRECT_MAX // hid + 1
+        batch = _rnn_gates.TANH_DIRECT_MAX // hid + 1
         m = nn.LSTM(4, hid, seed=1)
         x = _rand(2, 3, batch, 4)
         out, (h_n, c_n) = _forward(m, x, None, None)
