@@ -6,12 +6,9 @@ work (a few microseconds) is smaller than that. These kernels run a direction in
 an LSTM costs one op per layer and direction, and they do less work per step than plain numpy
 code written the obvious way:
 
-* **Projection in time chunks.** ``x @ w_ih.T + bias`` is computed for a chunk of steps at a
-  time (one GEMM of ``chunk * batch`` rows, about :data:`CHUNK_BYTES` of output) into one
-  buffer reused for every chunk, so a direction never holds its whole (T, B, G*H) projection:
-  at the tutorial's size that is 8 MiB instead of 39 MiB per direction. A chunk of few rows
-  runs as the transpose of ``w_ih @ x.T`` where that measures faster
-  (:func:`_projection_form`: OpenBLAS's AVX-512 GEMM is slow for few rows), or in blocks.
+* **Projection in time chunks.** ``x @ w_ih.T + bias`` is computed a chunk of steps at a
+  time into one buffer reused for every chunk, each chunk's GEMM in the form measured
+  fastest for its shape (:mod:`ops._rnn_projection`).
 * **No allocation per step.** The gate pre-activations go into one preallocated (B, G*H)
   buffer (``np.matmul(..., out=)``), the gate math runs in place on it, the cell state is
   updated in place, and each step's h is written straight into its row of the output: the
@@ -94,10 +91,9 @@ from ._rnn_buffers import _output, _output_blocks, _scratch, _weight_blocks
 from ._rnn_engine import _numba_gates, _small_engine
 from ._rnn_gates import _GRU_GATES, _LSTM_GATES, _gemm_into, _gru_gates, _lstm_gates, _tanh_into
 from ._rnn_measure import _FORM_MARGIN
+from ._rnn_projection import _chunks, _project_chunk, _rows, chunk_steps
 
 __all__ = [
-    "CHUNK_BYTES",
-    "chunk_steps",
     "gru_sequence_kernel",
     "LAYOUT_BATCH",
     "lay_out",
@@ -106,17 +102,6 @@ __all__ = [
 ]
 
 Array: TypeAlias = "np.ndarray[Any, Any]"
-
-#: Target size of one chunk of the input projection (bytes). Large enough that the chunk's GEMM
-#: runs at full rate (at the tutorial's size a chunk is 10 steps: a (500, 1024) x (1024, 4096)
-#: product), small enough that it stays in the last-level cache's neighbourhood.
-CHUNK_BYTES = 8 << 20
-
-
-def chunk_steps(steps: int, batch: int, width: int, itemsize: int) -> int:
-    """How many time steps one chunk of the projection holds (at least 1, at most ``steps``)."""
-    per_step = max(batch * width * itemsize, 1)
-    return max(1, min(steps, CHUNK_BYTES // per_step))
 
 
 # -- weight layout ------------------------------------------------------------------------------
@@ -518,107 +503,6 @@ def _product_is_transposed(
                 )
                 found = _products[key] = transposed < _FORM_MARGIN * plain
     return found
-
-
-#: Projections of at most this many multiply-adds (rows x inputs x outputs) have their GEMM
-#: form measured (:func:`_projection_form`); larger ones run as ``x @ w.T``.
-PROJECTION_MEASURED_MAX = 1 << 26
-#: The block widths a small projection is also measured with, reading ``w`` in place
-#: (:func:`_project`: form = the width).
-PROJECTION_VIEW_WIDTHS = (16, 32)
-#: :func:`_project`'s forms besides a block width: ``x @ w.T``, and the transpose of
-#: ``w @ x.T``.
-PLAIN, TRANSPOSED = 0, 1
-
-
-@functools.lru_cache(maxsize=256)
-def _projection_form(rows: int, inputs: int, outputs: int, dtype: Any) -> int:
-    """The fastest form of a small input projection, ``x (rows, inputs) @ w.T`` with ``w``
-    (outputs, inputs) row-major, measured once per shape and dtype (:func:`_project`):
-    :data:`PLAIN`; :data:`TRANSPOSED`, ``(w @ x.T).T`` (a transposed GEMM and a transposing
-    copy); or a width from :data:`PROJECTION_VIEW_WIDTHS`, ``x @ w[k*width : (k+1)*width].T``
-    for each block of ``w``'s rows read in place (one stacked GEMM: products small enough for
-    OpenBLAS's small-matrix kernels) and a copy back into ``(rows, outputs)``.
-
-    OpenBLAS's GEMM is slow for few rows in the plain form: one thread, AVX-512 kernels, at
-    (20, 256) x (256, 1024) it took 250 us against 159 transposed and 119 in blocks of 16;
-    (50, 128) x (128, 512), the numba engine's projection at (50, 1, 128): 114 against 101
-    and 83. From a few hundred rows on the plain form wins. Interleaved runs, best of each,
-    until each form has run 5 ms (at most 200 runs); another form must be 5% faster.
-    """
-    if rows * inputs * outputs > PROJECTION_MEASURED_MAX:
-        return PLAIN
-    rng = np.random.default_rng(0)
-    x = rng.random((rows, inputs), dtype=np.float32).astype(dtype, copy=False)
-    w = rng.random((outputs, inputs), dtype=np.float32).astype(dtype, copy=False)
-    out = np.empty((rows, outputs), dtype=dtype)
-    forms = [PLAIN, TRANSPOSED, *(b for b in PROJECTION_VIEW_WIDTHS if outputs % b == 0)]
-    runs = tuple(functools.partial(_project, x, w, out, form) for form in forms)
-    times = _rnn_measure._best_times(runs, 5, 200, 0.005)
-    best = min(range(1, len(forms)), key=times.__getitem__)
-    return forms[best] if times[best] < _FORM_MARGIN * times[0] else PLAIN
-
-
-def project_rows(rows: Array, w_ih: Array, out: Array) -> None:
-    """``out = rows @ w_ih.T`` in the form measured fastest for the shape
-    (:func:`_projection_form`; the plain one for a weight that is not row-major)."""
-    form = PLAIN
-    if w_ih.flags.c_contiguous:
-        form = _projection_form(rows.shape[0], rows.shape[1], w_ih.shape[0], w_ih.dtype)
-    _project(rows, w_ih, out, form)
-
-
-def _rows(part: Array) -> Array:
-    """A chunk of the input, (steps, batch, features), as contiguous (steps * batch, features)
-    rows: itself reshaped, or copied into a scratch buffer (a time-flipped or batch-first
-    input is not contiguous)."""
-    steps, batch, features = part.shape
-    if not part.flags.c_contiguous:
-        copy = _scratch("rows", part.shape, part.dtype)
-        np.copyto(copy, part)
-        part = copy
-    rows: Array = part.reshape(steps * batch, features)
-    return rows
-
-
-def _project(rows: Array, w_ih: Array, out: Array, form: int) -> None:
-    """``out = rows @ w_ih.T`` in ``form`` (:func:`_projection_form`): directly, as the
-    transpose of ``w_ih @ rows.T``, or in blocks of ``form`` rows of ``w_ih`` read in place
-    (``w_ih`` row-major) and copied back."""
-    if form == PLAIN:
-        np.matmul(rows, w_ih.T, out=out)
-    elif form == TRANSPOSED:
-        product = _scratch("projection", (w_ih.shape[0], rows.shape[0]), out.dtype)
-        np.matmul(w_ih, rows.T, out=product)
-        np.copyto(out, product.T)
-    else:
-        n, outputs = rows.shape[0], w_ih.shape[0]
-        blocks = _scratch("projection", (outputs // form, n, form), out.dtype)
-        np.matmul(rows, _weight_blocks(w_ih, form, True), out=blocks)
-        np.copyto(out.reshape(n, outputs // form, form), blocks.transpose(1, 0, 2))
-
-
-def _project_chunk(
-    x: Array, t0: int, t1: int, w_ih: Array, bias: Array | None, batch_first: bool, buf: Array
-) -> Array:
-    """``x[t0:t1] @ w_ih.T + bias`` into ``buf``'s first rows: a (t1 - t0, B, G) view."""
-    part = x[:, t0:t1].swapaxes(0, 1) if batch_first else x[t0:t1]
-    n, batch = part.shape[0], part.shape[1]
-    rows = _rows(part)
-    flat = buf[: n * batch]
-    project_rows(rows, w_ih, flat)
-    if bias is not None:
-        flat += bias
-    view: Array = flat.reshape(n, batch, buf.shape[1])
-    return view
-
-
-def _chunks(steps: int, size: int, reverse: bool) -> list[tuple[int, int]]:
-    """[t0, t1) chunks covering the steps, in the order the direction visits them."""
-    if size >= steps:
-        return [(0, steps)]
-    bounds = [(t0, min(t0 + size, steps)) for t0 in range(0, steps, size)]
-    return bounds[::-1] if reverse else bounds
 
 
 _NO_COL = np.zeros((0, 0), dtype=np.float32)  # (the gate steps' "no projected input")

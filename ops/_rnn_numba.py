@@ -31,6 +31,8 @@ import numpy as np
 
 from dataflow import DataflowRuntimeError
 
+from ._rnn_projection import project_rows
+
 Array: TypeAlias = "np.ndarray[Any, Any]"
 
 __all__ = [
@@ -303,10 +305,8 @@ def gru_block_gates() -> Any:
 
 def _project(x: Array, w_ih: Array, bias: Array | None, batch_first: bool) -> Array:
     """``x @ w_ih.T + bias`` as a (T, B, G) float32 array: one BLAS product, in the form
-    measured fastest for its shape (``_rnn_kernels.project_rows``: at the (50, 1, 128)
+    measured fastest for its shape (``_rnn_projection.project_rows``: at the (50, 1, 128)
     ensemble's (50, 128) x (128, 512), in blocks of the weight's rows, 83 against 114 us)."""
-    from ._rnn_kernels import project_rows  # (here: _rnn_kernels imports this module)
-
     xs = x.swapaxes(0, 1) if batch_first else x
     steps, batch = xs.shape[0], xs.shape[1]
     rows = np.ascontiguousarray(xs, dtype=np.float32).reshape(steps * batch, xs.shape[2])

@@ -17,7 +17,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_engine, _rnn_kernels, _rnn_numba, nn
+from ops import _rnn_engine, _rnn_kernels, _rnn_numba, _rnn_projection, nn
 from tests.test_nn import ref_rnn
 from tests.test_rnn_sequence import GRU_CASES, GRU_HIDDEN, _rand, gru_case
 
@@ -169,8 +169,8 @@ class TestKernels:
         reversed, LSTM and GRU."""
         steps, batch, inp, hid = 7, 3, 5, 16
         one_step = batch * 4 * hid * 4  # an LSTM step's projection, float32
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 2 * one_step)
-        assert _rnn_kernels.chunk_steps(steps, batch, 4 * hid, 4) == 2
+        monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 2 * one_step)
+        assert _rnn_projection.chunk_steps(steps, batch, 4 * hid, 4) == 2
         x, h0 = _rand(4, steps, batch, inp), _rand(5, batch, hid)
         lstm = (x, _rand(1, 4 * hid, inp), _rand(3, 4 * hid), _rand(2, 4 * hid, hid), h0,
                 _rand(6, batch, hid), reverse, False)  # fmt: skip

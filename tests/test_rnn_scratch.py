@@ -139,8 +139,9 @@ def test_repeated_calls_fault_no_pages_in() -> None:
         import numpy as np
         from ops import _rnn_engine
         from ops import _rnn_kernels as K
+        from ops import _rnn_projection as P
         _rnn_engine.set_recurrent_engine("numpy")  # (the numpy kernels' scratch buffers)
-        K._projection_form = lambda *a: 16  # the form with a buffer of its own: the most kept
+        P._projection_form = lambda *a: 16  # the form with a buffer of its own: the most kept
         rng = np.random.default_rng(0)
         x = rng.standard_normal((50, 1, 128)).astype(np.float32)
         w_ih = (rng.standard_normal((512, 128)) / 128**0.5).astype(np.float32)

@@ -14,7 +14,15 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_buffers, _rnn_engine, _rnn_gates, _rnn_kernels, _rnn_measure, nn
+from ops import (
+    _rnn_buffers,
+    _rnn_engine,
+    _rnn_gates,
+    _rnn_kernels,
+    _rnn_measure,
+    _rnn_projection,
+    nn,
+)
 from ops._recurrent import rnn_projection
 from tests.test_nn import ref_rnn
 
@@ -143,7 +151,7 @@ class TestSequenceOps:
 
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "transposed")
         monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
+        monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
         assert used
 
@@ -190,7 +198,7 @@ class TestSequenceOps:
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
         monkeypatch.setattr(_rnn_kernels, name, spy)
         monkeypatch.setattr(_rnn_kernels, "_weight_blocks", blocks_spy)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
+        monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
         self.test_against_reference(mode, reverse, batch_first, with_state)
         assert used == [(block, True) if view else (block,)]
         assert copies == [not view]
@@ -455,37 +463,41 @@ class TestSequenceOps:
         """The input projection as ``x @ W.T``, as the transpose of ``W @ x.T``, or in blocks
         of W's rows read in place (faster for few rows with some BLAS kernels; hidden 6: 4 or
         3 gates, blocks of 2, 3 and 6 rows): the same results, chunked or not."""
-        monkeypatch.setattr(_rnn_kernels, "_projection_form", lambda *a: projection_form)
+        monkeypatch.setattr(_rnn_projection, "_projection_form", lambda *a: projection_form)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "plain")
         for reverse, batch_first, with_state in ((False, False, False), (True, True, True)):
             self.test_against_reference(mode, reverse, batch_first, with_state)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
+        monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference(mode, True, False, True)
 
     def test_the_projection_form_is_measured_for_small_shapes_only(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        decide = _rnn_kernels._projection_form
-        forms = (_rnn_kernels.PLAIN, _rnn_kernels.TRANSPOSED, *_rnn_kernels.PROJECTION_VIEW_WIDTHS)
+        decide = _rnn_projection._projection_form
+        forms = (
+            _rnn_projection.PLAIN,
+            _rnn_projection.TRANSPOSED,
+            *_rnn_projection.PROJECTION_VIEW_WIDTHS,
+        )
         small = decide(20, 64, 256, np.dtype(np.float32))
         assert small in forms
         assert decide(20, 64, 256, np.dtype(np.float32)) == small  # measured once
         ran: list[int] = []
-        project = _rnn_kernels._project
+        project = _rnn_projection._project
 
         def spy(*args: Any) -> None:
             ran.append(args[3])
             project(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_project", spy)
+        monkeypatch.setattr(_rnn_projection, "_project", spy)
         assert decide.__wrapped__(20, 64, 256, np.dtype(np.float32)) in forms
         assert set(ran) == set(forms)  # a small one: every form timed
         ran.clear()
         decide.__wrapped__(20, 64, 48, np.dtype(np.float32))
         assert set(ran) == {0, 1, 16}  # only the block widths that divide the outputs
         ran.clear()
-        big = 1 + _rnn_kernels.PROJECTION_MEASURED_MAX // (256 * 1024)
-        assert decide.__wrapped__(big, 256, 1024, np.dtype(np.float32)) == _rnn_kernels.PLAIN
+        big = 1 + _rnn_projection.PROJECTION_MEASURED_MAX // (256 * 1024)
+        assert decide.__wrapped__(big, 256, 1024, np.dtype(np.float32)) == _rnn_projection.PLAIN
         assert ran == []  # not measured: nothing of that size ran
 
     @pytest.mark.parametrize("form", [0, 1, 16, 32])
@@ -494,10 +506,10 @@ class TestSequenceOps:
         takes the measured one for a row-major weight and the plain one otherwise."""
         rows, w = _rand(1, 20, 48), _rand(2, 64, 48)
         out = np.empty((20, 64), dtype=np.float32)
-        _rnn_kernels._project(rows, w, out, form)
+        _rnn_projection._project(rows, w, out, form)
         np.testing.assert_allclose(out, rows @ w.T, rtol=1e-5, atol=1e-5)
         out[...] = 0.0
-        _rnn_kernels.project_rows(rows, np.asfortranarray(w), out)
+        _rnn_projection.project_rows(rows, np.asfortranarray(w), out)
         np.testing.assert_allclose(out, rows @ w.T, rtol=1e-5, atol=1e-5)
 
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
@@ -755,7 +767,7 @@ class TestSequenceOps:
         args = gru_case(reverse, batch_first, with_state, biases)
         batch, hid = 2, GRU_HIDDEN
         b_hh = args[4]
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
+        monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
         small = _rnn_kernels._gru_sequence_small(*args)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         plain = _rnn_kernels.gru_sequence_kernel(*args)
@@ -820,8 +832,8 @@ class TestSequenceOps:
         m = _module(mode, input_size=8, hidden_size=16, seed=0, bidirectional=True)
         x = _rand(5, 11, 4, 8)
         whole = _forward(m, x, None, None)
-        monkeypatch.setattr(_rnn_kernels, "CHUNK_BYTES", 3 * 4 * m._gates * 16 * 4)
-        assert _rnn_kernels.chunk_steps(11, 4, m._gates * 16, 4) == 3
+        monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 4 * m._gates * 16 * 4)
+        assert _rnn_projection.chunk_steps(11, 4, m._gates * 16, 4) == 3
         chunked = _forward(m, x, None, None)
         for a, b in zip(np.atleast_1d(whole[0]), np.atleast_1d(chunked[0]), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-6)
