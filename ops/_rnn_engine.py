@@ -129,7 +129,7 @@ _on_engine_change: list[Callable[[], None]] = []
 
 #: A direction whose weights (``4H x (I + H)`` elements) are at most this many per step, with
 #: a gate array (``B x 4H``) of at most SMALL_GATES_MAX elements, takes numpy's small kernel
-#: (:func:`ops._rnn_kernels._lstm_sequence_small`): a model this small spends its steps in
+#: (:func:`ops._rnn_small._lstm_sequence_small`): a model this small spends its steps in
 #: numpy's per-call overhead, and the weights' copy it makes (about 0.3 ns an element) costs
 #: less than the calls it saves (about 2 us a step). Measured on one thread (AMD EPYC,
 #: OpenBLAS), small / plain kernel: 0.77 at (T, B, H) = (10, 1, 32), 0.84 at (10, 2, 32), 0.70

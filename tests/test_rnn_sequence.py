@@ -21,6 +21,7 @@ from ops import (
     _rnn_kernels,
     _rnn_measure,
     _rnn_projection,
+    _rnn_small,
     nn,
 )
 from ops._recurrent import rnn_projection
@@ -688,13 +689,13 @@ class TestSequenceOps:
         """Weights of at most SMALL_WEIGHTS_PER_STEP elements a step take the small kernel
         (the numpy engine's)."""
         used: list[tuple[int, ...]] = []
-        small = _rnn_kernels._lstm_sequence_small
+        small = _rnn_small._lstm_sequence_small
 
         def spy(*args: Any) -> Any:
             used.append(args[3].shape)
             return small(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_small", spy)
+        monkeypatch.setattr(_rnn_small, "_lstm_sequence_small", spy)
         for steps, hidden in ((7, 6), (2, 64)):  # 264 and 32768 weight elements
             w_ih, w_hh = _rand(5, 4 * hidden, hidden), _rand(6, 4 * hidden, hidden)
             x = _rand(7, steps, 1, hidden)
@@ -715,7 +716,7 @@ class TestSequenceOps:
         h0 = _rand(5, batch, hid) if with_state else None
         c0 = _rand(6, batch, hid) if with_state else None
         args = (x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-        small = _rnn_kernels._lstm_sequence_small(*args)
+        small = _rnn_small._lstm_sequence_small(*args)
         plain = _rnn_kernels._lstm_sequence_plain(*args)
         for got, want in zip(small, plain, strict=True):
             np.testing.assert_allclose(got, want, atol=1e-6)
@@ -739,13 +740,13 @@ class TestSequenceOps:
     ) -> None:
         """The GRU takes its small kernel within the LSTM's bounds (weights a step, gates)."""
         used: list[tuple[int, ...]] = []
-        small = _rnn_kernels._gru_sequence_small
+        small = _rnn_small._gru_sequence_small
 
         def spy(*args: Any) -> Any:
             used.append(args[3].shape)
             return small(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_gru_sequence_small", spy)
+        monkeypatch.setattr(_rnn_small, "_gru_sequence_small", spy)
         for steps, batch, hidden in ((7, 1, 6), (2, 1, 64), (7, 64, 6)):
             w_ih, w_hh = _rand(5, 3 * hidden, hidden), _rand(6, 3 * hidden, hidden)
             x = _rand(7, steps, batch, hidden)
@@ -768,7 +769,7 @@ class TestSequenceOps:
         batch, hid = 2, GRU_HIDDEN
         b_hh = args[4]
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
-        small = _rnn_kernels._gru_sequence_small(*args)
+        small = _rnn_small._gru_sequence_small(*args)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         plain = _rnn_kernels.gru_sequence_kernel(*args)
         for got, want in zip(small, plain, strict=True):
