@@ -1,21 +1,7 @@
-"""Whole-sequence recurrent kernels: one direction of one layer, the time loop inside one call.
+"""numpy's whole-sequence kernels for the LSTM and the GRU in every form
+:mod:`ops._rnn_sequence` chooses among, the measurement that chooses the form, and the
+recurrent weights' layout:
 
-The per-step decomposition (``rnn_projection`` then one ``lstm_step`` op per step) exposes
-parallelism to the scheduler, but each op costs a hand-off, and at small sizes a step's numpy
-work (a few microseconds) is smaller than that. These kernels run a direction in one call, so
-an LSTM costs one op per layer and direction, and they do less work per step than plain numpy
-code written the obvious way:
-
-* **Projection in time chunks.** ``x @ w_ih.T + bias`` is computed a chunk of steps at a
-  time into one buffer reused for every chunk, each chunk's GEMM in the form measured
-  fastest for its shape (:mod:`ops._rnn_projection`).
-* **No allocation per step.** The gate pre-activations go into one preallocated (B, G*H)
-  buffer (``np.matmul(..., out=)``), the gate math runs in place on it, the cell state is
-  updated in place, and each step's h is written straight into its row of the output: the
-  next step's GEMM reads it from there. Nothing is copied between steps.
-* **Fewest passes for the size, in the faster transcendental.** The gate math runs in place,
-  all four LSTM gates in one ``exp`` or ``tanh`` pass, whichever measures faster
-  (:mod:`ops._rnn_gates`).
 * **The step GEMM in the form BLAS likes.** With OpenBLAS's AVX-512 kernels the recurrent
   product is about 25% faster as ``W @ h.T`` (gates x batch) than as ``h @ W.T`` (batch x
   gates): 2.4 against 3.1-3.4 ms at (50, 1024) x (1024, 4096) on one thread of an AMD EPYC
@@ -58,17 +44,12 @@ code written the obvious way:
   sequence, once per shape (input size included), dtype, BLAS thread count and weight order,
   each with the weight in the order the call has: the fastest form that copies no weight,
   or one that copies them where it is clearly faster than that.
-* **Fewest calls for a small model.** A model whose steps are mostly numpy's per-call
-  overhead runs kernels that make the fewest calls (:mod:`ops._rnn_small`).
 * **Weights in the layout BLAS likes.** :func:`lay_out` stores a recurrent weight in the
   memory order whose ``h @ w.T`` GEMM measured fastest on this machine for its shape (Fortran
   order makes ``w.T`` a plain row-major operand: 22% faster at (50, 1024) x (1024, 4096) with
   OpenBLAS on one thread). It is the parameter's own memory, not a cached copy, so in-place
   writes and ``load_state_dict`` can never leave a stale copy behind; the kernels take either
   layout.
-
-Gate order and equations are torch's (see :mod:`ops._recurrent`); outputs match torch's
-``nn.LSTM`` / ``nn.GRU`` within float32 rounding.
 """
 
 from __future__ import annotations
@@ -82,18 +63,16 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_measure, _rnn_numba, _rnn_small
+from . import _rnn_measure, _rnn_numba
 from ._rnn_buffers import _output, _output_blocks, _scratch, _weight_blocks
-from ._rnn_engine import _numba_gates, _small_engine
+from ._rnn_engine import _numba_gates
 from ._rnn_gates import _GRU_GATES, _LSTM_GATES, _gemm_into, _gru_gates, _lstm_gates, _tanh_into
 from ._rnn_measure import _FORM_MARGIN
 from ._rnn_projection import _chunks, _project_chunk, _rows, chunk_steps
 
 __all__ = [
-    "gru_sequence_kernel",
     "LAYOUT_BATCH",
     "lay_out",
-    "lstm_sequence_kernel",
     "recurrent_product",
 ]
 
@@ -508,49 +487,6 @@ _NO_BIAS = _rnn_numba.NO_BIAS
 # -- LSTM ---------------------------------------------------------------------------------------
 
 
-def lstm_sequence_kernel(
-    x: Array,
-    w_ih: Array,
-    bias: Array | None,
-    w_hh: Array,
-    h0: Array | None,
-    c0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-) -> tuple[Array, Array, Array]:
-    """One LSTM direction over the whole sequence: (output, h_n, c_n).
-
-    ``x`` is (T, B, I) (or (B, T, I) with ``batch_first``, and the output then too); ``bias``
-    is ``b_ih + b_hh`` (or None); ``h0``/``c0`` (B, H) or None for zeros. With ``reverse``
-    the steps run from T-1 down to 0 and h_n is the state after step 0; the output stays in
-    time order either way.
-    """
-    batch = x.shape[0] if batch_first else x.shape[1]
-    hidden = w_hh.shape[1]
-    small = _small_engine(x, w_ih, w_hh, _LSTM_GATES, batch_first)
-    if small == "numba":
-        return _rnn_numba.lstm_sequence(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-    if small == "numpy":
-        return _rnn_small._lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-    fortran = not w_hh.flags.c_contiguous
-    form = _kernel_form(
-        batch, hidden, _LSTM_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran, w_ih.shape[1]
-    )
-    if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
-        return _lstm_sequence_blocked(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form)
-    if type(form) is tuple:
-        kind, block = form
-        if kind == "view":  # (W_hh row-major: a Fortran-ordered one is measured without it)
-            return _lstm_sequence_blocked(
-                x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, block, True
-            )
-        # (any layout of either weight: the call copies both into blocks)
-        return _lstm_sequence_fused(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, block)
-    if form == "transposed" and not fortran:
-        return _lstm_sequence_transposed(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-    return _lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
-
-
 def _lstm_sequence_plain(
     x: Array,
     w_ih: Array,
@@ -827,41 +763,6 @@ def _lstm_sequence_fused(
 
 
 # -- GRU ----------------------------------------------------------------------------------------
-
-
-def gru_sequence_kernel(
-    x: Array,
-    w_ih: Array,
-    b_ih: Array | None,
-    w_hh: Array,
-    b_hh: Array | None,
-    h0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-) -> tuple[Array, Array]:
-    """One GRU direction over the whole sequence: (output, h_n); arguments as for the LSTM.
-
-    ``b_hh`` stays in the step (r multiplies ``W_hn h + b_hn``, so it cannot be folded into
-    the projection as the LSTM's can).
-    """
-    batch = x.shape[0] if batch_first else x.shape[1]
-    hidden = w_hh.shape[1]
-    small = _small_engine(x, w_ih, w_hh, _GRU_GATES, batch_first)
-    if small == "numba":
-        return _rnn_numba.gru_sequence(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
-    if small == "numpy":
-        return _rnn_small._gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
-    fortran = not w_hh.flags.c_contiguous
-    form = _kernel_form(
-        batch, hidden, _GRU_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran
-    )
-    if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
-        return _gru_sequence_blocked(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form)
-    if type(form) is tuple:  # ("view", width): W_hh row-major, read in place
-        return _gru_sequence_blocked(
-            x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form[1], True
-        )
-    return _gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
 
 
 def _gru_sequence_plain(

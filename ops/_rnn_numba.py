@@ -344,7 +344,7 @@ def lstm_sequence(
     reverse: bool,
     batch_first: bool,
 ) -> tuple[Array, Array, Array]:
-    """``_rnn_kernels.lstm_sequence_kernel`` on the compiled loop: (output, h_n, c_n)."""
+    """``_rnn_sequence.lstm_sequence_kernel`` on the compiled loop: (output, h_n, c_n)."""
     lstm_loop = _compiled()[0]
     xp = _project(x, w_ih, bias, batch_first)
     steps, batch = xp.shape[0], xp.shape[1]
@@ -365,7 +365,7 @@ def gru_sequence(
     reverse: bool,
     batch_first: bool,
 ) -> tuple[Array, Array]:
-    """``_rnn_kernels.gru_sequence_kernel`` on the compiled loop: (output, h_n). ``b_hh``'s
+    """``_rnn_sequence.gru_sequence_kernel`` on the compiled loop: (output, h_n). ``b_hh``'s
     r and z parts are folded into the projection's bias; its n part stays in the step."""
     gru_loop = _compiled()[1]
     hidden = w_hh.shape[1]

@@ -17,9 +17,9 @@ gate at once, the sigmoids as ``(tanh(x / 2) + 1) / 2`` in one multiply-add:
 Nothing is cached: a parameter written in place is read at the next call. Which models are
 small enough, and measured how, is :mod:`ops._rnn_engine`'s (``SMALL_WEIGHTS_PER_STEP``,
 ``SMALL_GATES_MAX``); the numba engine, where it runs, takes them before these kernels do.
-Each takes the arguments of its direction's kernel (``ops._rnn_kernels.lstm_sequence_kernel``,
-``gru_sequence_kernel``) and gives the same values as the plain kernels within float32
-rounding.
+Each takes the arguments of its direction's entry point (:mod:`ops._rnn_sequence`:
+``lstm_sequence_kernel``, ``gru_sequence_kernel``) and gives the same values as the plain
+kernels within float32 rounding.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _lstm_sequence_small(
     reverse: bool,
     batch_first: bool,
 ) -> tuple[Array, Array, Array]:
-    """:func:`ops._rnn_kernels.lstm_sequence_kernel` for a small model (see
+    """:func:`ops._rnn_sequence.lstm_sequence_kernel` for a small model (see
     ``SMALL_WEIGHTS_PER_STEP``): the fewest numpy calls per step, 10 instead of 13.
 
     It works on a copy of the weights made for this call (a few microseconds at this size:
@@ -142,7 +142,7 @@ def _gru_sequence_small(
     reverse: bool,
     batch_first: bool,
 ) -> tuple[Array, Array]:
-    """:func:`ops._rnn_kernels.gru_sequence_kernel` for a small model (the LSTM's bounds,
+    """:func:`ops._rnn_sequence.gru_sequence_kernel` for a small model (the LSTM's bounds,
     ``SMALL_WEIGHTS_PER_STEP`` and ``SMALL_GATES_MAX``): the fewest numpy calls per step, 11
     (10 without ``b_hh``) instead of 15 and two Python calls.
 

@@ -17,7 +17,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_engine, _rnn_kernels, _rnn_numba, _rnn_projection, nn
+from ops import _rnn_engine, _rnn_kernels, _rnn_numba, _rnn_projection, _rnn_sequence, nn
 from tests.test_nn import ref_rnn
 from tests.test_rnn_sequence import GRU_CASES, GRU_HIDDEN, _rand, gru_case
 
@@ -40,7 +40,7 @@ def _plain_lstm(*args: Any) -> Any:
 def _plain_gru(monkeypatch: pytest.MonkeyPatch, *args: Any) -> Any:
     with monkeypatch.context() as m:
         m.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
-        return _rnn_kernels.gru_sequence_kernel(*args)
+        return _rnn_sequence.gru_sequence_kernel(*args)
 
 
 @needs_numba
@@ -307,26 +307,26 @@ class TestEngine:
         ops.set_recurrent_engine("numba")
         assert ops.get_recurrent_engine() == "numba"
         small_w = (_rand(1, 24, 6), _rand(2, 24, 6))
-        _rnn_kernels.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
-                                          None, None, False, False)  # fmt: skip
-        _rnn_kernels.lstm_sequence_kernel(  # float64: numpy's exact functions
+        _rnn_sequence.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
+                                           None, None, False, False)  # fmt: skip
+        _rnn_sequence.lstm_sequence_kernel(  # float64: numpy's exact functions
             _rand(3, 7, 1, 6).astype(np.float64),
             small_w[0].astype(np.float64), None, small_w[1].astype(np.float64),
             None, None, False, False,
         )  # fmt: skip
         # Past numpy's small kernel but within NUMBA_STEP_MACS_MAX (1 x 256 x 64 a step).
         mid = _rand(4, 256, 64), _rand(5, 256, 64)
-        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 1, 64), mid[0], None, mid[1], None, None,
-                                          False, False)  # fmt: skip
+        _rnn_sequence.lstm_sequence_kernel(_rand(6, 2, 1, 64), mid[0], None, mid[1], None, None,
+                                           False, False)  # fmt: skip
         # Past it (32 x 512 x 128 a step): BLAS's products win there.
         big = _rand(4, 512, 128), _rand(5, 512, 128)
         assert _rnn_engine.NUMBA_STEP_MACS_MAX < 32 * 512 * 128
-        _rnn_kernels.lstm_sequence_kernel(_rand(6, 2, 32, 128), big[0], None, big[1], None,
-                                          None, False, False)  # fmt: skip
+        _rnn_sequence.lstm_sequence_kernel(_rand(6, 2, 32, 128), big[0], None, big[1], None,
+                                           None, False, False)  # fmt: skip
         assert used == [(24, 6), (256, 64)]
         ops.set_recurrent_engine("numpy")
-        _rnn_kernels.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
-                                          None, None, False, False)  # fmt: skip
+        _rnn_sequence.lstm_sequence_kernel(_rand(3, 7, 1, 6), small_w[0], None, small_w[1],
+                                           None, None, False, False)  # fmt: skip
         assert used == [(24, 6), (256, 64)]
 
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])

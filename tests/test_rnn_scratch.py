@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ops import _rnn_buffers
-from ops import _rnn_kernels as K
+from ops import _rnn_buffers, _rnn_sequence
 
 Array = np.ndarray
 
@@ -41,12 +40,12 @@ def _gru_args(seed: int, steps: int, batch: int, size: int) -> tuple[Array, ...]
 
 def _lstm(args: tuple[Array, ...], reverse: bool = False) -> Any:
     x, w_ih, bias, w_hh = args
-    return K.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, reverse, False)
+    return _rnn_sequence.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, reverse, False)
 
 
 def _gru(args: tuple[Array, ...]) -> Any:
     x, w_ih, b_ih, w_hh, b_hh = args
-    return K.gru_sequence_kernel(x, w_ih, b_ih, w_hh, b_hh, None, False, False)
+    return _rnn_sequence.gru_sequence_kernel(x, w_ih, b_ih, w_hh, b_hh, None, False, False)
 
 
 # Sizes that take each kernel form: the small one (few weights a step), and the general one
@@ -138,7 +137,7 @@ def test_repeated_calls_fault_no_pages_in() -> None:
         import resource
         import numpy as np
         from ops import _rnn_engine
-        from ops import _rnn_kernels as K
+        from ops import _rnn_sequence
         from ops import _rnn_projection as P
         _rnn_engine.set_recurrent_engine("numpy")  # (the numpy kernels' scratch buffers)
         P._projection_form = lambda *a: 16  # the form with a buffer of its own: the most kept
@@ -149,8 +148,8 @@ def test_repeated_calls_fault_no_pages_in() -> None:
         b = np.zeros(512, np.float32)
         g_ih, g_hh, gb = w_ih[:384], w_hh[:384], b[:384]
         def both():
-            K.lstm_sequence_kernel(x, w_ih, b, w_hh, None, None, False, False)
-            K.gru_sequence_kernel(x, g_ih, gb, g_hh, gb, None, False, False)
+            _rnn_sequence.lstm_sequence_kernel(x, w_ih, b, w_hh, None, None, False, False)
+            _rnn_sequence.gru_sequence_kernel(x, g_ih, gb, g_hh, gb, None, False, False)
         for _ in range(3):
             both()
         r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -21,6 +21,7 @@ from ops import (
     _rnn_kernels,
     _rnn_measure,
     _rnn_projection,
+    _rnn_sequence,
     _rnn_small,
     nn,
 )
@@ -368,13 +369,13 @@ class TestSequenceOps:
         w_ih, w_hh, bias = _rand(1, 4 * hid, 5), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
         x = _rand(4, 6, 3, 5)
         args = (x, w_ih, bias, np.asfortranarray(w_hh), None, None, False, False)
-        got = _rnn_kernels.lstm_sequence_kernel(*args)
+        got = _rnn_sequence.lstm_sequence_kernel(*args)
         assert asked == [(3, hid, 4, np.dtype(np.float32), 7, True, 5)]
         assert ran == []  # plain: the transposed form wants the weight row-major
         want = transposed(x, w_ih, bias, w_hh, None, None, False, False)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-6)
-        _rnn_kernels.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, False, False)
+        _rnn_sequence.lstm_sequence_kernel(x, w_ih, bias, w_hh, None, None, False, False)
         assert asked[-1][5] is False and ran == [True]
 
     @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
@@ -401,14 +402,14 @@ class TestSequenceOps:
         want: tuple[Array, ...]
         for laid in (w_hh, np.asfortranarray(w_hh)):
             if mode == "LSTM":
-                got = _rnn_kernels.lstm_sequence_kernel(
+                got = _rnn_sequence.lstm_sequence_kernel(
                     x, w_ih, bias, laid, None, None, False, False
                 )
                 want = _rnn_kernels._lstm_sequence_plain(
                     x, w_ih, bias, w_hh, None, None, False, False
                 )
             else:
-                got = _rnn_kernels.gru_sequence_kernel(
+                got = _rnn_sequence.gru_sequence_kernel(
                     x, w_ih, bias, laid, bias, None, False, False
                 )
                 want = _rnn_kernels._gru_sequence_plain(
@@ -699,7 +700,7 @@ class TestSequenceOps:
         for steps, hidden in ((7, 6), (2, 64)):  # 264 and 32768 weight elements
             w_ih, w_hh = _rand(5, 4 * hidden, hidden), _rand(6, 4 * hidden, hidden)
             x = _rand(7, steps, 1, hidden)
-            _rnn_kernels.lstm_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
+            _rnn_sequence.lstm_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
         assert used == [(24, 6)]
 
     @pytest.mark.parametrize(
@@ -750,7 +751,7 @@ class TestSequenceOps:
         for steps, batch, hidden in ((7, 1, 6), (2, 1, 64), (7, 64, 6)):
             w_ih, w_hh = _rand(5, 3 * hidden, hidden), _rand(6, 3 * hidden, hidden)
             x = _rand(7, steps, batch, hidden)
-            _rnn_kernels.gru_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
+            _rnn_sequence.gru_sequence_kernel(x, w_ih, None, w_hh, None, None, False, False)
         assert used == [(18, 6)]  # not the big weights, nor the 64 x 18 gate array
 
     @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
@@ -771,7 +772,7 @@ class TestSequenceOps:
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * batch * 3 * hid * 4)
         small = _rnn_small._gru_sequence_small(*args)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
-        plain = _rnn_kernels.gru_sequence_kernel(*args)
+        plain = _rnn_sequence.gru_sequence_kernel(*args)
         for got, want in zip(small, plain, strict=True):
             np.testing.assert_allclose(got, want, atol=1e-6)
         if b_hh is not None:
