@@ -2,42 +2,9 @@
 :mod:`ops._rnn_sequence` chooses among, the measurement that chooses the form, and the
 recurrent weights' layout:
 
-* **The step GEMM in the form BLAS likes.** With OpenBLAS's AVX-512 kernels the recurrent
-  product is about 25% faster as ``W @ h.T`` (gates x batch) than as ``h @ W.T`` (batch x
-  gates): 2.4 against 3.1-3.4 ms at (50, 1024) x (1024, 4096) on one thread of an AMD EPYC
-  (AVX2 kernels: equal). Where the transposed form wins (with ``W`` row-major: :func:`lay_out`
-  keeps it so there) the LSTM kernel keeps its gates, cell and hidden state transposed
-  (features x batch) for the whole sequence, computes the input projection transposed too
-  (``W_ih @ x.T``), and writes each step's h into its output row with one small transposing
-  copy. Its gate math then works on contiguous row blocks rather than strided column blocks,
-  which pays even where the GEMMs tie.
-* **Or in column blocks.** At most sizes below the tutorial's, both of those GEMMs lose to
-  16 or 32 small ones: ``h @ Wb[k]`` for each block of 32, 64 or 128 gate columns, with
-  ``W_hh`` copied for the call into ``(blocks, H, width)`` (row-major blocks of ``W.T``) and
-  run as one stacked ``np.matmul`` (numpy loops over the blocks in C). One step's GEMM at
-  (B, H) = (50, 256): 105 us against 136 transposed and 197 plain; (8, 512): 70 against 197.
-  The blocked kernel (:func:`_lstm_sequence_blocked`) keeps its gates, cell and hidden state
-  in that block layout (blocks x batch x width: each gate is whole blocks, contiguous) and
-  writes each step's h into its output row with one small transposing copy. Whole
-  directions on one thread: 0.89x the best of the other two forms at (50, 50, 256), 0.62x at
-  (50, 8, 512), 0.56x at (50, 4, 256), 0.86-0.96x from H = 64 to 512; none better at the
-  tutorial's (50, 50, 1024), where the per-call copy (16 MiB) is not tried
-  (:data:`BLOCK_COPY_BYTES_MAX`). The GRU kernel has the same blocked form.
-* **Or in narrow blocks read in place.** The blocked kernels also run with ``W_hh`` not
-  copied: block ``k`` is ``h @ W[k*w : (k+1)*w].T``, a row-major weight's row block that
-  BLAS reads as a transposed operand (``("view", w)``, :data:`VIEW_WIDTHS`), so no size
-  bound applies. Blocks of 8 or 16 gate columns keep each product within OpenBLAS's
-  small-matrix kernels: at the tutorial's (50, 1024) one step ran at 94 GFLOP/s against 76
-  transposed, and a whole direction in 456 ms against 512.
-* **Or with the projection inside the step.** The LSTM's fused form
-  (:func:`_lstm_sequence_fused`) copies both weights for the call into column blocks of
-  ``[W_ih, W_hh].T`` and computes each step's gates as one stacked ``np.matmul([x_t, h],
-  wb)``: no projection of the sequence and no buffer for it. Each block's product is then
-  small enough for OpenBLAS's small-matrix kernels, which skip packing the operands: one
-  thread at (T, B, C) = (50, 50, 256), 116 GFLOP/s against 95-102 for the projection as one
-  big GEMM and 115 for the recurrent product alone in blocks; a whole direction 27.5 ms
-  against 30.5 blocked, 33.6 transposed and 38.8 plain; 108 against 112 blocked at
-  (50, 50, 512). Up to :data:`FUSED_COPY_BYTES_MAX` of weights (not at the tutorial's size).
+* **The kernels' forms.** The LSTM's (:mod:`ops._rnn_lstm`): plain, transposed, in column
+  blocks (``W_hh`` copied, or read in place) and fused. The GRU's: plain and blocked, as the
+  LSTM's blocked one.
 * **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed,
   each block width, copied or read in place, and each fused width; the GRU's plain and
   blocked ones) on a short
@@ -63,12 +30,12 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_measure, _rnn_numba
+from . import _rnn_lstm, _rnn_measure, _rnn_numba
 from ._rnn_buffers import _output, _output_blocks, _scratch, _weight_blocks
 from ._rnn_engine import _numba_gates
-from ._rnn_gates import _GRU_GATES, _LSTM_GATES, _gemm_into, _gru_gates, _lstm_gates, _tanh_into
+from ._rnn_gates import _GRU_GATES, _LSTM_GATES, _gemm_into, _gru_gates
 from ._rnn_measure import _FORM_MARGIN
-from ._rnn_projection import _chunks, _project_chunk, _rows, chunk_steps
+from ._rnn_projection import _chunks, _project_chunk, chunk_steps
 
 __all__ = [
     "LAYOUT_BATCH",
@@ -227,12 +194,12 @@ BLOCK_WIDTHS = (32, 64, 128)
 #: from 1.16x to 1.21x numpy's.
 BLOCK_COPY_BYTES_MAX = 4 << 20
 
-#: The block widths the fused LSTM kernel (:func:`_lstm_sequence_fused`) is measured with:
-#: those that divide the hidden size. Its step GEMM, ``[x_t, h] (B, I + H) @ Wb[k]`` per block,
-#: is fastest where each block's product is small enough for OpenBLAS's small-matrix kernels
-#: (no packing of either operand): at (B, I + H) = (50, 512), blocks of 32 ran at 116 GFLOP/s
-#: on one thread, 16 at 112 and 64 at 89, against 95-102 for the input projection as one
-#: GEMM of all T * B rows.
+#: The block widths the fused LSTM kernel (:func:`ops._rnn_lstm._lstm_sequence_fused`) is
+#: measured with: those that divide the hidden size. Its step GEMM, ``[x_t, h] (B, I + H) @
+#: Wb[k]`` per block, is fastest where each block's product is small enough for OpenBLAS's
+#: small-matrix kernels (no packing of either operand): at (B, I + H) = (50, 512), blocks of
+#: 32 ran at 116 GFLOP/s on one thread, 16 at 112 and 64 at 89, against 95-102 for the input
+#: projection as one GEMM of all T * B rows.
 FUSED_WIDTHS = (16, 32)
 #: The fused form copies both weights (``G*H x (I + H)``) at every call; past this many bytes
 #: it is not tried. At the tutorial's size (32 MiB) it measured 2% faster at best, for a copy
@@ -294,10 +261,11 @@ def _measure_form(
     (:func:`ops._rnn_measure._blas_threads`, which the caller passes; the measurement runs
     under it) and weight order: ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``,
     every per-step array features x batch: the LSTM only), a block width from
-    :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate columns, :func:`_lstm_sequence_blocked`,
-    :func:`_gru_sequence_blocked`), ``("view", width)`` (the same with ``W_hh``'s row blocks
-    read in place) or ``("fused", width)`` with a width from :data:`FUSED_WIDTHS` (the input
-    projection inside the step's blocked GEMM, :func:`_lstm_sequence_fused`: the LSTM only).
+    :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate columns,
+    :func:`ops._rnn_lstm._lstm_sequence_blocked`, :func:`_gru_sequence_blocked`),
+    ``("view", width)`` (the same with ``W_hh``'s row blocks read in place) or ``("fused",
+    width)`` with a width from :data:`FUSED_WIDTHS` (the input projection inside the step's
+    blocked GEMM, :func:`ops._rnn_lstm._lstm_sequence_fused`: the LSTM only).
 
     The whole kernels run a short sequence (:data:`_FORM_STEPS` steps) on random data of the
     real batch, width and dtype, interleaved, best of a few runs each (more for small
@@ -403,19 +371,25 @@ def _form_runs(
                 x, w_ih, bias, w_hh, bias, None, False, False, form
             )
         if form == "plain":
-            return lambda: _lstm_sequence_plain(x, w_ih, bias, w_hh, None, None, False, False)
+            return lambda: _rnn_lstm._lstm_sequence_plain(
+                x, w_ih, bias, w_hh, None, None, False, False
+            )
         if form == "transposed":
-            return lambda: _lstm_sequence_transposed(x, w_ih, bias, w_hh, None, None, False, False)
+            return lambda: _rnn_lstm._lstm_sequence_transposed(
+                x, w_ih, bias, w_hh, None, None, False, False
+            )
         if isinstance(form, tuple) and form[0] == "view":
-            return lambda: _lstm_sequence_blocked(
+            return lambda: _rnn_lstm._lstm_sequence_blocked(
                 x, w_ih, bias, w_hh, None, None, False, False, form[1], True
             )
         if isinstance(form, tuple):
-            return lambda: _lstm_sequence_fused(
+            return lambda: _rnn_lstm._lstm_sequence_fused(
                 x, w_ih, bias, w_hh, None, None, False, False, form[1]
             )
         assert isinstance(form, int)
-        return lambda: _lstm_sequence_blocked(x, w_ih, bias, w_hh, None, None, False, False, form)
+        return lambda: _rnn_lstm._lstm_sequence_blocked(
+            x, w_ih, bias, w_hh, None, None, False, False, form
+        )
 
     return tuple(run(form, fortran) for form, fortran in forms)
 
@@ -480,286 +454,7 @@ def _product_is_transposed(
     return found
 
 
-_NO_COL = np.zeros((0, 0), dtype=np.float32)  # (the gate steps' "no projected input")
 _NO_BIAS = _rnn_numba.NO_BIAS
-
-
-# -- LSTM ---------------------------------------------------------------------------------------
-
-
-def _lstm_sequence_plain(
-    x: Array,
-    w_ih: Array,
-    bias: Array | None,
-    w_hh: Array,
-    h0: Array | None,
-    c0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-) -> tuple[Array, Array, Array]:
-    """:func:`lstm_sequence_kernel` with the recurrent GEMM as ``h @ W_hh.T`` (batch x
-    features per step; the weight in either memory order)."""
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden = w_hh.shape[1]
-    width = _LSTM_GATES * hidden
-    dtype = w_hh.dtype
-    out = _output(steps, batch, hidden, dtype, batch_first)
-    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
-    size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = _scratch("chunk", (size * batch, width), dtype)
-    gates = _scratch("gates", (batch, width), dtype)
-    c = np.zeros((batch, hidden), dtype=dtype) if c0 is None else np.array(c0, dtype=dtype)
-    i = gates[:, :hidden]
-    f = gates[:, hidden : 2 * hidden]
-    g = gates[:, 2 * hidden : 3 * hidden]
-    o = gates[:, 3 * hidden :]
-    nonlinear = _lstm_gates(gates, hidden, False)
-    w_hh_t = w_hh.T
-    h: Array | None = h0
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
-        for t0, t1 in _chunks(steps, size, reverse):
-            xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
-            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-                if h is None:
-                    np.copyto(gates, xp[t - t0])
-                else:
-                    _gemm_into(h, w_hh_t, gates)
-                    np.add(gates, xp[t - t0], out=gates)
-                nonlinear(gates)
-                np.multiply(i, g, out=i)
-                np.multiply(c, f, out=c)
-                np.add(c, i, out=c)
-                h = seq[t]
-                _tanh_into(c, h)
-                np.multiply(h, o, out=h)
-    h_n = np.array(seq[0] if reverse else seq[steps - 1])
-    return out, h_n, c
-
-
-def _lstm_sequence_transposed(
-    x: Array,
-    w_ih: Array,
-    bias: Array | None,
-    w_hh: Array,
-    h0: Array | None,
-    c0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-) -> tuple[Array, Array, Array]:
-    """:func:`lstm_sequence_kernel` with every per-step array transposed (features x batch):
-    the recurrent GEMM as ``W_hh @ h.T`` (see the module docstring). Same results."""
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden = w_hh.shape[1]
-    width = _LSTM_GATES * hidden
-    dtype = w_hh.dtype
-    out = _output(steps, batch, hidden, dtype, batch_first)
-    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
-    size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = _scratch("chunk", (width * size * batch,), dtype)  # one chunk's projection, transposed
-    gates = _scratch("gates", (width, batch), dtype)
-    c = np.zeros((hidden, batch), dtype=dtype)
-    if c0 is not None:
-        c[...] = np.asarray(c0).T
-    h = _scratch("h", (hidden, batch), dtype)  # this step's h, transposed
-    started = h0 is not None
-    if started:
-        h[...] = np.asarray(h0).T
-    bias_col = None if bias is None else np.asarray(bias, dtype=dtype)[:, None]
-    i = gates[:hidden]
-    f = gates[hidden : 2 * hidden]
-    g = gates[2 * hidden : 3 * hidden]
-    o = gates[3 * hidden :]
-    nonlinear = _lstm_gates(gates, hidden, True)
-    with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's right limit, 0
-        for t0, t1 in _chunks(steps, size, reverse):
-            part = x[:, t0:t1].swapaxes(0, 1) if batch_first else x[t0:t1]
-            n = t1 - t0
-            rows = _rows(part)
-            proj = buf[: width * n * batch].reshape(width, n * batch)
-            np.matmul(w_ih, rows.T, out=proj)
-            if bias_col is not None:
-                proj += bias_col
-            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-                col = proj[:, (t - t0) * batch : (t - t0 + 1) * batch]
-                if started:
-                    np.dot(w_hh, h, out=gates)
-                    np.add(gates, col, out=gates)
-                else:
-                    np.copyto(gates, col)
-                    started = True
-                nonlinear(gates)
-                np.multiply(i, g, out=i)
-                np.multiply(c, f, out=c)
-                np.add(c, i, out=c)
-                _tanh_into(c, h)
-                np.multiply(h, o, out=h)
-                np.copyto(seq[t], h.T)
-    h_n = np.array(seq[0] if reverse else seq[steps - 1])
-    return out, h_n, np.ascontiguousarray(c.T)
-
-
-def _lstm_block_state(
-    batch: int, hidden: int, block: int, c0: Array | None, dtype: np.dtype[Any]
-) -> tuple[Array, Array, Array, Array, tuple[Array, Array, Array, Array], Callable[[Array], None]]:
-    """The blocked LSTM kernels' state for a call, in the block layout (blocks x batch x
-    width; gate ``q`` is blocks ``q*H/block`` to ``(q+1)*H/block``, contiguous): the gates
-    buffer, its flat view for the gate math, the cell state (from ``c0`` or zeros), this
-    step's h buffer, the i, f, g, o views of the gates, and their nonlinearity."""
-    blocks, per_gate = _LSTM_GATES * hidden // block, hidden // block
-    gates = _scratch("gates", (blocks, batch, block), dtype)
-    flat = gates.reshape(blocks, batch * block)  # the gate math's view: gate q = row blocks q
-    c = np.zeros((per_gate, batch, block), dtype=dtype)
-    if c0 is not None:
-        c[...] = np.asarray(c0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
-    hb = _scratch("h", (per_gate, batch, block), dtype)  # this step's h, in blocks
-    views = (
-        gates[:per_gate],
-        gates[per_gate : 2 * per_gate],
-        gates[2 * per_gate : 3 * per_gate],
-        gates[3 * per_gate :],
-    )
-    return gates, flat, c, hb, views, _lstm_gates(flat, per_gate, True)
-
-
-def _lstm_sequence_blocked(
-    x: Array,
-    w_ih: Array,
-    bias: Array | None,
-    w_hh: Array,
-    h0: Array | None,
-    c0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-    block: int,
-    view: bool = False,
-) -> tuple[Array, Array, Array]:
-    """:func:`lstm_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
-    columns (``block`` divides H; see the module docstring). Same results. With ``view``,
-    ``W_hh`` (row-major) is read in place instead of copied (:data:`VIEW_WIDTHS`).
-
-    ``W_hh`` is copied for the call into ``wb`` (blocks, H, block), ``wb[k] = W[k*block :
-    (k+1)*block].T``, and each step's GEMM is one stacked ``np.matmul(h, wb)`` into the gates
-    (blocks, B, block). Gates, cell and hidden state stay in that layout; gate ``q``'s
-    columns are blocks ``q*H/block`` to ``(q+1)*H/block``, contiguous. Each step's h is
-    written into its output row (B, H) with one transposing copy, and read from there by the
-    next step's GEMM, as in the plain form.
-    """
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden = w_hh.shape[1]
-    width = _LSTM_GATES * hidden
-    dtype = w_hh.dtype
-    blocks = width // block
-    out = _output(steps, batch, hidden, dtype, batch_first)
-    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
-    seq_blocks = _output_blocks(out, block, batch_first)
-    wb = _weight_blocks(w_hh, block, view)
-    size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = _scratch("chunk", (size * batch, width), dtype)
-    gates, flat, c, hb, (i, f, g, o), nonlinear = _lstm_block_state(batch, hidden, block, c0, dtype)
-    h: Array | None = h0
-    step = _numba_gates(dtype)
-    if step is not None:
-        b = _NO_BIAS if bias is None else np.ascontiguousarray(bias, dtype=dtype)
-        for t0, t1 in _chunks(steps, size, reverse):
-            xp = _project_chunk(x, t0, t1, w_ih, None, batch_first, buf)
-            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-                if h is None:
-                    gates.fill(0)
-                else:
-                    np.matmul(h, wb, out=gates)
-                h = seq[t]
-                step(gates, xp[t - t0], b, c, h)
-    else:
-        with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's limit, 0
-            for t0, t1 in _chunks(steps, size, reverse):
-                xp = _project_chunk(x, t0, t1, w_ih, bias, batch_first, buf)
-                for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-                    col = xp[t - t0].reshape(batch, blocks, block).transpose(1, 0, 2)
-                    if h is None:
-                        np.copyto(gates, col)
-                    else:
-                        np.matmul(h, wb, out=gates)
-                        np.add(gates, col, out=gates)
-                    nonlinear(flat)
-                    np.multiply(i, g, out=i)
-                    np.multiply(c, f, out=c)
-                    np.add(c, i, out=c)
-                    _tanh_into(c, hb)
-                    np.multiply(hb, o, out=hb)
-                    np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
-                    h = seq[t]
-    h_n = np.array(seq[0] if reverse else seq[steps - 1])
-    return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
-
-
-def _lstm_sequence_fused(
-    x: Array,
-    w_ih: Array,
-    bias: Array | None,
-    w_hh: Array,
-    h0: Array | None,
-    c0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-    block: int,
-) -> tuple[Array, Array, Array]:
-    """:func:`lstm_sequence_kernel` with the input projection inside each step's GEMM, in
-    column blocks of ``block`` gate columns (``block`` divides H; see :data:`FUSED_WIDTHS`).
-    Same results.
-
-    Both weights are copied for the call into ``wb`` (blocks, I + H, block), ``wb[k] =
-    [W_ih, W_hh][k*block : (k+1)*block].T``, and each step's gates are one stacked
-    ``np.matmul([x_t, h], wb)`` (blocks, B, block), plus the bias: no projection of the whole
-    sequence, so no projection buffer either. ``[x_t, h]`` is one (B, I + H) buffer: the step
-    copies ``x_t`` into its left part, and its h, after the transposing copy into its output
-    row, into the right part for the next step. Gates, cell and hidden state stay in the block
-    layout of :func:`_lstm_sequence_blocked`.
-    """
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden, inputs = w_hh.shape[1], w_ih.shape[1]
-    width = _LSTM_GATES * hidden
-    dtype = w_hh.dtype
-    blocks = width // block
-    out = _output(steps, batch, hidden, dtype, batch_first)
-    seq = out.swapaxes(0, 1) if batch_first else out  # (T, B, H) view either way
-    seq_blocks = _output_blocks(out, block, batch_first)
-    xseq = x.swapaxes(0, 1) if batch_first else x  # (T, B, I) view either way
-    wb = _scratch("w_cat_blocks", (blocks, inputs + hidden, block), dtype)
-    np.copyto(wb[:, :inputs], np.asarray(w_ih).reshape(blocks, block, inputs).transpose(0, 2, 1))
-    np.copyto(wb[:, inputs:], np.asarray(w_hh).reshape(blocks, block, hidden).transpose(0, 2, 1))
-    bias_b = None if bias is None else np.asarray(bias, dtype=dtype).reshape(blocks, 1, block)
-    xh = _scratch("xh", (batch, inputs + hidden), dtype)
-    x_part, h_part = xh[:, :inputs], xh[:, inputs:]
-    if h0 is None:
-        h_part.fill(0)
-    else:
-        np.copyto(h_part, h0)
-    gates, flat, c, hb, (i, f, g, o), nonlinear = _lstm_block_state(batch, hidden, block, c0, dtype)
-    step = _numba_gates(dtype)
-    if step is not None:
-        b = _NO_BIAS if bias is None else np.ascontiguousarray(bias, dtype=dtype)
-        for t in range(steps - 1, -1, -1) if reverse else range(steps):
-            np.copyto(x_part, xseq[t])
-            np.matmul(xh, wb, out=gates)
-            step(gates, _NO_COL, b, c, seq[t])
-            np.copyto(h_part, seq[t])
-    else:
-        with np.errstate(over="ignore"):  # exp(-x) -> inf for x << 0: sigmoid's limit, 0
-            for t in range(steps - 1, -1, -1) if reverse else range(steps):
-                np.copyto(x_part, xseq[t])
-                np.matmul(xh, wb, out=gates)
-                if bias_b is not None:
-                    np.add(gates, bias_b, out=gates)
-                nonlinear(flat)
-                np.multiply(i, g, out=i)
-                np.multiply(c, f, out=c)
-                np.add(c, i, out=c)
-                _tanh_into(c, hb)
-                np.multiply(hb, o, out=hb)
-                np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
-                np.copyto(h_part, seq[t])
-    h_n = np.array(seq[0] if reverse else seq[steps - 1])
-    return out, h_n, np.ascontiguousarray(c.transpose(1, 0, 2)).reshape(batch, hidden)
 
 
 # -- GRU ----------------------------------------------------------------------------------------
@@ -823,8 +518,8 @@ def _gru_sequence_blocked(
     view: bool = False,
 ) -> tuple[Array, Array]:
     """:func:`gru_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
-    columns, as :func:`_lstm_sequence_blocked` (``block`` divides H; ``view``: ``W_hh`` read
-    in place). Same results."""
+    columns, as :func:`ops._rnn_lstm._lstm_sequence_blocked` (``block`` divides H; ``view``:
+    ``W_hh`` read in place). Same results."""
     steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
     hidden = w_hh.shape[1]
     width = _GRU_GATES * hidden

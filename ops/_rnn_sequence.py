@@ -16,9 +16,9 @@ code written the obvious way:
   (:mod:`ops._rnn_buffers`).
 * **Fewest passes for the size, in the faster transcendental.** All four LSTM gates in one
   ``exp`` or ``tanh`` pass, whichever measures faster (:mod:`ops._rnn_gates`).
-* **The step GEMM in the form BLAS likes**, measured per shape: plain, transposed, in
-  column blocks (copied or read in place) or with the projection inside the step
-  (:mod:`ops._rnn_kernels`).
+* **The step GEMM in the form BLAS likes**, measured per shape (:mod:`ops._rnn_kernels`):
+  plain, transposed, in column blocks (copied or read in place) or with the projection
+  inside the step (the LSTM's: :mod:`ops._rnn_lstm`).
 * **Fewest calls for a small model.** A model whose steps are mostly numpy's per-call
   overhead runs kernels that make the fewest calls (:mod:`ops._rnn_small`), or numba's
   compiled loops without the GIL (:mod:`ops._rnn_numba`).
@@ -40,7 +40,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_engine, _rnn_kernels, _rnn_measure, _rnn_numba, _rnn_small
+from . import _rnn_engine, _rnn_kernels, _rnn_lstm, _rnn_measure, _rnn_numba, _rnn_small
 from ._rnn_gates import _GRU_GATES, _LSTM_GATES
 
 __all__ = ["gru_sequence_kernel", "lstm_sequence_kernel"]
@@ -77,24 +77,24 @@ def lstm_sequence_kernel(
         batch, hidden, _LSTM_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran, w_ih.shape[1]
     )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
-        return _rnn_kernels._lstm_sequence_blocked(
+        return _rnn_lstm._lstm_sequence_blocked(
             x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, form
         )
     if type(form) is tuple:
         kind, block = form
         if kind == "view":  # (W_hh row-major: a Fortran-ordered one is measured without it)
-            return _rnn_kernels._lstm_sequence_blocked(
+            return _rnn_lstm._lstm_sequence_blocked(
                 x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, block, True
             )
         # (any layout of either weight: the call copies both into blocks)
-        return _rnn_kernels._lstm_sequence_fused(
+        return _rnn_lstm._lstm_sequence_fused(
             x, w_ih, bias, w_hh, h0, c0, reverse, batch_first, block
         )
     if form == "transposed" and not fortran:
-        return _rnn_kernels._lstm_sequence_transposed(
+        return _rnn_lstm._lstm_sequence_transposed(
             x, w_ih, bias, w_hh, h0, c0, reverse, batch_first
         )
-    return _rnn_kernels._lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
+    return _rnn_lstm._lstm_sequence_plain(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
 
 
 def gru_sequence_kernel(

@@ -17,7 +17,7 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_engine, _rnn_kernels, _rnn_numba, _rnn_projection, _rnn_sequence, nn
+from ops import _rnn_engine, _rnn_kernels, _rnn_lstm, _rnn_numba, _rnn_projection, _rnn_sequence, nn
 from tests.test_nn import ref_rnn
 from tests.test_rnn_sequence import GRU_CASES, GRU_HIDDEN, _rand, gru_case
 
@@ -34,7 +34,7 @@ def _default_engine_after() -> Iterator[None]:
 
 
 def _plain_lstm(*args: Any) -> Any:
-    return _rnn_kernels._lstm_sequence_plain(*args)
+    return _rnn_lstm._lstm_sequence_plain(*args)
 
 
 def _plain_gru(monkeypatch: pytest.MonkeyPatch, *args: Any) -> Any:
@@ -119,9 +119,9 @@ class TestKernels:
         c0 = _rand(6, batch, hid) if with_state else None
         args = (x, w_ih, b, w_hh, h0, c0, reverse, batch_first)
         kernels = [
-            (_rnn_kernels._lstm_sequence_blocked, (16,)),
-            (_rnn_kernels._lstm_sequence_blocked, (8, True)),
-            (_rnn_kernels._lstm_sequence_fused, (32,)),
+            (_rnn_lstm._lstm_sequence_blocked, (16,)),
+            (_rnn_lstm._lstm_sequence_blocked, (8, True)),
+            (_rnn_lstm._lstm_sequence_fused, (32,)),
         ]
         ops.set_recurrent_engine("numpy")
         assert _rnn_engine._numba_gates(np.dtype(np.float32)) is None
@@ -155,7 +155,7 @@ class TestKernels:
             out, (h_n, c_n) = lstm(xt, state)
             if reverse:
                 out = out.flip(1 if batch_first else 0)
-        got = _rnn_kernels._lstm_sequence_blocked(*args, 8, True)
+        got = _rnn_lstm._lstm_sequence_blocked(*args, 8, True)
         np.testing.assert_allclose(got[0], out.numpy(), atol=1e-5)
         np.testing.assert_allclose(got[1], h_n[0].numpy(), atol=1e-5)
         np.testing.assert_allclose(got[2], c_n[0].numpy(), atol=1e-5)
@@ -179,7 +179,7 @@ class TestKernels:
 
         def runs() -> list[tuple[Array, ...]]:
             return [
-                _rnn_kernels._lstm_sequence_blocked(*lstm, 8, True),
+                _rnn_lstm._lstm_sequence_blocked(*lstm, 8, True),
                 _rnn_kernels._gru_sequence_blocked(*gru, 8, True),
             ]
 

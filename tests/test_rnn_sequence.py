@@ -19,6 +19,7 @@ from ops import (
     _rnn_engine,
     _rnn_gates,
     _rnn_kernels,
+    _rnn_lstm,
     _rnn_measure,
     _rnn_projection,
     _rnn_sequence,
@@ -145,14 +146,14 @@ class TestSequenceOps:
         """The LSTM kernel in its transposed form (W @ h.T: where that GEMM is faster) equals
         the reference loop, every flag, with the projection in chunks of 3 steps."""
         used: list[bool] = []
-        transposed = _rnn_kernels._lstm_sequence_transposed
+        transposed = _rnn_lstm._lstm_sequence_transposed
 
         def spy(*args: Any) -> Any:
             used.append(True)
             return transposed(*args)
 
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "transposed")
-        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
+        monkeypatch.setattr(_rnn_lstm, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
         assert used
@@ -181,7 +182,8 @@ class TestSequenceOps:
         blocks as transposed operands, no copy)."""
         used: list[tuple[Any, ...]] = []
         name = f"_{mode.lower()}_sequence_blocked"
-        blocked = getattr(_rnn_kernels, name)
+        kernels = _rnn_lstm if mode == "LSTM" else _rnn_kernels  # (the blocked kernel's module)
+        blocked = getattr(kernels, name)
 
         def spy(*args: Any) -> Any:
             used.append(args[8:])
@@ -198,8 +200,8 @@ class TestSequenceOps:
         gates = 4 if mode == "LSTM" else 3
         form = ("view", block) if view else block
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
-        monkeypatch.setattr(_rnn_kernels, name, spy)
-        monkeypatch.setattr(_rnn_kernels, "_weight_blocks", blocks_spy)
+        monkeypatch.setattr(kernels, name, spy)
+        monkeypatch.setattr(kernels, "_weight_blocks", blocks_spy)  # (the kernel's binding)
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
         self.test_against_reference(mode, reverse, batch_first, with_state)
         assert used == [(block, True) if view else (block,)]
@@ -222,14 +224,14 @@ class TestSequenceOps:
         @ Wb[k]: where that is faster) equals the reference loop, every flag and block width
         (hidden 6, input 5: the weights' copy has unequal parts)."""
         used: list[int] = []
-        fused = _rnn_kernels._lstm_sequence_fused
+        fused = _rnn_lstm._lstm_sequence_fused
 
         def spy(*args: Any) -> Any:
             used.append(args[-1])
             return fused(*args)
 
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("fused", block))
-        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_fused", spy)
+        monkeypatch.setattr(_rnn_lstm, "_lstm_sequence_fused", spy)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
         assert used == [block]
 
@@ -243,24 +245,24 @@ class TestSequenceOps:
         w_hh *= np.float32(0.2)
         x, h0, c0 = _rand(4, steps, batch, inp), _rand(5, batch, hid), _rand(6, batch, hid)
         args = (x, w_ih, bias, w_hh, h0, c0, False, False)
-        want = _rnn_kernels._lstm_sequence_plain(*args)
+        want = _rnn_lstm._lstm_sequence_plain(*args)
         others = [
-            _rnn_kernels._lstm_sequence_transposed(*args),
-            _rnn_kernels._lstm_sequence_blocked(*args, 32),
-            _rnn_kernels._lstm_sequence_blocked(*args, 8, True),
-            _rnn_kernels._lstm_sequence_blocked(*args, 16, True),
+            _rnn_lstm._lstm_sequence_transposed(*args),
+            _rnn_lstm._lstm_sequence_blocked(*args, 32),
+            _rnn_lstm._lstm_sequence_blocked(*args, 8, True),
+            _rnn_lstm._lstm_sequence_blocked(*args, 16, True),
         ]
         for block in (16, 32, 64):
             for ih, hh in ((w_ih, w_hh), (np.asfortranarray(w_ih), np.asfortranarray(w_hh))):
                 others.append(
-                    _rnn_kernels._lstm_sequence_fused(x, ih, bias, hh, h0, c0, False, False, block)
+                    _rnn_lstm._lstm_sequence_fused(x, ih, bias, hh, h0, c0, False, False, block)
                 )
         others.append(
-            _rnn_kernels._lstm_sequence_fused(
+            _rnn_lstm._lstm_sequence_fused(
                 x, w_ih, None, w_hh, h0.astype(np.float64), c0, False, False, 16
             )
         )
-        no_bias = _rnn_kernels._lstm_sequence_plain(x, w_ih, None, w_hh, h0, c0, False, False)
+        no_bias = _rnn_lstm._lstm_sequence_plain(x, w_ih, None, w_hh, h0, c0, False, False)
         for got in others[:-1]:
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, atol=1e-5)
@@ -292,15 +294,13 @@ class TestSequenceOps:
         w_hh *= np.float32(0.2)
         x, h0, c0 = _rand(4, steps, batch, inp), _rand(5, batch, hid), _rand(6, batch, hid)
         args = (x, w_ih, bias, w_hh, h0, c0, True, False)
-        want = _rnn_kernels._lstm_sequence_plain(*args)
+        want = _rnn_lstm._lstm_sequence_plain(*args)
         laid = np.asfortranarray(w_hh) if order == "F" else w_hh
         for block in (32, 64, 16):
-            got = _rnn_kernels._lstm_sequence_blocked(
-                x, w_ih, bias, laid, h0, c0, True, False, block
-            )
+            got = _rnn_lstm._lstm_sequence_blocked(x, w_ih, bias, laid, h0, c0, True, False, block)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, atol=1e-5)
-        got = _rnn_kernels._lstm_sequence_transposed(*args)
+        got = _rnn_lstm._lstm_sequence_transposed(*args)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-5)
 
@@ -351,7 +351,7 @@ class TestSequenceOps:
             assert _rnn_measure._blas_threads() == 1
         asked: list[tuple[Any, ...]] = []
         ran: list[bool] = []
-        transposed = _rnn_kernels._lstm_sequence_transposed
+        transposed = _rnn_lstm._lstm_sequence_transposed
 
         def form(*args: Any) -> Any:
             asked.append(args)
@@ -363,7 +363,7 @@ class TestSequenceOps:
 
         monkeypatch.setattr(_rnn_measure, "_blas_threads", lambda: 7)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
-        monkeypatch.setattr(_rnn_kernels, "_lstm_sequence_transposed", spy)
+        monkeypatch.setattr(_rnn_lstm, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         hid = 8
         w_ih, w_hh, bias = _rand(1, 4 * hid, 5), _rand(2, 4 * hid, hid), _rand(3, 4 * hid)
@@ -405,9 +405,7 @@ class TestSequenceOps:
                 got = _rnn_sequence.lstm_sequence_kernel(
                     x, w_ih, bias, laid, None, None, False, False
                 )
-                want = _rnn_kernels._lstm_sequence_plain(
-                    x, w_ih, bias, w_hh, None, None, False, False
-                )
+                want = _rnn_lstm._lstm_sequence_plain(x, w_ih, bias, w_hh, None, None, False, False)
             else:
                 got = _rnn_sequence.gru_sequence_kernel(
                     x, w_ih, bias, laid, bias, None, False, False
@@ -542,7 +540,7 @@ class TestSequenceOps:
         are given here, not measured."""
         ran: list[tuple[Any, tuple[int, ...], bool]] = []
         for name in ("plain", "transposed", "blocked", "fused"):
-            kernel = getattr(_rnn_kernels, f"_lstm_sequence_{name}")
+            kernel = getattr(_rnn_lstm, f"_lstm_sequence_{name}")
 
             def spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
                 form: Any = name
@@ -553,7 +551,7 @@ class TestSequenceOps:
                 ran.append((form, args[0].shape, bool(args[3].flags.c_contiguous)))
                 return kernel(*args)
 
-            monkeypatch.setattr(_rnn_kernels, f"_lstm_sequence_{name}", spy)
+            monkeypatch.setattr(_rnn_lstm, f"_lstm_sequence_{name}", spy)
         times: list[float] = []
         real = _rnn_measure._best_times
 
@@ -718,7 +716,7 @@ class TestSequenceOps:
         c0 = _rand(6, batch, hid) if with_state else None
         args = (x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
         small = _rnn_small._lstm_sequence_small(*args)
-        plain = _rnn_kernels._lstm_sequence_plain(*args)
+        plain = _rnn_lstm._lstm_sequence_plain(*args)
         for got, want in zip(small, plain, strict=True):
             np.testing.assert_allclose(got, want, atol=1e-6)
 
@@ -982,14 +980,14 @@ class TestWeightLayout:
         is not faster in Fortran order, nothing is measured."""
         ran: list[tuple[Any, bool]] = []
         for name in ("plain", "transposed", "blocked"):
-            kernel = getattr(_rnn_kernels, f"_lstm_sequence_{name}")
+            kernel = getattr(_rnn_lstm, f"_lstm_sequence_{name}")
 
             def spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
                 form: Any = ("view", args[8]) if name == "blocked" else name
                 ran.append((form, bool(args[3].flags.f_contiguous)))
                 return kernel(*args)
 
-            monkeypatch.setattr(_rnn_kernels, f"_lstm_sequence_{name}", spy)
+            monkeypatch.setattr(_rnn_lstm, f"_lstm_sequence_{name}", spy)
         times: list[float] = []
         monkeypatch.setattr(
             _rnn_measure,
