@@ -3,8 +3,8 @@
 recurrent weights' layout:
 
 * **The kernels' forms.** The LSTM's (:mod:`ops._rnn_lstm`): plain, transposed, in column
-  blocks (``W_hh`` copied, or read in place) and fused. The GRU's: plain and blocked, as the
-  LSTM's blocked one.
+  blocks (``W_hh`` copied, or read in place) and fused. The GRU's (:mod:`ops._rnn_gru`):
+  plain and blocked, as the LSTM's blocked one.
 * **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed,
   each block width, copied or read in place, and each fused width; the GRU's plain and
   blocked ones) on a short
@@ -30,12 +30,9 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_lstm, _rnn_measure, _rnn_numba
-from ._rnn_buffers import _output, _output_blocks, _scratch, _weight_blocks
-from ._rnn_engine import _numba_gates
-from ._rnn_gates import _GRU_GATES, _LSTM_GATES, _gemm_into, _gru_gates
+from . import _rnn_gru, _rnn_lstm, _rnn_measure
+from ._rnn_gates import _GRU_GATES, _LSTM_GATES
 from ._rnn_measure import _FORM_MARGIN
-from ._rnn_projection import _chunks, _project_chunk, chunk_steps
 
 __all__ = [
     "LAYOUT_BATCH",
@@ -262,7 +259,7 @@ def _measure_form(
     under it) and weight order: ``"plain"`` (``h @ W.T``), ``"transposed"`` (``W @ h.T``,
     every per-step array features x batch: the LSTM only), a block width from
     :data:`BLOCK_WIDTHS` (``h @ Wb[k]`` per block of gate columns,
-    :func:`ops._rnn_lstm._lstm_sequence_blocked`, :func:`_gru_sequence_blocked`),
+    :func:`ops._rnn_lstm._lstm_sequence_blocked`, :func:`ops._rnn_gru._gru_sequence_blocked`),
     ``("view", width)`` (the same with ``W_hh``'s row blocks read in place) or ``("fused",
     width)`` with a width from :data:`FUSED_WIDTHS` (the input projection inside the step's
     blocked GEMM, :func:`ops._rnn_lstm._lstm_sequence_fused`: the LSTM only).
@@ -361,13 +358,15 @@ def _form_runs(
         w_hh = w_f if fortran else w_c
         if not lstm:
             if form == "plain":
-                return lambda: _gru_sequence_plain(x, w_ih, bias, w_hh, bias, None, False, False)
+                return lambda: _rnn_gru._gru_sequence_plain(
+                    x, w_ih, bias, w_hh, bias, None, False, False
+                )
             if isinstance(form, tuple):
-                return lambda: _gru_sequence_blocked(
+                return lambda: _rnn_gru._gru_sequence_blocked(
                     x, w_ih, bias, w_hh, bias, None, False, False, form[1], True
                 )
             assert isinstance(form, int)
-            return lambda: _gru_sequence_blocked(
+            return lambda: _rnn_gru._gru_sequence_blocked(
                 x, w_ih, bias, w_hh, bias, None, False, False, form
             )
         if form == "plain":
@@ -452,119 +451,3 @@ def _product_is_transposed(
                 )
                 found = _products[key] = transposed < _FORM_MARGIN * plain
     return found
-
-
-_NO_BIAS = _rnn_numba.NO_BIAS
-
-
-# -- GRU ----------------------------------------------------------------------------------------
-
-
-def _gru_sequence_plain(
-    x: Array,
-    w_ih: Array,
-    b_ih: Array | None,
-    w_hh: Array,
-    b_hh: Array | None,
-    h0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-) -> tuple[Array, Array]:
-    """:func:`gru_sequence_kernel` with the recurrent GEMM as ``h @ W_hh.T`` (the weight in
-    either memory order)."""
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden = w_hh.shape[1]
-    width = _GRU_GATES * hidden
-    dtype = w_hh.dtype
-    out = _output(steps, batch, hidden, dtype, batch_first)
-    seq = out.swapaxes(0, 1) if batch_first else out
-    size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = _scratch("chunk", (size * batch, width), dtype)
-    gh = _scratch("gh", (batch, width), dtype)
-    rz = gh[:, : 2 * hidden]
-    r = gh[:, :hidden]
-    z = gh[:, hidden : 2 * hidden]
-    n = gh[:, 2 * hidden :]
-    w_hh_t = w_hh.T
-    one = dtype.type(1.0)
-    h: Array = np.zeros((batch, hidden), dtype=dtype) if h0 is None else h0
-    for t0, t1 in _chunks(steps, size, reverse):
-        xp = _project_chunk(x, t0, t1, w_ih, b_ih, batch_first, buf)
-        for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-            gi = xp[t - t0]
-            _gemm_into(h, w_hh_t, gh)
-            if b_hh is not None:
-                gh += b_hh
-            _gru_gates(rz, r, n, gi[:, : 2 * hidden], gi[:, 2 * hidden :], one)
-            # h' = (1 - z) * n + z * h = n + z * (h - n), written into the output's row.
-            h_new = seq[t]
-            np.subtract(h, n, out=h_new)
-            h_new *= z
-            h_new += n
-            h = h_new
-    return out, np.array(h)
-
-
-def _gru_sequence_blocked(
-    x: Array,
-    w_ih: Array,
-    b_ih: Array | None,
-    w_hh: Array,
-    b_hh: Array | None,
-    h0: Array | None,
-    reverse: bool,
-    batch_first: bool,
-    block: int,
-    view: bool = False,
-) -> tuple[Array, Array]:
-    """:func:`gru_sequence_kernel` with the recurrent GEMM in column blocks of ``block`` gate
-    columns, as :func:`ops._rnn_lstm._lstm_sequence_blocked` (``block`` divides H; ``view``:
-    ``W_hh`` read in place). Same results."""
-    steps, batch = (x.shape[1], x.shape[0]) if batch_first else (x.shape[0], x.shape[1])
-    hidden = w_hh.shape[1]
-    width = _GRU_GATES * hidden
-    dtype = w_hh.dtype
-    blocks, per_gate = width // block, hidden // block
-    out = _output(steps, batch, hidden, dtype, batch_first)
-    seq = out.swapaxes(0, 1) if batch_first else out
-    seq_blocks = _output_blocks(out, block, batch_first)
-    wb = _weight_blocks(w_hh, block, view)
-    size = chunk_steps(steps, batch, width, dtype.itemsize)
-    buf = _scratch("chunk", (size * batch, width), dtype)
-    gh = _scratch("gh", (blocks, batch, block), dtype)
-    rz = gh[: 2 * per_gate]
-    r = gh[:per_gate]
-    z = gh[per_gate : 2 * per_gate]
-    n = gh[2 * per_gate :]
-    hb = np.zeros((per_gate, batch, block), dtype=dtype)  # h, in blocks
-    if h0 is not None:
-        hb[...] = np.asarray(h0, dtype=dtype).reshape(batch, per_gate, block).transpose(1, 0, 2)
-    h: Array = np.zeros((batch, hidden), dtype=dtype) if h0 is None else h0
-    step = _numba_gates(dtype, gru=True)
-    if step is not None:
-        b_i = _NO_BIAS if b_ih is None else np.ascontiguousarray(b_ih, dtype=dtype)
-        b_h = _NO_BIAS if b_hh is None else np.ascontiguousarray(b_hh, dtype=dtype)
-        for t0, t1 in _chunks(steps, size, reverse):
-            xp = _project_chunk(x, t0, t1, w_ih, None, batch_first, buf)
-            for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-                np.matmul(h, wb, out=gh)
-                h = seq[t]
-                step(gh, xp[t - t0], b_i, b_h, hb, h)
-        return out, np.array(h)
-    one = dtype.type(1.0)
-    bias_blocks = None if b_hh is None else np.asarray(b_hh).reshape(blocks, 1, block)
-    for t0, t1 in _chunks(steps, size, reverse):
-        xp = _project_chunk(x, t0, t1, w_ih, b_ih, batch_first, buf)
-        for t in range(t1 - 1, t0 - 1, -1) if reverse else range(t0, t1):
-            gi = xp[t - t0].reshape(batch, blocks, block).transpose(1, 0, 2)
-            np.matmul(h, wb, out=gh)
-            if bias_blocks is not None:
-                gh += bias_blocks
-            _gru_gates(rz, r, n, gi[: 2 * per_gate], gi[2 * per_gate :], one)
-            # h' = n + z * (h - n), in blocks, then into the output's row.
-            np.subtract(hb, n, out=hb)
-            hb *= z
-            hb += n
-            np.copyto(seq_blocks[t], hb.transpose(1, 0, 2))
-            h = seq[t]
-    return out, np.array(h)

@@ -18,7 +18,7 @@ code written the obvious way:
   ``exp`` or ``tanh`` pass, whichever measures faster (:mod:`ops._rnn_gates`).
 * **The step GEMM in the form BLAS likes**, measured per shape (:mod:`ops._rnn_kernels`):
   plain, transposed, in column blocks (copied or read in place) or with the projection
-  inside the step (the LSTM's: :mod:`ops._rnn_lstm`).
+  inside the step (the LSTM's kernels: :mod:`ops._rnn_lstm`; the GRU's: :mod:`ops._rnn_gru`).
 * **Fewest calls for a small model.** A model whose steps are mostly numpy's per-call
   overhead runs kernels that make the fewest calls (:mod:`ops._rnn_small`), or numba's
   compiled loops without the GIL (:mod:`ops._rnn_numba`).
@@ -40,7 +40,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_engine, _rnn_kernels, _rnn_lstm, _rnn_measure, _rnn_numba, _rnn_small
+from . import _rnn_engine, _rnn_gru, _rnn_kernels, _rnn_lstm, _rnn_measure, _rnn_numba, _rnn_small
 from ._rnn_gates import _GRU_GATES, _LSTM_GATES
 
 __all__ = ["gru_sequence_kernel", "lstm_sequence_kernel"]
@@ -124,11 +124,11 @@ def gru_sequence_kernel(
         batch, hidden, _GRU_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran
     )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
-        return _rnn_kernels._gru_sequence_blocked(
+        return _rnn_gru._gru_sequence_blocked(
             x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form
         )
     if type(form) is tuple:  # ("view", width): W_hh row-major, read in place
-        return _rnn_kernels._gru_sequence_blocked(
+        return _rnn_gru._gru_sequence_blocked(
             x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first, form[1], True
         )
-    return _rnn_kernels._gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
+    return _rnn_gru._gru_sequence_plain(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)

@@ -17,7 +17,15 @@ import pytest
 
 import dataflow
 import ops
-from ops import _rnn_engine, _rnn_kernels, _rnn_lstm, _rnn_numba, _rnn_projection, _rnn_sequence, nn
+from ops import (
+    _rnn_engine,
+    _rnn_gru,
+    _rnn_lstm,
+    _rnn_numba,
+    _rnn_projection,
+    _rnn_sequence,
+    nn,
+)
 from tests.test_nn import ref_rnn
 from tests.test_rnn_sequence import GRU_CASES, GRU_HIDDEN, _rand, gru_case
 
@@ -180,7 +188,7 @@ class TestKernels:
         def runs() -> list[tuple[Array, ...]]:
             return [
                 _rnn_lstm._lstm_sequence_blocked(*lstm, 8, True),
-                _rnn_kernels._gru_sequence_blocked(*gru, 8, True),
+                _rnn_gru._gru_sequence_blocked(*gru, 8, True),
             ]
 
         ops.set_recurrent_engine("numpy")
@@ -200,11 +208,11 @@ class TestKernels:
         args = gru_case(reverse, batch_first, with_state, biases)
         kernels = [(1,), (GRU_HIDDEN,), (1, True)]
         ops.set_recurrent_engine("numpy")
-        want = [_rnn_kernels._gru_sequence_blocked(*args, *extra) for extra in kernels]
+        want = [_rnn_gru._gru_sequence_blocked(*args, *extra) for extra in kernels]
         ops.set_recurrent_engine("numba")
         assert _rnn_engine._numba_gates(np.dtype(np.float32), gru=True) is not None
         for extra, exp in zip(kernels, want, strict=True):
-            got = _rnn_kernels._gru_sequence_blocked(*args, *extra)
+            got = _rnn_gru._gru_sequence_blocked(*args, *extra)
             for g, w in zip(got, exp, strict=True):
                 assert g.shape == w.shape and g.dtype == np.float32
                 np.testing.assert_allclose(g, w, atol=2e-6)

@@ -18,6 +18,7 @@ from ops import (
     _rnn_buffers,
     _rnn_engine,
     _rnn_gates,
+    _rnn_gru,
     _rnn_kernels,
     _rnn_lstm,
     _rnn_measure,
@@ -182,7 +183,7 @@ class TestSequenceOps:
         blocks as transposed operands, no copy)."""
         used: list[tuple[Any, ...]] = []
         name = f"_{mode.lower()}_sequence_blocked"
-        kernels = _rnn_lstm if mode == "LSTM" else _rnn_kernels  # (the blocked kernel's module)
+        kernels = _rnn_lstm if mode == "LSTM" else _rnn_gru  # (the blocked kernel's module)
         blocked = getattr(kernels, name)
 
         def spy(*args: Any) -> Any:
@@ -410,9 +411,7 @@ class TestSequenceOps:
                 got = _rnn_sequence.gru_sequence_kernel(
                     x, w_ih, bias, laid, bias, None, False, False
                 )
-                want = _rnn_kernels._gru_sequence_plain(
-                    x, w_ih, bias, w_hh, bias, None, False, False
-                )
+                want = _rnn_gru._gru_sequence_plain(x, w_ih, bias, w_hh, bias, None, False, False)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, atol=1e-5)
 
@@ -590,13 +589,13 @@ class TestSequenceOps:
         # The GRU's kernel: plain and blocked forms only.
         ran.clear()
         for name in ("plain", "blocked"):
-            kernel = getattr(_rnn_kernels, f"_gru_sequence_{name}")
+            kernel = getattr(_rnn_gru, f"_gru_sequence_{name}")
 
             def gru_spy(*args: Any, name: str = name, kernel: Any = kernel) -> Any:
                 ran.append((args[8] if name == "blocked" else "gru", args[0].shape, True))
                 return kernel(*args)
 
-            monkeypatch.setattr(_rnn_kernels, f"_gru_sequence_{name}", gru_spy)
+            monkeypatch.setattr(_rnn_gru, f"_gru_sequence_{name}", gru_spy)
         times[:] = [0.02, 0.015, 0.01, 0.012]
         assert decide(8, 256, 3, f32) == 64
         assert [form for form, _, _ in ran] == ["gru", 32, 64, 128]
@@ -815,10 +814,10 @@ class TestSequenceOps:
         """Blocked and plain GRU kernels agree on random data, every flag and either bias
         alone, with the weight in either memory order (hidden 7: blocks of 1 and 7)."""
         args = gru_case(reverse, batch_first, with_state, biases)
-        want = _rnn_kernels._gru_sequence_plain(*args)
+        want = _rnn_gru._gru_sequence_plain(*args)
         x, w_ih, b_ih, w_hh, b_hh, h0 = args[:6]
         for block, laid in ((1, w_hh), (GRU_HIDDEN, np.asfortranarray(w_hh))):
-            got = _rnn_kernels._gru_sequence_blocked(
+            got = _rnn_gru._gru_sequence_blocked(
                 x, w_ih, b_ih, laid, b_hh, h0, reverse, batch_first, block
             )
             for g, w in zip(got, want, strict=True):
