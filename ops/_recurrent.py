@@ -37,7 +37,7 @@ from dataflow import Cost, OpInputError, OpTypeError
 
 from ._checks import array_kernel
 from ._rnn_gates import _lstm_exp_scale
-from ._rnn_kernels import recurrent_product
+from ._rnn_layout import recurrent_product
 from ._tensor import Tensor, TensorSpec, define, define_multi, spec_of
 
 __all__ = [

@@ -20,6 +20,7 @@ from ops import (
     _rnn_gates,
     _rnn_gru,
     _rnn_kernels,
+    _rnn_layout,
     _rnn_lstm,
     _rnn_measure,
     _rnn_projection,
@@ -803,9 +804,9 @@ class TestSequenceOps:
         assert _rnn_kernels._kernel_form(50, 512, 2, f32) == "plain"
         assert _rnn_kernels._kernel_form(50, 512, 5, f32) == "plain"
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
-        laid = _rnn_kernels.lay_out(w)
+        laid = _rnn_layout.lay_out(w)
         np.testing.assert_array_equal(laid, w)
-        assert laid.flags.f_contiguous is _rnn_kernels._layout_fortran(512, 3, f32)
+        assert laid.flags.f_contiguous is _rnn_layout._layout_fortran(512, 3, f32)
 
     @pytest.mark.parametrize(("reverse", "batch_first", "with_state", "biases"), GRU_CASES)
     def test_the_blocked_gru_equals_the_plain_one(
@@ -852,7 +853,7 @@ class TestSequenceOps:
         in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
         monkeypatch.setattr(_rnn_gates, "_tanh_form_is_faster", lambda *a: tanh_form)
         monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
-        monkeypatch.setattr(_rnn_kernels, "_layout_fortran", lambda *a: form == "plain")
+        monkeypatch.setattr(_rnn_layout, "_layout_fortran", lambda *a: form == "plain")
         hid = 96
         batch = _rnn_gates.TANH_DIRECT_MAX // hid + 1
         m = nn.LSTM(4, hid, seed=1)
@@ -920,13 +921,13 @@ class TestWeightLayout:
     ) -> None:
         """lay_out returns the same values, in the order measured fastest for the shape."""
         w = _rand(0, 64, 16)
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
-        f = _rnn_kernels.lay_out(w)
+        monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: True)
+        f = _rnn_layout.lay_out(w)
         assert f.flags.f_contiguous and not f.flags.c_contiguous
         np.testing.assert_array_equal(f, w)
-        assert _rnn_kernels.lay_out(f) is f
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: False)
-        c = _rnn_kernels.lay_out(f)
+        assert _rnn_layout.lay_out(f) is f
+        monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: False)
+        c = _rnn_layout.lay_out(f)
         assert c.flags.c_contiguous
         np.testing.assert_array_equal(c, w)
 
@@ -955,10 +956,10 @@ class TestWeightLayout:
             asked.append((threads, blas_now()))
             return at_now if threads == 2 else at_one
 
-        monkeypatch.setattr(_rnn_kernels, "_layout_is_fortran", is_fortran)
+        monkeypatch.setattr(_rnn_layout, "_layout_is_fortran", is_fortran)
         w = _rand(0, 4 * 64, 64)
         with threadpool_limits(limits=2, user_api="blas"):
-            laid = _rnn_kernels.lay_out(w)
+            laid = _rnn_layout.lay_out(w)
             assert blas_now() == 2
         assert asked == ([(1, 1), (2, 2)] if at_one else [(1, 1)])
         assert laid.flags.f_contiguous is fortran
@@ -966,7 +967,7 @@ class TestWeightLayout:
         # At one BLAS thread already: measured once.
         asked.clear()
         with threadpool_limits(limits=1, user_api="blas"):
-            _rnn_kernels.lay_out(w)
+            _rnn_layout.lay_out(w)
         assert asked == [(1, 1)]
 
     def test_the_layout_weighs_the_fortran_plain_kernel_against_every_row_major_form(
@@ -996,12 +997,12 @@ class TestWeightLayout:
         monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", (8,))
         monkeypatch.setattr(_rnn_kernels, "BLOCK_WIDTHS", ())
         monkeypatch.setattr(_rnn_kernels, "FUSED_WIDTHS", ())
-        monkeypatch.setattr(_rnn_kernels, "_layouts", {})
+        monkeypatch.setattr(_rnn_layout, "_layouts", {})
         monkeypatch.setattr(_rnn_kernels, "_forms", {})
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: True)
         f32 = np.dtype(np.float32)
-        measure = _rnn_kernels._layout_is_fortran
-        batch = _rnn_kernels.LAYOUT_BATCH
+        measure = _rnn_layout._layout_is_fortran
+        batch = _rnn_layout.LAYOUT_BATCH
         for given, fortran, form in (
             ([0.010, 0.012, 0.011, 0.0108], True, ("view", 8)),
             ([0.010, 0.012, 0.011, 0.0104], False, ("view", 8)),
@@ -1009,7 +1010,7 @@ class TestWeightLayout:
         ):
             ran.clear()
             times[:] = given
-            hidden = 64 + 8 * len(_rnn_kernels._layouts)  # (a new key each time)
+            hidden = 64 + 8 * len(_rnn_layout._layouts)  # (a new key each time)
             assert measure(hidden, 4, f32, 1) is fortran
             assert ran == [
                 ("plain", True),
@@ -1022,7 +1023,7 @@ class TestWeightLayout:
             ran.clear()
             assert measure(hidden, 4, f32, 1) is fortran  # once per key
             assert ran == []
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: False)
+        monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: False)
         assert measure(128, 4, f32, 1) is False
         assert ran == []
 
@@ -1033,13 +1034,13 @@ class TestWeightLayout:
         forwards run per step at the layout's batch (a unidirectional stack with big steps)
         stores its recurrent weights in the order that GEMM measured fastest, whatever the
         sequence kernels' forms; a bidirectional one (sequence kernels) as they want."""
-        monkeypatch.setattr(_rnn_kernels, "_layout_fortran", lambda *a: False)
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_layout, "_layout_fortran", lambda *a: False)
+        monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: True)
         w = _rand(0, 4 * 64, 64)
-        assert _rnn_kernels.lay_out(w).flags.c_contiguous
-        assert _rnn_kernels.lay_out(w, steps=True).flags.f_contiguous
+        assert _rnn_layout.lay_out(w).flags.c_contiguous
+        assert _rnn_layout.lay_out(w, steps=True).flags.f_contiguous
         stack = nn.LSTM(512, 512, num_layers=2, seed=0)
-        assert stack.granularity_for(_rnn_kernels.LAYOUT_BATCH) == "step"
+        assert stack.granularity_for(_rnn_layout.LAYOUT_BATCH) == "step"
         assert stack.weight_hh_l0.flags.f_contiguous
         assert stack.weight_hh_l1.flags.f_contiguous
         stack.load_state_dict(stack.state_dict())
@@ -1062,18 +1063,18 @@ class TestWeightLayout:
             asked.append(key)
             return transposed
 
-        monkeypatch.setattr(_rnn_kernels, "_product_is_transposed", decide)
+        monkeypatch.setattr(_rnn_layout, "_product_is_transposed", decide)
         batch, hid = 8, 128
         w = _rand(0, 4 * hid, hid)
         h = _rand(1, batch, hid)
-        got = _rnn_kernels.recurrent_product(h, w)
+        got = _rnn_layout.recurrent_product(h, w)
         np.testing.assert_allclose(got, h @ w.T, rtol=1e-5, atol=1e-4)
         assert got.flags.f_contiguous is transposed
         assert asked == [(batch, 4 * hid, hid, np.dtype(np.float32), _rnn_measure._blas_threads())]
         asked.clear()
-        _rnn_kernels.recurrent_product(h, np.asfortranarray(w))
-        _rnn_kernels.recurrent_product(h[:1], w)
-        _rnn_kernels.recurrent_product(h[:2, :16], _rand(2, 64, 16))
+        _rnn_layout.recurrent_product(h, np.asfortranarray(w))
+        _rnn_layout.recurrent_product(h[:1], w)
+        _rnn_layout.recurrent_product(h[:2, :16], _rand(2, 64, 16))
         assert asked == []
         # The ops, against a float64 reference of the same step.
         from ops import _recurrent
@@ -1094,22 +1095,22 @@ class TestWeightLayout:
     def test_the_product_form_is_measured_once_per_key(self) -> None:
         f32 = np.dtype(np.float32)
         key = (8, 4 * 96, 96, f32, 1)
-        _rnn_kernels._products.pop(key, None)
-        first = _rnn_kernels._product_is_transposed(*key)
-        assert _rnn_kernels._products[key] is first
-        assert _rnn_kernels._product_is_transposed(*key) is first
+        _rnn_layout._products.pop(key, None)
+        first = _rnn_layout._product_is_transposed(*key)
+        assert _rnn_layout._products[key] is first
+        assert _rnn_layout._product_is_transposed(*key) is first
 
     def test_small_weights_keep_row_major_without_measuring(self) -> None:
         """Below the size where the GEMM forms differ, nothing is measured or changed."""
         w = _rand(0, 32, 8)
-        assert _rnn_kernels.lay_out(w) is w
+        assert _rnn_layout.lay_out(w) is w
 
     def test_fortran_weights_are_exact_and_writes_take_effect(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """With Fortran-ordered recurrent weights the module is exact; loading a state dict
         and writing a parameter in place both change the next forward (no stale copy)."""
-        monkeypatch.setattr(_rnn_kernels, "_fortran_is_faster", lambda *a: True)
+        monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: True)
         m = nn.LSTM(6, 8, seed=0, bidirectional=True)
         assert m.weight_hh_l0.flags.f_contiguous
         x = _rand(1, 5, 2, 6)

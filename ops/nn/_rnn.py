@@ -5,7 +5,7 @@ A forward runs at one of two granularities, picked per call (``granularity="auto
 
 * **"sequence"**: one op per layer and direction (:func:`ops.lstm_sequence`,
   :func:`ops.gru_sequence`): the input projection in time chunks and the whole time loop run
-  inside one kernel (:mod:`ops._rnn_kernels`), the directions of a layer side by side. This is
+  inside one kernel (:mod:`ops._rnn_sequence`), the directions of a layer side by side. This is
   what "auto" picks almost everywhere: a step of a small model is a few microseconds of numpy,
   less than an op's hand-off, and per-step ops expose no parallelism that one op per direction
   lacks, except in one case:
@@ -63,7 +63,7 @@ from .._recurrent import (
     select,
     stack_states,
 )
-from .._rnn_kernels import LAYOUT_BATCH, lay_out
+from .._rnn_layout import LAYOUT_BATCH, lay_out
 from .._rnn_ops import gru_sequence, lstm_sequence
 from .._shape import concatenate
 from .._tensor import Tensor, TensorSpec, spec_of
@@ -182,7 +182,7 @@ class _RNNBase(Module):
 
     def _parameter_layout(self, name: str, value: Array) -> Array:
         # Recurrent weights are stored in the memory order their step GEMM runs fastest in
-        # (measured per shape: ops._rnn_kernels.lay_out); values, shape and dtype unchanged.
+        # (measured per shape: ops._rnn_layout.lay_out); values, shape and dtype unchanged.
         if name.startswith("weight_hh"):
             return lay_out(value, self._steps_at_layout())
         return value
