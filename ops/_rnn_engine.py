@@ -1,11 +1,12 @@
 """Which engine runs a recurrent direction: the process-wide setting, and the choice per call.
 
 :func:`set_recurrent_engine` picks one of :data:`ENGINES`: ``"numpy"``, the kernels of
-:mod:`ops._rnn_kernels`; ``"numba"``, the compiled loops of :mod:`ops._rnn_numba`, which
-release the GIL (an optional extra); ``"auto"`` (the default), ``"numba"`` where numba is
-installed and its loops compile and run, else ``"numpy"``, found out once (at the first small
-kernel, or at ``get_recurrent_engine()``). A numba that is installed but broken is reported
-once (a RuntimeWarning) and left alone.
+:mod:`ops._rnn_small`, :mod:`ops._rnn_lstm` and :mod:`ops._rnn_gru`; ``"numba"``, the
+compiled loops of :mod:`ops._rnn_numba`, which release the GIL (an optional extra);
+``"auto"`` (the default), ``"numba"`` where numba is installed and its loops compile and
+run, else ``"numpy"``, found out once (at the first small kernel, or at
+``get_recurrent_engine()``). A numba that is installed but broken is reported once (a
+RuntimeWarning) and left alone.
 
 The setting is process-wide state, kept here alone: ``_engine`` (what was set) and ``_auto``
 (what "auto" resolved to). Other modules read it through this one (:func:`_small_engine`,
@@ -20,10 +21,11 @@ Per call (:func:`_small_engine`) a direction goes to:
   call and a dozen numpy calls a step under it;
 * else numpy's small kernel, where the weights are at most :data:`SMALL_WEIGHTS_PER_STEP`
   elements a step and the gate array at most :data:`SMALL_GATES_MAX`: a model this small
-  spends its steps in numpy's per-call overhead, and that kernel makes the fewest calls;
-* else numpy's big kernels, in the form measured fastest for the shape. Where the engine is
-  numba, their blocked and fused forms run each step's gate math as one compiled pass
-  (:func:`_numba_gates`); the GEMMs stay BLAS's.
+  spends its steps in numpy's per-call overhead, and that kernel makes the fewest calls
+  (:mod:`ops._rnn_small`);
+* else numpy's big kernels, in the form measured fastest for the shape
+  (:mod:`ops._rnn_forms`). Where the engine is numba, their blocked and fused forms run each
+  step's gate math as one compiled pass (:func:`_numba_gates`); the GEMMs stay BLAS's.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ stored, and multiplied outside the sequence kernels.
 
 State kept here alone: ``_layouts`` (each shape's answer) and ``_products`` (each step
 product's). The kernel forms' answers (``_forms``) and the lock under which one thread at a
-time measures are :mod:`ops._rnn_kernels`'s, read through that module, as are the form
+time measures are :mod:`ops._rnn_forms`'s, read through that module, as are the form
 measurement's functions: a monkeypatch there reaches this module too.
 """
 
@@ -32,8 +32,8 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_kernels, _rnn_measure
-from ._rnn_kernels import _FORM_BUDGET, _FORM_MIN_BATCH, _FORM_REPEATS
+from . import _rnn_forms, _rnn_measure
+from ._rnn_forms import _FORM_BUDGET, _FORM_MIN_BATCH, _FORM_REPEATS
 from ._rnn_measure import _FORM_MARGIN
 
 __all__ = ["LAYOUT_BATCH", "STEP_PRODUCT_MEASURED_MIN", "lay_out", "recurrent_product"]
@@ -131,26 +131,26 @@ _layouts: dict[tuple[int, int, Any, int], bool] = {}
 def _layout_is_fortran(hidden: int, gates: int, dtype: np.dtype[Any], threads: int) -> bool:
     """Whether the plain kernel with its weight in Fortran order (where its GEMM is faster
     so: :func:`_fortran_is_faster`) beats every kernel form a row-major weight can take
-    (plain, transposed, blocked, fused: :func:`ops._rnn_kernels._measure_form`'s candidates) by
+    (plain, transposed, blocked, fused: :func:`ops._rnn_forms._measure_form`'s candidates) by
     :data:`_FORM_MARGIN`, at ``threads`` BLAS threads (the count in force; the caller sets
     it), measured once per process and key, all forms in one interleaved measurement. A tie
     keeps the row-major layout torch and numpy users expect. The answer for a row-major
-    weight of this shape is kept as :func:`ops._rnn_kernels._kernel_form`'s, so the first
+    weight of this shape is kept as :func:`ops._rnn_forms._kernel_form`'s, so the first
     forward does not measure the same forms again."""
     if not _fortran_is_faster(gates * hidden, hidden, dtype):
         return False
-    forms = _rnn_kernels._candidate_forms(LAYOUT_BATCH, hidden, gates, dtype, False, hidden)
+    forms = _rnn_forms._candidate_forms(LAYOUT_BATCH, hidden, gates, dtype, False, hidden)
     if len(forms) == 1:  # no other form to weigh: the plain GEMM decides
         return True
     key = (hidden, gates, dtype, threads)
-    with _rnn_kernels._forms_lock:
+    with _rnn_forms._forms_lock:
         fortran = _layouts.get(key)
         if fortran is None:
             candidates = [("plain", True), *((f, False) for f in forms)]
-            runs = _rnn_kernels._form_runs(LAYOUT_BATCH, hidden, gates, dtype, hidden, candidates)
+            runs = _rnn_forms._form_runs(LAYOUT_BATCH, hidden, gates, dtype, hidden, candidates)
             times = _rnn_measure._best_times(runs, *_FORM_REPEATS, _FORM_BUDGET)
             form = (LAYOUT_BATCH, hidden, gates, dtype, threads, False, hidden)
-            _rnn_kernels._forms.setdefault(form, _rnn_kernels._pick_form(forms, times[1:]))
+            _rnn_forms._forms.setdefault(form, _rnn_forms._pick_form(forms, times[1:]))
             fortran = _layouts[key] = times[0] < _FORM_MARGIN * min(times[1:])
     return fortran
 
@@ -169,7 +169,7 @@ def recurrent_product(h: Array, w: Array) -> Array:
     (Fortran-ordered) array of the same values.
 
     The sequence kernels choose among whole-kernel forms
-    (:func:`ops._rnn_kernels._kernel_form`); a step op has one GEMM, whose form is measured
+    (:func:`ops._rnn_forms._kernel_form`); a step op has one GEMM, whose form is measured
     alone here, once per (batch, rows, cols, dtype, BLAS threads), for a row-major ``w``
     (:func:`lay_out` keeps it so where the sequence kernels' other forms win): OpenBLAS's
     AVX-512 kernels compute ``W @ h.T`` about 20% faster than ``h @ W.T`` at (50, 1024) x
@@ -195,12 +195,12 @@ def _product_is_transposed(
     batch: int, rows: int, cols: int, dtype: np.dtype[Any], blas_threads: int
 ) -> bool:
     """Whether ``(w @ h.T).T`` beats ``h @ w.T`` for this shape (``w`` row-major), measured once
-    per process and key, by one thread at a time (as :func:`ops._rnn_kernels._kernel_form`);
+    per process and key, by one thread at a time (as :func:`ops._rnn_forms._kernel_form`);
     the transposed product must be clearly faster (:data:`_FORM_MARGIN`)."""
     key = (batch, rows, cols, dtype, blas_threads)
     found = _products.get(key)
     if found is None:
-        with _rnn_kernels._forms_lock:
+        with _rnn_forms._forms_lock:
             found = _products.get(key)
             if found is None:
                 rng = np.random.default_rng(0)

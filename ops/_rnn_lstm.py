@@ -32,11 +32,11 @@ the step's GEMM runs:
   with one small transposing copy. Whole directions on one thread: 0.89x the best of the
   other two forms at (50, 50, 256), 0.62x at (50, 8, 512), 0.56x at (50, 4, 256),
   0.86-0.96x from H = 64 to 512; none better at the tutorial's (50, 50, 1024), where the
-  per-call copy (16 MiB) is not tried (``ops._rnn_kernels.BLOCK_COPY_BYTES_MAX``). The GRU
+  per-call copy (16 MiB) is not tried (``ops._rnn_forms.BLOCK_COPY_BYTES_MAX``). The GRU
   kernel has the same blocked form (:mod:`ops._rnn_gru`).
 * **In narrow blocks read in place** (the blocked kernel with ``view``). ``W_hh`` is not
   copied: block ``k`` is ``h @ W[k*w : (k+1)*w].T``, a row-major weight's row block that BLAS
-  reads as a transposed operand (``("view", w)``, ``ops._rnn_kernels.VIEW_WIDTHS``), so no
+  reads as a transposed operand (``("view", w)``, ``ops._rnn_forms.VIEW_WIDTHS``), so no
   size bound applies. Blocks of 8 or 16 gate columns keep each product within OpenBLAS's
   small-matrix kernels: at the tutorial's (50, 1024) one step ran at 94 GFLOP/s against 76
   transposed, and a whole direction in 456 ms against 512.
@@ -47,7 +47,7 @@ the step's GEMM runs:
   packing the operands: one thread at (T, B, C) = (50, 50, 256), 116 GFLOP/s against 95-102
   for the projection as one big GEMM and 115 for the recurrent product alone in blocks; a
   whole direction 27.5 ms against 30.5 blocked, 33.6 transposed and 38.8 plain; 108 against
-  112 blocked at (50, 50, 512). Up to ``ops._rnn_kernels.FUSED_COPY_BYTES_MAX`` of weights
+  112 blocked at (50, 50, 512). Up to ``ops._rnn_forms.FUSED_COPY_BYTES_MAX`` of weights
   (not at the tutorial's size).
 
 A small model takes numpy's small kernel instead (:mod:`ops._rnn_small`) or numba's loop.

@@ -154,7 +154,7 @@ def _gru_loop(xp: Any, w_hh: Any, b_hn: Any, h: Any, out: Any, reverse: bool) ->
 
 
 def _lstm_block_gates(gates: Any, col: Any, bias: Any, c: Any, h: Any) -> None:
-    """One step's gate math for numpy's blocked LSTM kernels (``_rnn_kernels``: the GEMM
+    """One step's gate math for numpy's blocked LSTM kernels (``_rnn_lstm``: the GEMM
     stays BLAS's), in one pass: ``gates`` (blocks, B, block) the recurrent product, gate
     ``q``'s columns in blocks ``q*H/block`` to ``(q+1)*H/block``; ``col`` (B, 4H) the step's
     projected input, or (0, 0) for none; ``bias`` (4H,) or (0,); ``c`` (H/block, B, block) the

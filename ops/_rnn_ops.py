@@ -1,6 +1,6 @@
 """The whole-sequence recurrent ops: ``lstm_sequence`` and ``gru_sequence``.
 
-One op runs one layer-direction over every time step (kernels in :mod:`ops._rnn_kernels`):
+One op runs one layer-direction over every time step (kernels in :mod:`ops._rnn_sequence`):
 the input projection in time chunks and the recurrence, in one call. ``ops.nn.LSTM`` and
 ``ops.nn.GRU`` use them when a step is too small to be worth an op of its own (see
 ``granularity`` there); they are public for users who write their own recurrent modules.

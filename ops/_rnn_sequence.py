@@ -16,7 +16,7 @@ code written the obvious way:
   (:mod:`ops._rnn_buffers`).
 * **Fewest passes for the size, in the faster transcendental.** All four LSTM gates in one
   ``exp`` or ``tanh`` pass, whichever measures faster (:mod:`ops._rnn_gates`).
-* **The step GEMM in the form BLAS likes**, measured per shape (:mod:`ops._rnn_kernels`):
+* **The step GEMM in the form BLAS likes**, measured per shape (:mod:`ops._rnn_forms`):
   plain, transposed, in column blocks (copied or read in place) or with the projection
   inside the step (the LSTM's kernels: :mod:`ops._rnn_lstm`; the GRU's: :mod:`ops._rnn_gru`).
 * **Fewest calls for a small model.** A model whose steps are mostly numpy's per-call
@@ -26,9 +26,28 @@ code written the obvious way:
 :func:`lstm_sequence_kernel` and :func:`gru_sequence_kernel` choose what runs a direction,
 per call: the engine's choice for a small model (:func:`ops._rnn_engine._small_engine`:
 numba's loop or numpy's small kernel), else numpy's kernel in the form measured fastest for
-the shape, dtype, BLAS thread count and weight order (``_kernel_form``). They call the
-kernels and the choosers through their modules (``_rnn_kernels._kernel_form``), once per
-call: each has one binding, which a monkeypatch of its module replaces for every caller.
+the shape, dtype, BLAS thread count and weight order (:func:`ops._rnn_forms._kernel_form`).
+
+The modules, one concern each, in import order (each imports only modules listed before
+it; no cycles):
+
+* :mod:`ops._rnn_buffers` (scratch buffers, outputs, block views), :mod:`ops._rnn_gates`
+  (the gate math), :mod:`ops._rnn_measure` (timing alternatives; the BLAS thread count);
+* :mod:`ops._rnn_projection` (the input projection in time chunks);
+* :mod:`ops._rnn_numba` (numba's compiled loops), :mod:`ops._rnn_engine` (the engine
+  setting and the per-call choice of engine);
+* the numpy kernels: :mod:`ops._rnn_small` (small models), :mod:`ops._rnn_lstm`,
+  :mod:`ops._rnn_gru` (every form);
+* :mod:`ops._rnn_forms` (measuring the forms), :mod:`ops._rnn_layout` (the weights' memory
+  order, the step ops' product), and this module.
+
+The kernels import what their loops call by name (no attribute lookup per step). The
+modules that choose (this one, :mod:`ops._rnn_forms`, :mod:`ops._rnn_layout`) call the
+kernels, the choosers and the timing through their modules (``_rnn_forms._kernel_form``,
+``_rnn_lstm._lstm_sequence_plain``), once per call or measurement: each has one binding,
+which a monkeypatch of its module replaces for every caller; and mutable state (the engine
+setting, the measured forms and layouts, the BLAS library's controller, the scratch
+buffers) lives in one module and is read through it.
 
 Gate order and equations are torch's (see :mod:`ops._recurrent`); outputs match torch's
 ``nn.LSTM`` / ``nn.GRU`` within float32 rounding.
@@ -40,7 +59,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from . import _rnn_engine, _rnn_gru, _rnn_kernels, _rnn_lstm, _rnn_measure, _rnn_numba, _rnn_small
+from . import _rnn_engine, _rnn_forms, _rnn_gru, _rnn_lstm, _rnn_measure, _rnn_numba, _rnn_small
 from ._rnn_gates import _GRU_GATES, _LSTM_GATES
 
 __all__ = ["gru_sequence_kernel", "lstm_sequence_kernel"]
@@ -73,7 +92,7 @@ def lstm_sequence_kernel(
     if small == "numpy":
         return _rnn_small._lstm_sequence_small(x, w_ih, bias, w_hh, h0, c0, reverse, batch_first)
     fortran = not w_hh.flags.c_contiguous
-    form = _rnn_kernels._kernel_form(
+    form = _rnn_forms._kernel_form(
         batch, hidden, _LSTM_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran, w_ih.shape[1]
     )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)
@@ -120,7 +139,7 @@ def gru_sequence_kernel(
     if small == "numpy":
         return _rnn_small._gru_sequence_small(x, w_ih, b_ih, w_hh, b_hh, h0, reverse, batch_first)
     fortran = not w_hh.flags.c_contiguous
-    form = _rnn_kernels._kernel_form(
+    form = _rnn_forms._kernel_form(
         batch, hidden, _GRU_GATES, w_hh.dtype, _rnn_measure._blas_threads(), fortran
     )
     if type(form) is int:  # (any layout of w_hh: the call copies it into blocks)

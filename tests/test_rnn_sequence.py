@@ -17,9 +17,9 @@ import ops
 from ops import (
     _rnn_buffers,
     _rnn_engine,
+    _rnn_forms,
     _rnn_gates,
     _rnn_gru,
-    _rnn_kernels,
     _rnn_layout,
     _rnn_lstm,
     _rnn_measure,
@@ -154,7 +154,7 @@ class TestSequenceOps:
             used.append(True)
             return transposed(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "transposed")
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: "transposed")
         monkeypatch.setattr(_rnn_lstm, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
@@ -201,7 +201,7 @@ class TestSequenceOps:
 
         gates = 4 if mode == "LSTM" else 3
         form = ("view", block) if view else block
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: form)
         monkeypatch.setattr(kernels, name, spy)
         monkeypatch.setattr(kernels, "_weight_blocks", blocks_spy)  # (the kernel's binding)
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * gates * 6 * 4)
@@ -232,7 +232,7 @@ class TestSequenceOps:
             used.append(args[-1])
             return fused(*args)
 
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: ("fused", block))
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: ("fused", block))
         monkeypatch.setattr(_rnn_lstm, "_lstm_sequence_fused", spy)
         self.test_against_reference("LSTM", reverse, batch_first, with_state)
         assert used == [block]
@@ -321,12 +321,12 @@ class TestSequenceOps:
             time.sleep(0.05)
             return 64
 
-        monkeypatch.setattr(_rnn_kernels, "_measure_form", measure)
-        monkeypatch.setattr(_rnn_kernels, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_measure_form", measure)
+        monkeypatch.setattr(_rnn_forms, "_forms", {})
         got: list[Any] = []
         key = (7, 192, 4, np.dtype(np.float32), 1, False, 96)
         threads = [
-            threading.Thread(target=lambda: got.append(_rnn_kernels._kernel_form(*key)))
+            threading.Thread(target=lambda: got.append(_rnn_forms._kernel_form(*key)))
             for _ in range(4)
         ]
         for t in threads:
@@ -336,7 +336,7 @@ class TestSequenceOps:
         assert got == [64] * 4
         assert calls == [key]
         # No input size given: the hidden size's, a key of its own.
-        assert _rnn_kernels._kernel_form(*key[:6]) == 64
+        assert _rnn_forms._kernel_form(*key[:6]) == 64
         assert calls == [key, (*key[:6], 192)]
 
     def test_forms_are_measured_per_blas_thread_count(
@@ -364,7 +364,7 @@ class TestSequenceOps:
             return transposed(*args)
 
         monkeypatch.setattr(_rnn_measure, "_blas_threads", lambda: 7)
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", form)
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", form)
         monkeypatch.setattr(_rnn_lstm, "_lstm_sequence_transposed", spy)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         hid = 8
@@ -389,8 +389,8 @@ class TestSequenceOps:
         lay_out stores it where the plain form won; an op's argument that big reaches the
         kernel as it is), runs and equals the plain kernel: the form measurement has fewer
         candidates, down to one."""
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 1024)
-        monkeypatch.setattr(_rnn_kernels, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", 1024)
+        monkeypatch.setattr(_rnn_forms, "_forms", {})
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         gates, hid, inp = (4, 64, 16) if mode == "LSTM" else (3, 64, 16)
         w_ih, w_hh, bias = (
@@ -420,7 +420,7 @@ class TestSequenceOps:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """It copies W_hh into blocks at each call: an in-place write shows at the next one."""
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: 4)
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: 4)
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         m = nn.LSTM(4, 8, seed=3)
         x = _rand(1, 6, 3, 4)
@@ -447,7 +447,7 @@ class TestSequenceOps:
         """Gates through np.tanh (sigmoid = (tanh(x/2) + 1) / 2) or through np.exp, whichever
         measures faster, in every GEMM form: the same results within float32 rounding."""
         monkeypatch.setattr(_rnn_gates, "_tanh_form_is_faster", lambda *a: tanh_form)
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: form)
         for reverse, with_state in ((False, False), (True, True)):
             self.test_against_reference(mode, reverse, False, with_state)
 
@@ -464,7 +464,7 @@ class TestSequenceOps:
         of W's rows read in place (faster for few rows with some BLAS kernels; hidden 6: 4 or
         3 gates, blocks of 2, 3 and 6 rows): the same results, chunked or not."""
         monkeypatch.setattr(_rnn_projection, "_projection_form", lambda *a: projection_form)
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: "plain")
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: "plain")
         for reverse, batch_first, with_state in ((False, False, False), (True, True, True)):
             self.test_against_reference(mode, reverse, batch_first, with_state)
         monkeypatch.setattr(_rnn_projection, "CHUNK_BYTES", 3 * 3 * 4 * 6 * 4)
@@ -514,19 +514,19 @@ class TestSequenceOps:
 
     def test_the_form_is_measured_once_and_small_weights_keep_the_plain_one(self) -> None:
         f32 = np.dtype(np.float32)
-        assert _rnn_kernels._kernel_form(3, 16, 4, f32) == "plain"
+        assert _rnn_forms._kernel_form(3, 16, 4, f32) == "plain"
         assert _rnn_gates._tanh_form_is_faster((3, 64), f32) is False
         big_gates = _rnn_gates._tanh_form_is_faster((50, 1024), f32)
         assert _rnn_gates._tanh_form_is_faster((50, 1024), f32) is big_gates
-        big = _rnn_kernels._kernel_form(8, 512, 4, f32)
+        big = _rnn_forms._kernel_form(8, 512, 4, f32)
         assert big in (
             "plain",
             "transposed",
-            *_rnn_kernels.BLOCK_WIDTHS,
-            *(("view", b) for b in _rnn_kernels.VIEW_WIDTHS),
-            *(("fused", b) for b in _rnn_kernels.FUSED_WIDTHS),
+            *_rnn_forms.BLOCK_WIDTHS,
+            *(("view", b) for b in _rnn_forms.VIEW_WIDTHS),
+            *(("fused", b) for b in _rnn_forms.FUSED_WIDTHS),
         )
-        assert _rnn_kernels._kernel_form(8, 512, 4, f32) == big
+        assert _rnn_forms._kernel_form(8, 512, 4, f32) == big
 
     def test_the_form_is_decided_by_timing_every_whole_kernel(
         self, monkeypatch: pytest.MonkeyPatch
@@ -563,10 +563,10 @@ class TestSequenceOps:
             return times
 
         monkeypatch.setattr(_rnn_measure, "_best_times", best_times)
-        fused_cap = _rnn_kernels.FUSED_COPY_BYTES_MAX
-        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 0)  # (until their own parts)
-        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", ())
-        decide = _rnn_kernels._measure_form
+        fused_cap = _rnn_forms.FUSED_COPY_BYTES_MAX
+        monkeypatch.setattr(_rnn_forms, "FUSED_COPY_BYTES_MAX", 0)  # (until their own parts)
+        monkeypatch.setattr(_rnn_forms, "VIEW_WIDTHS", ())
+        decide = _rnn_forms._measure_form
         f32 = np.dtype(np.float32)
         forms = ["plain", "transposed", 32, 64, 128]
         for given, expected in (
@@ -578,7 +578,7 @@ class TestSequenceOps:
             times[:] = given
             assert decide(8, 256, 4, f32) == expected
             assert [form for form, _, _ in ran] == forms
-            assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 8, 256)}
+            assert {shape for _, shape, _ in ran} == {(_rnn_forms._FORM_STEPS, 8, 256)}
             # A row-major weight is measured row-major in every form, the plain one too (as
             # it will run).
             assert all(c for _, _, c in ran)
@@ -603,21 +603,21 @@ class TestSequenceOps:
         # A weight over BLOCK_COPY_BYTES_MAX (copied at every call): no blocked forms.
         ran.clear()
         times[:] = [0.02, 0.01]
-        cap = _rnn_kernels.BLOCK_COPY_BYTES_MAX
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 4 * 256 * 256 * 4 - 1)
+        cap = _rnn_forms.BLOCK_COPY_BYTES_MAX
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", 4 * 256 * 256 * 4 - 1)
         assert decide(8, 256, 4, f32) == "transposed"
         assert [form for form, _, _ in ran] == ["plain", "transposed"]
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", cap)
         # Nothing to choose from: past the copy bound, a Fortran-ordered LSTM weight and any
         # GRU weight have the plain form only, kept without running a kernel (this raised
         # "min() arg is an empty sequence" at the tutorial's size when lay_out had stored
         # the weight in Fortran order).
         ran.clear()
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 3 * 256 * 256 * 4 - 1)
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", 3 * 256 * 256 * 4 - 1)
         assert decide(8, 256, 4, f32, 1, True) == "plain"
         assert decide(8, 256, 3, f32, 1, False) == "plain"
         assert ran == []
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", cap)
         # A Fortran-ordered weight: no transposed form, the others measured in its order.
         ran.clear()
         times[:] = [0.02, 0.01, 0.015, 0.015]
@@ -633,14 +633,14 @@ class TestSequenceOps:
         # ... and a batch of one and a small hidden size keep the plain form without
         # running any kernel.
         ran.clear()
-        assert decide(_rnn_kernels._FORM_MIN_BATCH - 1, 256, 4, f32) == "plain"
-        assert decide(8, _rnn_kernels._FORM_MIN_HIDDEN - 1, 4, f32) == "plain"
+        assert decide(_rnn_forms._FORM_MIN_BATCH - 1, 256, 4, f32) == "plain"
+        assert decide(8, _rnn_forms._FORM_MIN_HIDDEN - 1, 4, f32) == "plain"
         assert ran == []
         # The blocked form reading W_hh in place: each of its widths that divides the hidden
         # size, LSTM and GRU alike; not for a Fortran-ordered weight (its blocks are row
         # blocks of a row-major one); no bound on the weight's size (nothing is copied).
-        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", (8, 16))
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", 0)
+        monkeypatch.setattr(_rnn_forms, "VIEW_WIDTHS", (8, 16))
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", 0)
         ran.clear()
         times[:] = [0.02, 0.015, 0.012, 0.01]
         assert decide(8, 256, 4, f32) == ("view", 16)
@@ -653,17 +653,17 @@ class TestSequenceOps:
         ran.clear()
         assert decide(8, 256, 4, f32, 1, True) == "plain"  # nothing else left to measure
         assert ran == []
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_COPY_BYTES_MAX", cap)
-        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", ())
+        monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", cap)
+        monkeypatch.setattr(_rnn_forms, "VIEW_WIDTHS", ())
         # The fused form: each of its widths, on the real input size (it takes the input
         # projection into the step's GEMM); the LSTM's only, any weight order, bounded by its
         # copy of both weights (G*H x (I + H)).
-        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", fused_cap)
+        monkeypatch.setattr(_rnn_forms, "FUSED_COPY_BYTES_MAX", fused_cap)
         ran.clear()
         times[:] = [0.02, 0.015, 0.015, 0.015, 0.015, 0.012, 0.01]
         assert decide(8, 256, 4, f32, 1, False, 40) == ("fused", 32)
         assert [form for form, _, _ in ran] == [*forms, ("fused", 16), ("fused", 32)]
-        assert {shape for _, shape, _ in ran} == {(_rnn_kernels._FORM_STEPS, 8, 40)}
+        assert {shape for _, shape, _ in ran} == {(_rnn_forms._FORM_STEPS, 8, 40)}
         ran.clear()
         times[:] = [0.02, 0.01, 0.015, 0.015, 0.009, 0.0095]
         assert decide(8, 256, 4, f32, 1, True, 40) == ("fused", 16)
@@ -672,7 +672,7 @@ class TestSequenceOps:
         times[:] = [0.02, 0.03, 0.01]
         assert decide(8, 80, 4, f32, 1, False, 40) == ("fused", 16)
         assert [form for form, _, _ in ran] == ["plain", "transposed", ("fused", 16)]
-        monkeypatch.setattr(_rnn_kernels, "FUSED_COPY_BYTES_MAX", 4 * 256 * (40 + 256) * 4 - 1)
+        monkeypatch.setattr(_rnn_forms, "FUSED_COPY_BYTES_MAX", 4 * 256 * (40 + 256) * 4 - 1)
         ran.clear()
         times[:] = [0.02, 0.015, 0.015, 0.01, 0.015]
         assert decide(8, 256, 4, f32, 1, False, 40) == 64
@@ -795,14 +795,14 @@ class TestSequenceOps:
         lay_out stores the weight in Fortran order only where its plain kernel won against
         those; two or five gates are never measured."""
         f32 = np.dtype(np.float32)
-        form = _rnn_kernels._kernel_form(50, 512, 3, f32)
+        form = _rnn_forms._kernel_form(50, 512, 3, f32)
         assert form in (
             "plain",
-            *_rnn_kernels.BLOCK_WIDTHS,
-            *(("view", b) for b in _rnn_kernels.VIEW_WIDTHS),
+            *_rnn_forms.BLOCK_WIDTHS,
+            *(("view", b) for b in _rnn_forms.VIEW_WIDTHS),
         )
-        assert _rnn_kernels._kernel_form(50, 512, 2, f32) == "plain"
-        assert _rnn_kernels._kernel_form(50, 512, 5, f32) == "plain"
+        assert _rnn_forms._kernel_form(50, 512, 2, f32) == "plain"
+        assert _rnn_forms._kernel_form(50, 512, 5, f32) == "plain"
         w = np.random.default_rng(1).standard_normal((3 * 512, 512)).astype(np.float32)
         laid = _rnn_layout.lay_out(w)
         np.testing.assert_array_equal(laid, w)
@@ -852,7 +852,7 @@ class TestSequenceOps:
         """Above TANH_DIRECT_MAX elements (the state's tanh through np.tanh or through exp),
         in every GEMM form (the plain one with Fortran-ordered weights): still exact."""
         monkeypatch.setattr(_rnn_gates, "_tanh_form_is_faster", lambda *a: tanh_form)
-        monkeypatch.setattr(_rnn_kernels, "_kernel_form", lambda *a: form)
+        monkeypatch.setattr(_rnn_forms, "_kernel_form", lambda *a: form)
         monkeypatch.setattr(_rnn_layout, "_layout_fortran", lambda *a: form == "plain")
         hid = 96
         batch = _rnn_gates.TANH_DIRECT_MAX // hid + 1
@@ -994,11 +994,11 @@ class TestWeightLayout:
             "_best_times",
             lambda runs, *a: [(r() and 0) or t for r, t in zip(runs, times, strict=True)],
         )
-        monkeypatch.setattr(_rnn_kernels, "VIEW_WIDTHS", (8,))
-        monkeypatch.setattr(_rnn_kernels, "BLOCK_WIDTHS", ())
-        monkeypatch.setattr(_rnn_kernels, "FUSED_WIDTHS", ())
+        monkeypatch.setattr(_rnn_forms, "VIEW_WIDTHS", (8,))
+        monkeypatch.setattr(_rnn_forms, "BLOCK_WIDTHS", ())
+        monkeypatch.setattr(_rnn_forms, "FUSED_WIDTHS", ())
         monkeypatch.setattr(_rnn_layout, "_layouts", {})
-        monkeypatch.setattr(_rnn_kernels, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_forms", {})
         monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: True)
         f32 = np.dtype(np.float32)
         measure = _rnn_layout._layout_is_fortran
@@ -1018,8 +1018,8 @@ class TestWeightLayout:
                 ("transposed", False),
                 (("view", 8), False),
             ]
-            assert _rnn_kernels._forms[(batch, hidden, 4, f32, 1, False, hidden)] == form
-            assert _rnn_kernels._kernel_form(batch, hidden, 4, f32, 1, False) == form
+            assert _rnn_forms._forms[(batch, hidden, 4, f32, 1, False, hidden)] == form
+            assert _rnn_forms._kernel_form(batch, hidden, 4, f32, 1, False) == form
             ran.clear()
             assert measure(hidden, 4, f32, 1) is fortran  # once per key
             assert ran == []

@@ -1,19 +1,30 @@
-"""The measurement that chooses the form of numpy's whole-sequence kernels for the LSTM and
-the GRU, among the forms :mod:`ops._rnn_sequence` runs:
+"""Which form of numpy's whole-sequence kernel runs a direction: measured, not guessed.
 
-* **The kernels' forms.** The LSTM's (:mod:`ops._rnn_lstm`): plain, transposed, in column
-  blocks (``W_hh`` copied, or read in place) and fused. The GRU's (:mod:`ops._rnn_gru`):
-  plain and blocked, as the LSTM's blocked one.
-* **Measured, not guessed.** :func:`_kernel_form` times the whole kernels (plain, transposed,
-  each block width, copied or read in place, and each fused width; the GRU's plain and
-  blocked ones) on a short
-  sequence, once per shape (input size included), dtype, BLAS thread count and weight order,
-  each with the weight in the order the call has: the fastest form that copies no weight,
-  or one that copies them where it is clearly faster than that.
-* **Weights in the layout BLAS likes.** :mod:`ops._rnn_layout` stores a recurrent weight in
-  Fortran order only where the plain kernel with it beats every form here (measured with
-  :func:`_form_runs`); that measurement's answer for a row-major weight is kept in
-  ``_forms``.
+The LSTM's kernels (:mod:`ops._rnn_lstm`) come in five forms: plain (``h @ W.T``),
+transposed (``W @ h.T``, every per-step array features x batch), blocked with ``W_hh``
+copied into column blocks (a width from :data:`BLOCK_WIDTHS`, up to
+:data:`BLOCK_COPY_BYTES_MAX` of weight), blocked with ``W_hh``'s row blocks read in place
+(``("view", width)``, :data:`VIEW_WIDTHS`: no copy, no bound) and fused (``("fused",
+width)``, :data:`FUSED_WIDTHS`: the input projection inside the step's blocked GEMM, up to
+:data:`FUSED_COPY_BYTES_MAX` of both weights). The GRU's (:mod:`ops._rnn_gru`) have the
+plain and blocked forms. Which is fastest depends on the shape, the BLAS library's kernels
+(AVX-512 or AVX2), the BLAS thread count and the weight's memory order, so
+:func:`_kernel_form` times the whole kernels (:func:`_form_runs`) on a short sequence of
+:data:`_FORM_STEPS` steps, interleaved (:func:`ops._rnn_measure._best_times`), once per
+(batch, hidden, gates, dtype, BLAS threads, weight order, input size) in a process, each with
+the weight in the order the call has: the fastest form that copies no weight wins, or one
+that copies them where it is faster than that by :data:`ops._rnn_measure._FORM_MARGIN`
+(:func:`_pick_form`). Timing the GEMMs alone was not enough (:func:`_measure_form` says
+why). Hidden sizes under :data:`_FORM_MIN_HIDDEN` and batches under :data:`_FORM_MIN_BATCH`
+keep the plain form without measuring (:func:`_candidate_forms`).
+
+State kept here alone: ``_forms`` (each key's answer) and ``_forms_lock``, under which one
+thread at a time measures (the first calls of an ensemble's directions come on several
+threads at once; the others wait for the answer). :mod:`ops._rnn_layout` reads and fills
+them through this module: its measurement of a weight's memory order runs the same forms
+(:func:`_form_runs`) and keeps its answer for a row-major weight here, so the first forward
+does not measure again. The kernels are called through their modules
+(``_rnn_lstm._lstm_sequence_plain``): a monkeypatch there reaches the measurement too.
 """
 
 from __future__ import annotations
@@ -270,6 +281,3 @@ def _form_runs(
         )
 
     return tuple(run(form, fortran) for form, fortran in forms)
-
-
-# -- the per-step kernels' recurrent product ---------------------------------------------------
