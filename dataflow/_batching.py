@@ -1,38 +1,47 @@
 """Cross-request batching for compiled forwards (``dataflow.compile(..., batch_axis=)``).
 
-:class:`~dataflow._compile.Compiled` decides when calls are gathered and launched (its
-module docstring, "Cross-request batching"); this module holds the pieces it gathers them
-with: a :class:`Batch` (the calls gathered for one launch, their rows, and a way back to each
-caller, who may stop waiting: see :meth:`Batch.leave`), the :class:`Timer` that closes a batch
-after ``max_wait``, and the helpers that put a call's arrays among its static arguments and
-cut a batched output back into each call's rows.
+The middle layer of :class:`~dataflow.Compiled` (see :mod:`dataflow._compile`), over its plans
+(:mod:`dataflow._plans`): :class:`Batching` decides when calls are gathered and launched.
+
+**Cross-request batching** (opt-in, ``batch_axis=``): calls that arrive while an earlier batch
+of the same compiled model is running are gathered, concatenated along ``batch_axis``, run as
+one launch (every op then runs once for all of them, with larger, faster kernels: the
+on-the-fly batching of DyNet, at the granularity of the whole program), and the outputs split
+back along ``batch_axis``. A call never waits for others when nothing of this model runs, and
+at most ``max_wait`` seconds otherwise. The batch is padded to a power of two (so at most a
+few sizes are traced), the padding rows being copies of the first input's. Every array input
+and output must have the batch axis, and rows must be independent (no op may mix the batch's
+rows: reductions over the batch axis, batch norm ...): the results are then those of running
+each call alone, within float rounding. A batch that fails (a kernel raised on some call's
+rows) runs its calls again one at a time, so each caller gets its own result or its own error,
+as unbatched.
+
+The pieces it gathers them with: a :class:`Batch` (the calls gathered for one launch, their
+rows, and a way back to each caller, who may stop waiting: see :meth:`Batch.leave`), the
+:class:`Timer` that closes a batch after ``max_wait``, and :func:`slice_rows`, which cuts a
+batched output back into each call's rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
+from ._errors import DataflowValueError
+from ._lookup import get_runtime
+from ._plans import ARRAY_SLOT, Plans, with_arrays
+from ._task import Pending
 from ._walk import replace
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["ARRAY_SLOT", "Batch", "Timer", "slice_rows", "with_arrays"]
+__all__ = ["Batch", "Batching", "Timer", "slice_rows"]
 
 _ndarray = np.ndarray
-
-#: Marks an array argument's place among a call's static arguments (``Compiled._split``).
-ARRAY_SLOT = object()
-
-
-def with_arrays(statics: list[Any], arrays: list[Any]) -> list[Any]:
-    """The call's arguments again: ``arrays`` put back in the places ``ARRAY_SLOT`` marks."""
-    it = iter(arrays)
-    return [next(it) if s is ARRAY_SLOT else s for s in statics]
 
 
 def slice_rows(out: Any, axis: int, lo: int, hi: int) -> Any:
@@ -64,7 +73,7 @@ class Batch:
         self.timer: Timer | None = None
         self.rt: Runtime | None = None
         # The running batch's task (to cancel when every caller has left), and what takes an
-        # unstarted batch out of its model's open batches (``Compiled._forget``).
+        # unstarted batch out of its model's open batches (``Batching._forget``).
         self.task: Any = None
         self.forget = forget
 
@@ -142,3 +151,138 @@ class Timer:
         if not self.cancelled:
             self.cancelled = True
             self.host.cancel(self.handle)
+
+
+class Batching(Plans):
+    """The calls of a compiled forward with ``batch_axis``: gathered into batches, each
+    launched once (the module docstring; :class:`~dataflow.Compiled` sets this state)."""
+
+    batch_axis: int | None
+    max_batch: int
+    max_wait: float
+    _batches: dict[Hashable, Batch]
+    _running: dict[Hashable, int]
+
+    if TYPE_CHECKING:
+        # A layer up (``_compile``): launching a prepared plan, batched or not.
+        async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any: ...
+
+    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
+        axis = self.batch_axis
+        assert axis is not None
+        rows = []
+        for a in arrays:
+            shape = tuple(a.shape)
+            if not -len(shape) <= axis < len(shape):
+                raise DataflowValueError(
+                    f"{self!r}: batch_axis {axis} is out of range for an input of shape {shape}"
+                )
+            rows.append(shape[axis])
+        if len(set(rows)) != 1:
+            raise DataflowValueError(
+                f"{self!r}: every array input needs the same size along batch_axis {axis}, "
+                f"got {rows}"
+            )
+        # The group of calls that may share a batch: the signature less the batch axis.
+        group: list[Any] = []
+        for s, part in zip(statics, key, strict=True):
+            if s is ARRAY_SLOT:
+                shape, dtype = part
+                a = axis % len(shape)
+                part = (shape[:a] + shape[a + 1 :], dtype)
+            group.append(part)
+        gk = tuple(group)
+        rt = get_runtime("a compiled forward")
+        batch = self._batches.get(gk)
+        if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
+            batch = self._batches[gk] = Batch(gk, self._forget)
+        call = batch.join(arrays, rows[0], rt)
+        if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
+            self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
+        elif len(batch.calls) == 1:
+            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
+        return await call
+
+    def _forget(self, gk: Hashable, batch: Batch) -> None:
+        """Take ``batch`` out of the open batches (it is launched, or every caller left)."""
+        if self._batches.get(gk) is batch:
+            del self._batches[gk]
+
+    def _flush(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
+        if batch.closed:
+            return
+        batch.closed = True
+        self._forget(gk, batch)
+        if batch.timer is not None:
+            batch.timer.cancel()
+        rt = batch.rt
+        assert rt is not None and rt.host is not None
+        self._running[gk] = self._running.get(gk, 0) + 1
+        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
+
+    async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
+        axis = self.batch_axis
+        assert axis is not None
+        running = True
+        delivered = 0
+        # The calls whose callers still wait (a cancelled caller's rows are left out).
+        calls = [k for k, left in enumerate(batch.left) if not left]
+        try:
+            if not calls:
+                return
+            total = sum(batch.rows[k] for k in calls)
+            padded = 1 << (total - 1).bit_length()
+            inputs = []
+            for j in range(len(batch.calls[0])):
+                parts = [np.asarray(c[j].result()) if isinstance(c[j], Pending) else c[j]
+                         for c in (batch.calls[k] for k in calls)]  # fmt: skip
+                if padded > total:
+                    first = np.take(parts[0], [0], axis=axis)
+                    parts.append(np.repeat(first, padded - total, axis=axis))
+                inputs.append(np.concatenate(parts, axis=axis))
+            _, _, key = self._split(tuple(with_arrays(statics, inputs)))
+            prog = await self._program(tuple(key), inputs, statics)
+            try:
+                out = await self._launch(prog, inputs)
+            except Exception:
+                if len(calls) == 1:
+                    raise
+                # A kernel raised on some call's rows: one caller's bad input must not fail
+                # the others (nor show them its error). Each call runs again alone, and gets
+                # its own result or its own error, as it would unbatched.
+                for i, k in enumerate(calls):
+                    if not batch.left[k]:
+                        value, error = await self._alone(batch.calls[k], statics)
+                        batch.done[k](value, error)
+                    delivered = i + 1
+                return
+            self._running[gk] -= 1  # the model is free: the next batch need not wait for us
+            running = False
+            bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
+            for i, k in enumerate(calls):
+                if i:
+                    # One caller resumed per loop iteration: woken all at once, a batch's
+                    # callers would run back to back (each answering its client) and hold
+                    # the loop for all of them; this way other work runs in between.
+                    await anyio.sleep(0)
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                batch.done[k](slice_rows(out, axis, lo, hi), None)
+                delivered = i + 1
+        except BaseException as exc:
+            for k in calls[delivered:]:
+                batch.done[k](None, exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if running:
+                self._running[gk] -= 1
+
+    async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
+        """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""
+        try:
+            values = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
+            _, _, key = self._split(tuple(with_arrays(statics, values)))
+            prog = await self._program(tuple(key), values, statics)
+            return await self._launch(prog, values), None
+        except Exception as exc:
+            return None, exc

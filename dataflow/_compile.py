@@ -14,51 +14,33 @@ tasks created, one queued) and the lean plan executor runs the nodes on the pool
 side by side). So a request costs the event loop tens of microseconds, however many ops it
 has.
 
-**What tracing cannot see.** Like ``torch.jit.trace``, a trace records the ops one run issues,
-not the Python around them: loops are unrolled for the traced shapes, and a branch on a
-value is taken as it was for the example. The first compile of each signature traces twice,
-the second time with other input values, and refuses (a :class:`~dataflow.DataflowError`
-naming where) a program whose ops changed: its control flow depends on the values. That
-check cannot see every case (a branch that two random inputs take the same way), so a
-program that branches on values must not be compiled; ``check=False`` skips it.
+:class:`Compiled` is built in layers, one module each, as the Dask backend's are:
 
-**Parameters.** A plan reads a module's parameters where the trace found them (each array by
-its name): a parameter written in place takes effect at the next call. A module whose
-``load_state_dict`` replaced its parameters (new arrays, so that calls already dispatched keep
-the old ones) tells the compiled forward through its ``parameter_version`` (any object with
-``named_parameters()`` and that attribute may): the next call finds the plans that read a
-replaced array and traces them again. A parameter replaced some other way (assigning a new
-array to the attribute, or a module the compiled *function* only closes over) is not seen:
-call :meth:`Compiled.clear` then.
-
-**Cross-request batching** (opt-in, ``batch_axis=``): calls that arrive while an earlier batch
-of the same compiled model is running are gathered, concatenated along ``batch_axis``, run as
-one launch (every op then runs once for all of them, with larger, faster kernels: the
-on-the-fly batching of DyNet, at the granularity of the whole program), and the outputs split
-back along ``batch_axis``. A call never waits for others when nothing of this model runs, and
-at most ``max_wait`` seconds otherwise. The batch is padded to a power of two (so at most a
-few sizes are traced), the padding rows being copies of the first input's. Every array input
-and output must have the batch axis, and rows must be independent (no op may mix the batch's
-rows: reductions over the batch axis, batch norm ...): the results are then those of running
-each call alone, within float rounding. A batch that fails (a kernel raised on some call's
-rows) runs its calls again one at a time, so each caller gets its own result or its own error,
-as unbatched.
+* :mod:`dataflow._plans` (:class:`~dataflow._plans.Plans`): signatures, tracing a new one
+  (twice, refusing a program whose control flow depends on the values: "What tracing cannot
+  see"), and forgetting plans whose module parameters were replaced ("Parameters").
+* :mod:`dataflow._batching` (:class:`~dataflow._batching.Batching`): cross-request batching
+  (``batch_axis=``), calls gathered and launched as one.
+* here: :func:`compile` (its arguments checked), the state of a compiled forward (set by
+  :class:`Compiled`'s constructor), a call (``__call__``: its signature's plan, then launched
+  or batched), launching a plan (``_launch``: run whole on the calling thread when it is short
+  and unobserved, ``graph._here.run_here``, else ``graph._launch.launch``), and
+  :meth:`Compiled.warm_up`, which traces before traffic what calls will need.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-import anyio
 import numpy as np
 
-from ._batching import ARRAY_SLOT, Batch, Timer, slice_rows, with_arrays
-from ._errors import DataflowError, DataflowTypeError, DataflowValueError
+from ._batching import Batch, Batching
+from ._errors import DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
 from ._lookup import get_runtime
+from ._plans import with_arrays
 from ._task import Pending
 from .graph._here import run_here
 from .graph._launch import launch
@@ -124,7 +106,7 @@ def compile(
     return make if fn is None else make(fn)
 
 
-class Compiled(Generic[R]):
+class Compiled(Batching, Generic[R]):
     """A compiled forward: call it like the function; ``await`` gives the outputs' arrays.
 
     Attributes:
@@ -153,8 +135,6 @@ class Compiled(Generic[R]):
         self._compiling: dict[Hashable, list[Any]] = {}
         self._batches: dict[Hashable, Batch] = {}
         self._running: dict[Hashable, int] = {}
-        # The module parameters each plan read, by name (``_stale``), and the module's
-        # parameter_version when they were last checked (None: not a versioned module).
         self._read: dict[Hashable, dict[str, Any]] = {}
         self._versioned = hasattr(fn, "parameter_version") and hasattr(fn, "named_parameters")
         self._version = getattr(fn, "parameter_version", None) if self._versioned else None
@@ -165,130 +145,6 @@ class Compiled(Generic[R]):
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
         return f"<dataflow.compile {name} signatures={len(self.programs)} calls={self.calls}>"
-
-    def clear(self) -> None:
-        """Forget every compiled plan: the next call of each signature traces it again (after
-        replacing a parameter in a way the module does not report: see the module docstring,
-        "Parameters")."""
-        self.programs.clear()
-        self._read.clear()
-
-    def _stale(self, version: Any) -> None:
-        """The module's parameter_version changed (``load_state_dict`` replaced parameters):
-        forget the plans that read an array the module no longer holds under that name."""
-        self._version = version
-        current = dict(self.fn.named_parameters())  # type: ignore[attr-defined]
-        for key, read in list(self._read.items()):
-            if any(current.get(name) is not array for name, array in read.items()):
-                self.programs.pop(key, None)
-                del self._read[key]
-
-    # -- signatures ------------------------------------------------------------------------
-
-    @staticmethod
-    def _split(args: tuple[Any, ...]) -> tuple[list[Any], list[Any], list[Any]]:
-        """(array arguments, the other arguments, the signature key's parts)."""
-        arrays: list[Any] = []
-        statics: list[Any] = []
-        key: list[Any] = []
-        for a in args:
-            if type(a) is _ndarray:  # the common case, its shape a tuple already
-                arrays.append(a)
-                statics.append(ARRAY_SLOT)
-                key.append((a.shape, a.dtype))
-                continue
-            if isinstance(a, Pending):
-                shape = getattr(a, "shape", None)
-                dtype = getattr(a, "dtype", None)
-                if shape is None or dtype is None:
-                    raise DataflowTypeError(
-                        "a compiled forward takes arrays (or Tensors) and hashable values; "
-                        f"got a pending {type(a).__name__} without a shape and dtype"
-                    )
-                arrays.append(a)
-                statics.append(ARRAY_SLOT)
-                key.append((tuple(shape), np.dtype(dtype)))
-            else:
-                try:
-                    hash(a)
-                except TypeError:
-                    if isinstance(a, tuple | list) and any(
-                        isinstance(v, _ndarray | Pending) for v in a
-                    ):
-                        raise DataflowTypeError(
-                            f"a compiled forward takes each array as an argument of its own, "
-                            f"got a {type(a).__name__} of arrays (such as an LSTM's (h0, c0)): "
-                            "compile a function that takes them one by one, e.g. `async def "
-                            "fwd(x, h0, c0): return await lstm(x, (h0, c0))`"
-                        ) from None
-                    raise DataflowTypeError(
-                        f"a compiled forward's non-array arguments are part of its signature "
-                        f"and must be hashable: got {type(a).__name__}: {a!r:.60}"
-                    ) from None
-                statics.append(a)
-                key.append((type(a), a))
-        return arrays, statics, key
-
-    async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:
-        """The prepared plan of this signature, tracing it if it is new."""
-        found = self.programs.get(key)
-        if found is not None:
-            return found
-        rt = get_runtime("a compiled forward")
-        waiting = self._compiling.get(key)
-        if waiting is not None:  # another call is tracing it: wait for that one
-            assert rt.host is not None
-            waiter = rt.host.waiter()
-            waiting.append(waiter)
-            await waiter
-            found = self.programs.get(key)
-            if found is None:
-                raise DataflowError(f"{self!r}: compiling this signature failed (see above)")
-            return found
-        self._compiling[key] = []
-        try:
-            found = self.programs[key] = await self._trace(arrays, statics)
-            graph = found.graph
-            self._read[key] = {name: graph.constants[name] for name in graph.parameters}
-        finally:
-            wake = self._compiling.pop(key)
-            if wake and rt.host is not None:
-                rt.host.wake(wake)
-        return found
-
-    async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:
-        from .graph import TracerWarning, trace_async
-        from .graph._launch import Program
-
-        fn = self.fn
-
-        async def program(*xs: Any) -> Any:
-            it = iter(xs)
-            call = [next(it) if s is ARRAY_SLOT else s for s in statics]
-            return await fn(*call)
-
-        program.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        named = getattr(fn, "named_parameters", None)
-        if callable(named):  # a module: the trace names its parameters (``_stale`` reads them)
-            program.named_parameters = named  # type: ignore[attr-defined]
-        examples = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TracerWarning)
-            graph = await trace_async(program, *examples, check=self.check)
-        problems = [str(w.message) for w in caught if issubclass(w.category, TracerWarning)]
-        for w in caught:
-            if not (self.check and issubclass(w.category, TracerWarning)):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        if problems and self.check:
-            raise DataflowError(
-                f"compile({program.__name__}): the program cannot be compiled: "
-                + "; ".join(problems)
-                + ". Compiled programs must issue the same ops whatever the input values; "
-                "pass check=False to compile anyway (at your own risk)"
-            )
-        if self.optimize:
-            graph = graph.optimize()
-        return Program(graph)
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -385,125 +241,3 @@ class Compiled(Generic[R]):
                 break
             size = min(self.max_batch, 2 * size)
         return len(self.programs) - before
-
-    # -- batching --------------------------------------------------------------------------
-
-    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
-        axis = self.batch_axis
-        assert axis is not None
-        rows = []
-        for a in arrays:
-            shape = tuple(a.shape)
-            if not -len(shape) <= axis < len(shape):
-                raise DataflowValueError(
-                    f"{self!r}: batch_axis {axis} is out of range for an input of shape {shape}"
-                )
-            rows.append(shape[axis])
-        if len(set(rows)) != 1:
-            raise DataflowValueError(
-                f"{self!r}: every array input needs the same size along batch_axis {axis}, "
-                f"got {rows}"
-            )
-        # The group of calls that may share a batch: the signature less the batch axis.
-        group: list[Any] = []
-        for s, part in zip(statics, key, strict=True):
-            if s is ARRAY_SLOT:
-                shape, dtype = part
-                a = axis % len(shape)
-                part = (shape[:a] + shape[a + 1 :], dtype)
-            group.append(part)
-        gk = tuple(group)
-        rt = get_runtime("a compiled forward")
-        batch = self._batches.get(gk)
-        if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
-            batch = self._batches[gk] = Batch(gk, self._forget)
-        call = batch.join(arrays, rows[0], rt)
-        if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
-            self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
-        elif len(batch.calls) == 1:
-            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
-        return await call
-
-    def _forget(self, gk: Hashable, batch: Batch) -> None:
-        """Take ``batch`` out of the open batches (it is launched, or every caller left)."""
-        if self._batches.get(gk) is batch:
-            del self._batches[gk]
-
-    def _flush(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
-        if batch.closed:
-            return
-        batch.closed = True
-        self._forget(gk, batch)
-        if batch.timer is not None:
-            batch.timer.cancel()
-        rt = batch.rt
-        assert rt is not None and rt.host is not None
-        self._running[gk] = self._running.get(gk, 0) + 1
-        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
-
-    async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
-        axis = self.batch_axis
-        assert axis is not None
-        running = True
-        delivered = 0
-        # The calls whose callers still wait (a cancelled caller's rows are left out).
-        calls = [k for k, left in enumerate(batch.left) if not left]
-        try:
-            if not calls:
-                return
-            total = sum(batch.rows[k] for k in calls)
-            padded = 1 << (total - 1).bit_length()
-            inputs = []
-            for j in range(len(batch.calls[0])):
-                parts = [np.asarray(c[j].result()) if isinstance(c[j], Pending) else c[j]
-                         for c in (batch.calls[k] for k in calls)]  # fmt: skip
-                if padded > total:
-                    first = np.take(parts[0], [0], axis=axis)
-                    parts.append(np.repeat(first, padded - total, axis=axis))
-                inputs.append(np.concatenate(parts, axis=axis))
-            _, _, key = self._split(tuple(with_arrays(statics, inputs)))
-            prog = await self._program(tuple(key), inputs, statics)
-            try:
-                out = await self._launch(prog, inputs)
-            except Exception:
-                if len(calls) == 1:
-                    raise
-                # A kernel raised on some call's rows: one caller's bad input must not fail
-                # the others (nor show them its error). Each call runs again alone, and gets
-                # its own result or its own error, as it would unbatched.
-                for i, k in enumerate(calls):
-                    if not batch.left[k]:
-                        value, error = await self._alone(batch.calls[k], statics)
-                        batch.done[k](value, error)
-                    delivered = i + 1
-                return
-            self._running[gk] -= 1  # the model is free: the next batch need not wait for us
-            running = False
-            bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
-            for i, k in enumerate(calls):
-                if i:
-                    # One caller resumed per loop iteration: woken all at once, a batch's
-                    # callers would run back to back (each answering its client) and hold
-                    # the loop for all of them; this way other work runs in between.
-                    await anyio.sleep(0)
-                lo, hi = int(bounds[i]), int(bounds[i + 1])
-                batch.done[k](slice_rows(out, axis, lo, hi), None)
-                delivered = i + 1
-        except BaseException as exc:
-            for k in calls[delivered:]:
-                batch.done[k](None, exc)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            if running:
-                self._running[gk] -= 1
-
-    async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
-        """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""
-        try:
-            values = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
-            _, _, key = self._split(tuple(with_arrays(statics, values)))
-            prog = await self._program(tuple(key), values, statics)
-            return await self._launch(prog, values), None
-        except Exception as exc:
-            return None, exc

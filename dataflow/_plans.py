@@ -1,0 +1,193 @@
+"""A compiled forward's plans: one per input signature, traced on first use, kept until stale.
+
+The lowest layer of :class:`~dataflow.Compiled` (see :mod:`dataflow._compile` for what a
+compiled forward is; :mod:`dataflow._batching` is the layer above, ``_compile`` the top).
+A call's *signature* is each array argument's shape and dtype, and the value of every other
+argument (:meth:`Plans._split`; an array's place among the other arguments is marked
+:data:`ARRAY_SLOT`, and :func:`with_arrays` puts arrays back in those places). The first call
+with a new signature traces the program (``dataflow.trace``: its ops are recorded, not run),
+optimises the graph and prepares it for launching (``dataflow.graph._launch.Program``):
+:meth:`Plans._program`, which makes a call of that signature arriving meanwhile wait for
+that one trace rather than start its own.
+
+**What tracing cannot see.** Like ``torch.jit.trace``, a trace records the ops one run issues,
+not the Python around them: loops are unrolled for the traced shapes, and a branch on a
+value is taken as it was for the example. The first compile of each signature traces twice,
+the second time with other input values, and refuses (a :class:`~dataflow.DataflowError`
+naming where) a program whose ops changed: its control flow depends on the values. That
+check cannot see every case (a branch that two random inputs take the same way), so a
+program that branches on values must not be compiled; ``check=False`` skips it.
+
+**Parameters.** A plan reads a module's parameters where the trace found them (each array by
+its name): a parameter written in place takes effect at the next call. A module whose
+``load_state_dict`` replaced its parameters (new arrays, so that calls already dispatched keep
+the old ones) tells the compiled forward through its ``parameter_version`` (any object with
+``named_parameters()`` and that attribute may): the next call finds the plans that read a
+replaced array and traces them again (:meth:`Plans._stale`). A parameter replaced some other
+way (assigning a new array to the attribute, or a module the compiled *function* only closes
+over) is not seen: call :meth:`Plans.clear` then.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from ._errors import DataflowError, DataflowTypeError
+from ._lookup import get_runtime
+from ._task import Pending
+
+__all__ = ["ARRAY_SLOT", "Plans", "with_arrays"]
+
+_ndarray = np.ndarray
+
+#: Marks an array argument's place among a call's static arguments (``Plans._split``).
+ARRAY_SLOT = object()
+
+
+def with_arrays(statics: list[Any], arrays: list[Any]) -> list[Any]:
+    """The call's arguments again: ``arrays`` put back in the places ``ARRAY_SLOT`` marks."""
+    it = iter(arrays)
+    return [next(it) if s is ARRAY_SLOT else s for s in statics]
+
+
+class Plans:
+    """The prepared plans of a compiled forward, by signature, and how they are made and
+    forgotten (:class:`~dataflow.Compiled`, whose constructor sets this state)."""
+
+    fn: Callable[..., Any]
+    check: bool
+    optimize: bool
+    programs: dict[Hashable, Any]
+    _compiling: dict[Hashable, list[Any]]
+    # The module parameters each plan read, by name (``_stale``), and the module's
+    # parameter_version when they were last checked (None: not a versioned module).
+    _read: dict[Hashable, dict[str, Any]]
+    _version: Any
+
+    def clear(self) -> None:
+        """Forget every compiled plan: the next call of each signature traces it again (after
+        replacing a parameter in a way the module does not report: see the module docstring,
+        "Parameters")."""
+        self.programs.clear()
+        self._read.clear()
+
+    def _stale(self, version: Any) -> None:
+        """The module's parameter_version changed (``load_state_dict`` replaced parameters):
+        forget the plans that read an array the module no longer holds under that name."""
+        self._version = version
+        current = dict(self.fn.named_parameters())  # type: ignore[attr-defined]
+        for key, read in list(self._read.items()):
+            if any(current.get(name) is not array for name, array in read.items()):
+                self.programs.pop(key, None)
+                del self._read[key]
+
+    # -- signatures ------------------------------------------------------------------------
+
+    @staticmethod
+    def _split(args: tuple[Any, ...]) -> tuple[list[Any], list[Any], list[Any]]:
+        """(array arguments, the other arguments, the signature key's parts)."""
+        arrays: list[Any] = []
+        statics: list[Any] = []
+        key: list[Any] = []
+        for a in args:
+            if type(a) is _ndarray:  # the common case, its shape a tuple already
+                arrays.append(a)
+                statics.append(ARRAY_SLOT)
+                key.append((a.shape, a.dtype))
+                continue
+            if isinstance(a, Pending):
+                shape = getattr(a, "shape", None)
+                dtype = getattr(a, "dtype", None)
+                if shape is None or dtype is None:
+                    raise DataflowTypeError(
+                        "a compiled forward takes arrays (or Tensors) and hashable values; "
+                        f"got a pending {type(a).__name__} without a shape and dtype"
+                    )
+                arrays.append(a)
+                statics.append(ARRAY_SLOT)
+                key.append((tuple(shape), np.dtype(dtype)))
+            else:
+                try:
+                    hash(a)
+                except TypeError:
+                    if isinstance(a, tuple | list) and any(
+                        isinstance(v, _ndarray | Pending) for v in a
+                    ):
+                        raise DataflowTypeError(
+                            f"a compiled forward takes each array as an argument of its own, "
+                            f"got a {type(a).__name__} of arrays (such as an LSTM's (h0, c0)): "
+                            "compile a function that takes them one by one, e.g. `async def "
+                            "fwd(x, h0, c0): return await lstm(x, (h0, c0))`"
+                        ) from None
+                    raise DataflowTypeError(
+                        f"a compiled forward's non-array arguments are part of its signature "
+                        f"and must be hashable: got {type(a).__name__}: {a!r:.60}"
+                    ) from None
+                statics.append(a)
+                key.append((type(a), a))
+        return arrays, statics, key
+
+    async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:
+        """The prepared plan of this signature, tracing it if it is new."""
+        found = self.programs.get(key)
+        if found is not None:
+            return found
+        rt = get_runtime("a compiled forward")
+        waiting = self._compiling.get(key)
+        if waiting is not None:  # another call is tracing it: wait for that one
+            assert rt.host is not None
+            waiter = rt.host.waiter()
+            waiting.append(waiter)
+            await waiter
+            found = self.programs.get(key)
+            if found is None:
+                raise DataflowError(f"{self!r}: compiling this signature failed (see above)")
+            return found
+        self._compiling[key] = []
+        try:
+            found = self.programs[key] = await self._trace(arrays, statics)
+            graph = found.graph
+            self._read[key] = {name: graph.constants[name] for name in graph.parameters}
+        finally:
+            wake = self._compiling.pop(key)
+            if wake and rt.host is not None:
+                rt.host.wake(wake)
+        return found
+
+    async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:
+        from .graph import TracerWarning, trace_async
+        from .graph._launch import Program
+
+        fn = self.fn
+
+        async def program(*xs: Any) -> Any:
+            it = iter(xs)
+            call = [next(it) if s is ARRAY_SLOT else s for s in statics]
+            return await fn(*call)
+
+        program.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        named = getattr(fn, "named_parameters", None)
+        if callable(named):  # a module: the trace names its parameters (``_stale`` reads them)
+            program.named_parameters = named  # type: ignore[attr-defined]
+        examples = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TracerWarning)
+            graph = await trace_async(program, *examples, check=self.check)
+        problems = [str(w.message) for w in caught if issubclass(w.category, TracerWarning)]
+        for w in caught:
+            if not (self.check and issubclass(w.category, TracerWarning)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if problems and self.check:
+            raise DataflowError(
+                f"compile({program.__name__}): the program cannot be compiled: "
+                + "; ".join(problems)
+                + ". Compiled programs must issue the same ops whatever the input values; "
+                "pass check=False to compile anyway (at your own risk)"
+            )
+        if self.optimize:
+            graph = graph.optimize()
+        return Program(graph)
