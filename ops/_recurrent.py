@@ -57,12 +57,6 @@ from ._recurrent_rules import (
     _stack_cost,
     _stack_meta,
 )
-
-# ops._rnn_ops imports these three rule helpers from here (defined here until the rules moved
-# to _recurrent_rules): drop these lines once its import names _recurrent_rules.
-from ._recurrent_rules import _common_dtype as _common_dtype
-from ._recurrent_rules import _describe as _describe
-from ._recurrent_rules import _specs as _specs
 from ._rnn_gates import _lstm_exp_scale
 from ._rnn_layout import recurrent_product
 from ._tensor import Tensor, define, define_multi

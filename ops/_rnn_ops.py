@@ -16,7 +16,8 @@ from dataflow import Cost, OpInputError, OpTypeError
 
 from . import _rnn_engine
 from ._checks import array_kernel
-from ._recurrent import _bias_sum, _common_dtype, _describe, _specs
+from ._recurrent import _bias_sum
+from ._recurrent_rules import _common_dtype, _describe, _specs
 from ._rnn_projection import chunk_steps
 from ._rnn_sequence import gru_sequence_kernel, lstm_sequence_kernel
 from ._tensor import Tensor, TensorSpec, define_multi, spec_of
