@@ -47,5 +47,3 @@ def no_leaked_threads() -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: longer tests")
-
-
