@@ -1,5 +1,5 @@
 """The code's layout rules (../shared/STYLE.md, issue #11): small modules, no import circle in
-``dataflow/``, and ``dataflow/`` never imports ``ops/``.
+``dataflow/``, ``dataflow/`` never imports ``ops/``, and docs/code-map.md lists every module.
 
 These read the source (``ast``), so they run without importing anything. A module that grows
 past :data:`MAX_LINES` is a sign that it holds two concerns: split it (as ``ops/_rnn_*`` and
@@ -9,6 +9,7 @@ past :data:`MAX_LINES` is a sign that it holds two concerns: split it (as ``ops/
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,23 @@ class TestImports:
         known = {f"pkg.{n}": pkg / f"{n}.py" for n in ("a", "b", "c", "d")}
         known["pkg"] = pkg / "__init__.py"
         assert _top_level_imports("pkg.a", path, known) == {"pkg.b", "pkg.c"}
+
+
+class TestCodeMap:
+    def test_the_code_map_lists_every_module_and_no_other(self) -> None:
+        """docs/code-map.md has a line for each module of dataflow/ and ops/, under its
+        folder's heading, and none for a module that is gone (add a line when you add one)."""
+        listed: set[str] = set()
+        folder = None
+        for line in (ROOT / "docs" / "code-map.md").read_text(encoding="utf-8").splitlines():
+            if heading := re.match(r"## `([\w/]+/)`", line):
+                folder = heading.group(1)
+            elif (item := re.match(r"- `(\w+\.py)`: \S", line)) and folder is not None:
+                listed.add(folder + item.group(1))
+        present = {
+            str(path.relative_to(ROOT))
+            for package in PACKAGES
+            for path in (ROOT / package).rglob("*.py")
+        }
+        assert sorted(present - listed) == [], "modules missing from docs/code-map.md"
+        assert sorted(listed - present) == [], "docs/code-map.md lists modules that do not exist"
