@@ -322,6 +322,29 @@ class TestThreadsAcrossRuns:
         assert len({t.thread for t in forks}) == 3  # a pool thread per run
         assert set(prof.summary().busy_s) <= {"interop-0", "loop"}
 
+    @pytest.mark.asyncio
+    async def test_threads_one_after_another_in_one_runtime_keep_their_own_lanes(self) -> None:
+        """In one runtime, threads that dispatch inline ops one after another (each started
+        once the one before ended: Python most often gives it the same ident) each record
+        their ops under their own native id."""
+        import contextvars
+
+        async with dataflow.Runtime(interop_threads=1):
+            context = contextvars.copy_context()  # the runtime is current in it
+            natives: list[int] = []
+
+            def dispatch() -> None:
+                natives.append(threading.get_native_id())
+                ops.add(np.ones(4), 1.0).result()  # inline, on this thread
+
+            with dataflow.profile() as prof:
+                for _ in range(4):
+                    thread = threading.Thread(target=context.run, args=(dispatch,))
+                    thread.start()
+                    thread.join()
+        adds = [t for t in prof.trace().tasks if t.op == "add"]
+        assert [t.thread for t in adds] == natives
+
 
 class _Raising(dataflow.Instrument):
     """Raises ``exc`` from ``hook`` (and, optionally, from its own __repr__)."""

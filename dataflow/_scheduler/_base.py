@@ -114,7 +114,6 @@ class SchedulerBase:
         self._fast_gen = -1
         self._append1: Callable[[Any], None] | None = None
         self._recorded = 0
-        self._natives: dict[int, int] = {}  # threading.get_ident() -> native thread id
 
     # -- observation (only when something observes: `if ACTIVE or self.watching`) ----------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from threading import get_ident, get_native_id
+from threading import get_ident, get_native_id, local
 from typing import TYPE_CHECKING, Any
 
 from .. import _graphstate as gs
@@ -46,6 +46,21 @@ from ._limits import Limits
 __all__ = ["Scheduler"]
 
 _now = time.perf_counter_ns
+
+# The calling thread's native id, for inline runs' span records (``_native_here``).
+_thread = local()
+
+
+def _native_here() -> int:
+    """The calling thread's native id, kept in a thread-local (``get_native_id()`` is a system
+    call; a thread-local, unlike a ``get_ident()`` key, dies with its thread, whose ident Python
+    may give a later thread), its lane label noted for the recorders (an inline record names
+    the thread by id only)."""
+    native = _thread.native = get_native_id()
+    note_thread(native)
+    return native
+
+
 QUIET_NS = int(QUIET_SECONDS * 1e9)
 
 
@@ -157,9 +172,10 @@ class Scheduler(Limits):
                             inputs = own_inputs(args, kwargs, inputs)
                         self._record_inline(task, inputs, start, end)
                         return task
-                native = self._natives.get(get_ident())
-                if native is None:
-                    native = self._native()
+                try:
+                    native = _thread.native
+                except AttributeError:  # the thread's first record
+                    native = _native_here()
                 if not inputs:
                     ins: Any = ()
                 elif len(inputs) == 1:
@@ -302,13 +318,6 @@ class Scheduler(Limits):
             if pool is not None:
                 pool.wake_locked()
 
-    def _native(self) -> int:
-        """The calling thread's native id (cached: ``get_native_id()`` is a system call), its
-        lane label noted for the recorders (an inline record names the thread by id only)."""
-        native = self._natives[get_ident()] = get_native_id()
-        note_thread(native)
-        return native
-
     def _record_inline(self, task: Task, inputs: tuple[Task, ...], start: int, end: int) -> None:
         """An inline kernel ran from ``start`` to ``end``: its span record, for the recorders
         observing this runtime (only recorders: instruments take ``_run_inline``). The general
@@ -320,9 +329,10 @@ class Scheduler(Limits):
             ins = inputs[0].id if len(inputs) == 1 else tuple([t.id for t in inputs])
         else:
             ins = ()
-        native = self._natives.get(get_ident())
-        if native is None:
-            native = self._native()
+        try:
+            native = _thread.native
+        except AttributeError:  # the thread's first record
+            native = _native_here()
         sig = task.sig
         record = (task.id, sig.rid or name_signature(sig), ins, native, start, start, end, False)
         for append in self._appends:
