@@ -130,6 +130,20 @@ def note_thread(native: int) -> None:
     LABELS[native] = thread_label()
 
 
+#: The calling thread's native id once :func:`native_here` has run on it (``HERE.native``).
+HERE = threading.local()
+
+
+def native_here() -> int:
+    """The calling thread's native id, kept in :data:`THREAD` (``get_native_id()`` is a system
+    call; a thread-local, unlike a ``get_ident()`` key, dies with its thread, whose ident Python
+    may give a later thread), its lane label noted (:func:`note_thread`): an inline run's span
+    record names its thread by native id only. The scheduler reads ``HERE.native`` first."""
+    native = HERE.native = threading.get_native_id()
+    note_thread(native)
+    return native
+
+
 class Recorder:
     """Keeps span records of the tasks run while attached (see the module docstring).
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from threading import get_ident, get_native_id, local
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from .. import _graphstate as gs
@@ -19,7 +19,7 @@ from .._errors import (
 from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
-from .._record import name_signature, note_thread
+from .._record import HERE, name_signature, native_here
 from .._signature import Signature
 from .._task import (
     DONE,
@@ -46,20 +46,6 @@ from ._limits import Limits
 __all__ = ["Scheduler"]
 
 _now = time.perf_counter_ns
-
-# The calling thread's native id, for inline runs' span records (``_native_here``).
-_thread = local()
-
-
-def _native_here() -> int:
-    """The calling thread's native id, kept in a thread-local (``get_native_id()`` is a system
-    call; a thread-local, unlike a ``get_ident()`` key, dies with its thread, whose ident Python
-    may give a later thread), its lane label noted for the recorders (an inline record names
-    the thread by id only)."""
-    native = _thread.native = get_native_id()
-    note_thread(native)
-    return native
-
 
 QUIET_NS = int(QUIET_SECONDS * 1e9)
 
@@ -173,9 +159,9 @@ class Scheduler(Limits):
                         self._record_inline(task, inputs, start, end)
                         return task
                 try:
-                    native = _thread.native
+                    native = HERE.native
                 except AttributeError:  # the thread's first record
-                    native = _native_here()
+                    native = native_here()
                 if not inputs:
                     ins: Any = ()
                 elif len(inputs) == 1:
@@ -330,9 +316,9 @@ class Scheduler(Limits):
         else:
             ins = ()
         try:
-            native = _thread.native
+            native = HERE.native
         except AttributeError:  # the thread's first record
-            native = _native_here()
+            native = native_here()
         sig = task.sig
         record = (task.id, sig.rid or name_signature(sig), ins, native, start, start, end, False)
         for append in self._appends:
