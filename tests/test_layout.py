@@ -183,7 +183,7 @@ class TestCodeMap:
         present = {
             str(path.relative_to(ROOT))
             for package in PACKAGES
-            for path in (ROOT / package).rglob("*.py")
+            for path in _modules(package).values()
         }
         assert sorted(present - listed) == [], "modules missing from docs/code-map.md"
         assert sorted(listed - present) == [], "docs/code-map.md lists modules that do not exist"
