@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from . import _loop
 from ._defaults import DEFAULT_MAX_PENDING, resolve_loop_factory
@@ -100,6 +100,22 @@ async def materialize(value: Any) -> Any:
         value = replace(value, _swap(done))
 
 
+class _Value(Generic[T]):
+    """The program's value, carried out of ``asyncio.Runner`` in an object of a cheap repr.
+
+    When the runner restores SIGINT's handler, ``signal.signal`` turns the handler it replaces
+    (a partial naming the main task) into an enum if it can, and the failed lookup formats that
+    partial's repr: the task's, its result included. A model's output array took as long to
+    format as a small forward takes to run (1.3 ms for a (50, 1, 128) float64 array), on
+    every ``dataflow.run``, for a message nobody reads.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+
 def _swap(done: dict[int, Any]) -> Callable[[Any], Any]:
     def swap(v: Any) -> Any:
         return done[id(v)] if isinstance(v, Future) else v
@@ -175,7 +191,7 @@ def run(
         **options,
     )
 
-    async def _main() -> T:
+    async def _main() -> _Value[T]:
         async with runtime:
             coro = main(*args)
             if not inspect.isawaitable(coro):
@@ -185,12 +201,12 @@ def run(
                     "called directly)"
                 )
             result = await coro
-            return await materialize(result)  # type: ignore[no-any-return]
+            return _Value(await materialize(result))
 
     runner = asyncio.Runner(loop_factory=factory)
     stuck = False
     try:
-        return runner.run(_main())
+        return runner.run(_main()).value
     except KeyboardInterrupt:
         # A second Ctrl-C, while the first one's clean-up waits for a kernel that does not
         # return: leave now (docs/hardening.md); the stuck loop is left unclosed.

@@ -73,6 +73,28 @@ class TestSeedExamples:
         assert dataflow.run(example, np.ones(()), loop=loop) == -100.0
 
 
+class TestRunValue:
+    def test_the_value_is_not_formatted(self) -> None:
+        # asyncio.Runner, restoring SIGINT's handler, formats its main task's repr (result
+        # included) when the handler it replaces is not one of signal's enums: a model's
+        # output array took ~1 ms to format on every run. The value goes out boxed.
+        formatted = []
+
+        class Output:
+            def __repr__(self) -> str:
+                formatted.append(True)
+                return "Output()"
+
+        async def main() -> Output:
+            return Output()
+
+        # (The runner hooks SIGINT in the main thread only: this test must run there.)
+        assert threading.current_thread() is threading.main_thread()
+        assert type(dataflow.run(main)) is Output
+        assert type(dataflow.run(main, loop="asyncio")) is Output
+        assert formatted == []
+
+
 class TestFork:
     def test_async_function_runs_on_loop(self, loop: str) -> None:
         """An async function is forked as a task on the event loop thread."""
