@@ -151,8 +151,11 @@ _REVERSED = slice(None, None, -1)
 
 
 def _flip_kernel(x: Any, axis: Any = None) -> Any:
-    if type(axis) is int and x.ndim:  # one axis, checked by the meta rule: a plain slice
-        return x[(_ALL,) * (axis % x.ndim) + (_REVERSED,)]  # (np.flip normalises: 4x the time)
+    if type(axis) is int:  # one axis, checked by the meta rule: a plain slice (np.flip
+        try:  # normalises: 4x the time)
+            return x[(_ALL,) * (axis % x.ndim) + (_REVERSED,)]
+        except AttributeError:  # a list or tuple operand (every op takes them): np.flip's
+            pass
     return np.flip(x, axis)
 
 
@@ -200,7 +203,9 @@ def _split_meta(x: Any, indices_or_sections: Any, axis: Any = 0) -> tuple[Tensor
 
 
 def _split_kernel(x: Any, indices_or_sections: Any, axis: int = 0) -> Any:
-    return np.split(x, indices_or_sections, axis)
+    # np.split reads the length of a list operand as len(x), whatever the axis: a nested list
+    # split along axis 1 gave pieces of other shapes than the meta rule's. Convert it first.
+    return np.split(x if type(x) is np.ndarray else np.asarray(x), indices_or_sections, axis)
 
 
 _split: Op[..., Any] = declare_multi("split", _split_kernel, _split_meta, _free)

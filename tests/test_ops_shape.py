@@ -101,6 +101,12 @@ class TestFlip:
         x = rand((5,), np.float32, 6)
         check(lambda: ops.flip(x, 0), np.flip(x, 0))
 
+    @pytest.mark.parametrize("axis", [0, -1, None, (0, 1)], ids=str)
+    def test_nested_list_operand(self, axis: Any) -> None:
+        """A nested list flips like its array (the one-axis slice once failed on a list)."""
+        rows = rand((2, 3), np.float64, 7).tolist()
+        check(lambda: ops.flip(rows, axis), np.flip(np.asarray(rows), axis))
+
     def test_bad_axis(self) -> None:
         """An axis past ndim is refused."""
         with pytest.raises(OpInputError, match=r"flip: axis 3 is out of bounds"):
@@ -226,6 +232,17 @@ class TestSplit:
         expected = np.split(x, ios, axis)
         for got in both(lambda: ops.split(x, ios, axis)):
             assert isinstance(got, tuple) and len(got) == len(expected)
+            for g, e in zip(got, expected, strict=True):
+                assert_like(g, e)
+
+    @pytest.mark.parametrize(("ios", "axis"), [([1], 1), ([1], -1), ([], 1), (3, -1)], ids=str)
+    def test_nested_list_operand_along_a_later_axis(self, ios: Any, axis: int) -> None:
+        """A nested list splits like its array along any axis (np.split took a list's length
+        as len(x) whatever the axis: pieces of other shapes than the meta rule declared)."""
+        rows = rand((2, 3), np.float64, 14).tolist()
+        expected = np.split(np.asarray(rows), ios, axis)
+        for got in both(lambda: ops.split(rows, ios, axis)):
+            assert len(got) == len(expected)
             for g, e in zip(got, expected, strict=True):
                 assert_like(g, e)
 
