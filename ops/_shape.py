@@ -367,6 +367,11 @@ astype: Op[..., Tensor] = declare("astype", quiet(_astype_kernel), _astype_meta,
 astype.__doc__ = "``astype(x, dtype)``: a copy converted to ``dtype`` (numpy's unsafe casting)."
 
 
+@quiet
+def _quiet_asarray(x: Any, dtype: np.dtype[Any] | None) -> np.ndarray:
+    return np.asarray(x, dtype=dtype)
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -396,8 +401,12 @@ def asarray(x: Any, dtype: Any = None) -> Tensor:
     operand("asarray", 1, x)
     target = None if dtype is None else _target_dtype("asarray", dtype)
     try:
-        a = np.asarray(x, dtype=target)
+        # quiet: NaN or overflow cast to ``dtype`` gives numpy's values, as ops.astype does,
+        # also where warnings are errors.
+        a = _quiet_asarray(x, target)
     except (OverflowError, ValueError) as exc:
         raise OpInputError(f"asarray: cannot convert {x!r} to {target}: {exc}") from exc
+    except TypeError as exc:  # complex to a real dtype
+        raise OpTypeError(f"asarray: cannot convert {x!r} to {target}: {exc}") from exc
     result: Tensor = _constant(a)
     return result

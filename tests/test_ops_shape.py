@@ -493,6 +493,23 @@ class TestAsarray:
         check(lambda: ops.astype(values, np.int32), to_int)
         check(lambda: ops.asarray(ops.add(values, 0.0), np.float16), to_half)
 
+    @pytest.mark.filterwarnings("error::RuntimeWarning")
+    def test_asarray_gives_numpys_values_under_warnings_as_errors(self) -> None:
+        """asarray of an array or list to another dtype is quiet too, as astype is: NaN to
+        int and overflow to float32 give numpy's values, not a RuntimeWarning at the call."""
+        values = np.array([np.nan, 1e300, -3.7])
+        with np.errstate(all="ignore"):
+            to_int, to_single = values.astype(np.int32), values.astype(np.float32)
+        assert_like(ops.asarray(values, np.int32).result(), to_int)
+        assert_like(ops.asarray(values.tolist(), np.float32).result(), to_single)
+
+    @pytest.mark.parametrize(("value", "dtype"), [(1j, np.uint64), ([1j, 2.0], np.float64)])
+    def test_complex_to_real_is_an_op_type_error(self, value: Any, dtype: Any) -> None:
+        """A Python complex that no real dtype holds: an OpTypeError naming asarray (it was
+        numpy's bare TypeError)."""
+        with pytest.raises(OpTypeError, match=r"asarray: cannot convert .*j.* to (uint64|float64)"):
+            ops.asarray(value, dtype)
+
     def test_done_in_a_runtime(self) -> None:
         """In a runtime asarray is done at once (it has nothing to wait for)."""
 
