@@ -90,7 +90,9 @@ def _lstm_sequence_meta(
         raise OpInputError(
             "lstm_sequence: give both h0 and c0, or neither (None for both means zero state)"
         )
-    named = _specs(x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0, bias_hh=bias_hh)
+    named = _specs(
+        "lstm_sequence", x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0, bias_hh=bias_hh
+    )
     out, state = _sequence_meta("lstm_sequence", 4, named, reverse, batch_first, stacked)
     return out, state, state
 
@@ -106,7 +108,7 @@ def _gru_sequence_meta(
     batch_first: Any = False,
     stacked: Any = False,
 ) -> tuple[TensorSpec, TensorSpec]:
-    named = _specs(x=x, w_ih=w_ih, b_ih=b_ih, w_hh=w_hh, b_hh=b_hh, h0=h0)
+    named = _specs("gru_sequence", x=x, w_ih=w_ih, b_ih=b_ih, w_hh=w_hh, b_hh=b_hh, h0=h0)
     return _sequence_meta("gru_sequence", 3, named, reverse, batch_first, stacked)
 
 
