@@ -510,6 +510,16 @@ class TestAsarray:
         with pytest.raises(OpTypeError, match=r"asarray: cannot convert .*j.* to (uint64|float64)"):
             ops.asarray(value, dtype)
 
+    def test_python_int_past_uint64(self) -> None:
+        """asarray(2**70) was a Tensor of dtype object; refused at the call now. With a
+        dtype that holds it, it converts; 2**63 is numpy's uint64."""
+        with pytest.raises(OpInputError, match=r"asarray: Python integer \d+ .*uint64"):
+            ops.asarray(2**70)
+        with pytest.raises(OpInputError, match=r"astype: Python integer \d+ .*uint64"):
+            ops.astype(2**70, np.float64)
+        assert_like(ops.asarray(2**70, np.float64).result(), np.asarray(2.0**70))
+        assert_like(ops.asarray(2**63).result(), np.asarray(2**63))
+
     def test_done_in_a_runtime(self) -> None:
         """In a runtime asarray is done at once (it has nothing to wait for)."""
 
