@@ -26,7 +26,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
-from ._checks import refuse_subclass
+from ._checks import dtype_of, operand
 from ._tensor import TensorSpec, spec_of
 
 # Every name is private to the recurrent ops' modules (_recurrent, _rnn_ops).
@@ -43,13 +43,29 @@ def _describe(named: dict[str, TensorSpec | None]) -> str:
     return ", ".join(f"{k} {v!r}" for k, v in named.items() if v is not None)
 
 
+#: The inputs no recurrent op can do without (the others may be None).
+_REQUIRED = frozenset(("x", "w_ih", "w_hh"))
+
+
 def _specs(op: str = "", /, **values: Any) -> dict[str, TensorSpec | None]:
-    """Each input's spec, by name (None stays None); an ndarray subclass is refused naming
-    ``op`` and the input (meta rules pass ``op``; cost rules run after them)."""
+    """Each input's spec, by name (None stays None where the op allows it).
+
+    Meta rules pass ``op``: an input that is not a numeric array (a ragged list, a string, an
+    ndarray subclass) or a required one that is None is refused naming ``op`` and the input.
+    Cost rules run after the meta rule passed, and pass no ``op``.
+    """
+    named: dict[str, TensorSpec | None] = {}
     for k, v in values.items():
-        if isinstance(v, np.ndarray) and type(v) is not np.ndarray:
-            refuse_subclass(op, k, v)
-    return {k: None if v is None else spec_of(v) for k, v in values.items()}
+        if v is None:
+            if op and k in _REQUIRED:
+                raise OpTypeError(f"{op}: {k} is None, but it is required: pass an array")
+            named[k] = None
+        elif op:
+            shape, key = operand(op, k, v)
+            named[k] = TensorSpec(shape, dtype_of(key))
+        else:
+            named[k] = spec_of(v)
+    return named
 
 
 def _common_dtype(op: str, named: dict[str, TensorSpec | None]) -> np.dtype[Any]:
