@@ -20,7 +20,7 @@ from ._recurrent import _bias_sum
 from ._recurrent_rules import _common_dtype, _describe, _specs
 from ._rnn_projection import chunk_steps
 from ._rnn_sequence import gru_sequence_kernel, lstm_sequence_kernel
-from ._tensor import Tensor, TensorSpec, define_multi, spec_of
+from ._tensor import Tensor, TensorSpec, declare_multi, spec_of
 
 __all__ = ["gru_sequence", "lstm_sequence"]
 
@@ -187,10 +187,10 @@ def _gru_sequence_kernel(
 
 
 # (array_kernel: list inputs converted, floating-point warnings as numpy's, see _recurrent.)
-_lstm_sequence = define_multi(
+_lstm_sequence = declare_multi(
     "lstm_sequence", array_kernel(_lstm_sequence_kernel), _lstm_sequence_meta, _lstm_sequence_cost
 )
-_gru_sequence = define_multi(
+_gru_sequence = declare_multi(
     "gru_sequence", array_kernel(_gru_sequence_kernel), _gru_sequence_meta, _gru_sequence_cost
 )
 # Their kernels call BLAS (numba's loops too, for the input projection): with the intra-op
