@@ -35,6 +35,7 @@ __all__ = [
     "array_kernel",
     "broadcast_shapes",
     "check_int_scalar",
+    "check_lone_int",
     "check_output_size",
     "dtype_of",
     "int_bounds",
@@ -267,6 +268,27 @@ def check_int_scalar(op: str, pos: int | str, value: int, dtype: np.dtype[Any]) 
             f"{op}: Python integer {value} ({_label(pos)}) is out of bounds for {dtype} "
             f"[{lo}, {hi}]: {fix}"
         )
+
+
+def check_lone_int(
+    op: str, pos: int | str, value: Any, key: DtypeKey, *, uint64: bool = False
+) -> None:
+    """A Python int that takes its default dtype (no array operand decides the result's
+    dtype: a unary op, a reduction, a shape op, a stack item) must fit int64, that dtype
+    (``uint64``: int64 or uint64, where the kernel converts it and numpy's value is right).
+
+    numpy would make one past int64 uint64 (below 2**64) or an object array: values of
+    another dtype than the meta rule declares, or a kernel that fails later. Refused here.
+    """
+    if key is int and not _INT64_MIN <= value <= (_UINT64_MAX if uint64 else _INT64_MAX):
+        fits = "int64 or uint64" if uint64 else "int64, the dtype a Python int has on its own"
+        raise OpInputError(
+            f"{op}: Python integer {value} ({_label(pos)}) does not fit {fits}: pass it as a "
+            "float, as np.uint64(...) if it fits uint64, or as an array of the dtype you want"
+        )
+
+
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
 
 def _fits(value: int, dtype: np.dtype[Any]) -> bool:

@@ -24,6 +24,7 @@ from ._checks import (
     DtypeKey,
     broadcast_shapes,
     check_int_scalar,
+    check_lone_int,
     check_output_size,
     dtype_of,
     int_bounds,
@@ -166,6 +167,7 @@ less_equal: Op[..., Tensor] = _binary(
 def _unary_meta(name: str, ufunc: np.ufunc) -> Any:
     def meta(x: Any, /) -> TensorSpec:  # positional-only, like the ufunc (see _binary)
         shape, key = operand(name, 1, x)
+        check_lone_int(name, 1, x, key)
         return TensorSpec(shape, ufunc_dtypes(name, ufunc, (key,))[-1])
 
     return meta
@@ -226,6 +228,7 @@ def _sigmoid_kernel(x: Any) -> np.ndarray:
 
 def _sigmoid_meta(x: Any) -> TensorSpec:
     shape, key = operand("sigmoid", 1, x)
+    check_lone_int("sigmoid", 1, x, key)
     return TensorSpec(shape, ufunc_dtypes("sigmoid", np.exp, (key,))[-1])
 
 
@@ -239,6 +242,7 @@ def _relu_kernel(x: Any) -> Any:
 
 def _relu_meta(x: Any) -> TensorSpec:
     shape, key = operand("relu", 1, x)
+    check_lone_int("relu", 1, x, key)
     dtype = dtype_of(key)
     if dtype.kind not in "iuf":
         raise OpTypeError(
@@ -269,6 +273,9 @@ def _where_meta(condition: Any, x: Any, y: Any) -> TensorSpec:
     sx, kx = operand("where", 2, x)
     sy, ky = operand("where", 3, y)
     dtype = _where_dtype((kx, ky))
+    if dtype.kind in "iu":  # (numpy wraps a Python int into the integer result, up to uint64)
+        check_lone_int("where", 2, x, kx, uint64=True)
+        check_lone_int("where", 3, y, ky, uint64=True)
     if sc == sx == sy:
         return TensorSpec(sc, dtype)
     shape = broadcast_shapes("where", sc, sx, sy)
@@ -306,6 +313,7 @@ def _clip_dtype(keys: tuple[DtypeKey, DtypeKey, DtypeKey]) -> np.dtype[Any]:
 
 def _clip_meta(x: Any, a_min: Any = None, a_max: Any = None) -> TensorSpec:
     sx, kx = operand("clip", 1, x)
+    check_lone_int("clip", 1, x, kx)
     dx = dtype_of(kx)  # np.clip converts x first: a Python scalar x has its default dtype
     lo, hi = a_min, a_max
     if dx.kind in "iu":

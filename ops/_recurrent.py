@@ -59,7 +59,7 @@ from ._recurrent_rules import (
 )
 from ._rnn_gates import _lstm_exp_scale
 from ._rnn_layout import recurrent_product
-from ._tensor import Tensor, define, define_multi
+from ._tensor import Tensor, declare, declare_multi
 
 __all__ = [
     "gru_cell",
@@ -271,20 +271,20 @@ def _select_kernel(a: Array, index: int) -> Array:
 
 # (array_kernel: list inputs converted, numpy's floating-point warnings kept from failing the
 # task under ``-W error``, as the other ops' kernels do.)
-_lstm_cell = define_multi(
+_lstm_cell = declare_multi(
     "lstm_cell", array_kernel(_lstm_cell_kernel), _lstm_cell_meta, _lstm_cell_cost
 )
-_gru_cell = define("gru_cell", array_kernel(_gru_cell_kernel), _gru_cell_meta, _gru_cell_cost)
-_lstm_step = define_multi(
+_gru_cell = declare("gru_cell", array_kernel(_gru_cell_kernel), _gru_cell_meta, _gru_cell_cost)
+_lstm_step = declare_multi(
     "lstm_step", array_kernel(_lstm_step_kernel), _lstm_step_meta, _lstm_step_cost
 )
-_gru_step = define("gru_step", array_kernel(_gru_step_kernel), _gru_step_meta, _gru_step_cost)
-_rnn_projection = define(
+_gru_step = declare("gru_step", array_kernel(_gru_step_kernel), _gru_step_meta, _gru_step_cost)
+_rnn_projection = declare(
     "rnn_projection", array_kernel(_projection_kernel), _projection_meta, _projection_cost
 )
-_rnn_output = define("rnn_output", _output_kernel, _output_meta, _output_cost)
-_stack_states = define("stack_states", _stack_kernel, _stack_meta, _stack_cost)
-_select = define("select", _select_kernel, _select_meta, _select_cost)
+_rnn_output = declare("rnn_output", _output_kernel, _output_meta, _output_cost)
+_stack_states = declare("stack_states", _stack_kernel, _stack_meta, _stack_cost)
+_select = declare("select", _select_kernel, _select_meta, _select_cost)
 # The kernels that call BLAS (a crowd of them gets one BLAS thread each: dataflow._blas).
 _lstm_cell.intraop = _gru_cell.intraop = _lstm_step.intraop = True
 _gru_step.intraop = _rnn_projection.intraop = True

@@ -26,6 +26,7 @@ import numpy as np
 
 from dataflow import Cost, OpInputError, OpTypeError
 
+from ._checks import dtype_of, operand
 from ._tensor import TensorSpec, spec_of
 
 # Every name is private to the recurrent ops' modules (_recurrent, _rnn_ops).
@@ -42,8 +43,29 @@ def _describe(named: dict[str, TensorSpec | None]) -> str:
     return ", ".join(f"{k} {v!r}" for k, v in named.items() if v is not None)
 
 
-def _specs(**values: Any) -> dict[str, TensorSpec | None]:
-    return {k: None if v is None else spec_of(v) for k, v in values.items()}
+#: The inputs no recurrent op can do without (the others may be None).
+_REQUIRED = frozenset(("x", "w_ih", "w_hh"))
+
+
+def _specs(op: str = "", /, **values: Any) -> dict[str, TensorSpec | None]:
+    """Each input's spec, by name (None stays None where the op allows it).
+
+    Meta rules pass ``op``: an input that is not a numeric array (a ragged list, a string, an
+    ndarray subclass) or a required one that is None is refused naming ``op`` and the input.
+    Cost rules run after the meta rule passed, and pass no ``op``.
+    """
+    named: dict[str, TensorSpec | None] = {}
+    for k, v in values.items():
+        if v is None:
+            if op and k in _REQUIRED:
+                raise OpTypeError(f"{op}: {k} is None, but it is required: pass an array")
+            named[k] = None
+        elif op:
+            shape, key = operand(op, k, v)
+            named[k] = TensorSpec(shape, dtype_of(key))
+        else:
+            named[k] = spec_of(v)
+    return named
 
 
 def _common_dtype(op: str, named: dict[str, TensorSpec | None]) -> np.dtype[Any]:
@@ -107,7 +129,7 @@ def _lstm_cell_meta(
         raise OpInputError(
             "lstm_cell: give both h and c, or neither (None for both means zero initial state)"
         )
-    named = _specs(x=x, h=h, c=c, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+    named = _specs("lstm_cell", x=x, h=h, c=c, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     spec = _cell_meta("lstm_cell", _LSTM_GATES, named)
     return spec, spec
 
@@ -115,7 +137,7 @@ def _lstm_cell_meta(
 def _gru_cell_meta(
     x: Any, h: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None
 ) -> TensorSpec:
-    named = _specs(x=x, h=h, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
+    named = _specs("gru_cell", x=x, h=h, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh)
     return _cell_meta("gru_cell", _GRU_GATES, named)
 
 
@@ -155,18 +177,19 @@ def _step_meta(
 
 
 def _lstm_step_meta(xproj: Any, t: Any, h: Any, c: Any, w_hh: Any) -> tuple[TensorSpec, TensorSpec]:
-    spec = _step_meta("lstm_step", _LSTM_GATES, xproj, t, _specs(h=h, c=c, w_hh=w_hh))
+    spec = _step_meta("lstm_step", _LSTM_GATES, xproj, t, _specs("lstm_step", h=h, c=c, w_hh=w_hh))
     return spec, spec
 
 
 def _gru_step_meta(xproj: Any, t: Any, h: Any, w_hh: Any, b_hh: Any) -> TensorSpec:
-    return _step_meta("gru_step", _GRU_GATES, xproj, t, _specs(h=h, w_hh=w_hh, b_hh=b_hh))
+    named = _specs("gru_step", h=h, w_hh=w_hh, b_hh=b_hh)
+    return _step_meta("gru_step", _GRU_GATES, xproj, t, named)
 
 
 def _projection_meta(
     x: Any, w_ih: Any, bias: Any, batch_first: bool, bias_hh: Any = None
 ) -> TensorSpec:
-    named = _specs(x=x, w_ih=w_ih, bias=bias, bias_hh=bias_hh)
+    named = _specs("rnn_projection", x=x, w_ih=w_ih, bias=bias, bias_hh=bias_hh)
     dtype = _common_dtype("rnn_projection", named)
     xs, ws = named["x"], named["w_ih"]
     assert xs is not None and ws is not None

@@ -26,7 +26,16 @@ import numpy as np
 
 from dataflow import Cost, Op, OpInputError, OpTypeError
 
-from ._checks import dtype_of, normalize_axes, normalize_axis, operand, quiet, shape_of, size_of
+from ._checks import (
+    check_lone_int,
+    dtype_of,
+    normalize_axes,
+    normalize_axis,
+    operand,
+    quiet,
+    shape_of,
+    size_of,
+)
 from ._tensor import Tensor, TensorSpec, declare
 
 __all__ = ["argmax", "argmin", "max", "mean", "min", "sum", "var"]
@@ -58,6 +67,7 @@ def _reduced_shape(
 
 def _check(kind: str, x: Any, axis: Any, keepdims: Any) -> TensorSpec:
     shape, key = operand(kind, 1, x)
+    check_lone_int(kind, 1, x, key)
     out, axes = _reduced_shape(kind, shape, axis, keepdims)
     if kind in _NAMES:
         empty = [a for a in axes if shape[a] == 0]

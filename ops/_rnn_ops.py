@@ -20,7 +20,7 @@ from ._recurrent import _bias_sum
 from ._recurrent_rules import _common_dtype, _describe, _specs
 from ._rnn_projection import chunk_steps
 from ._rnn_sequence import gru_sequence_kernel, lstm_sequence_kernel
-from ._tensor import Tensor, TensorSpec, define_multi, spec_of
+from ._tensor import Tensor, TensorSpec, declare_multi, spec_of
 
 __all__ = ["gru_sequence", "lstm_sequence"]
 
@@ -90,7 +90,9 @@ def _lstm_sequence_meta(
         raise OpInputError(
             "lstm_sequence: give both h0 and c0, or neither (None for both means zero state)"
         )
-    named = _specs(x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0, bias_hh=bias_hh)
+    named = _specs(
+        "lstm_sequence", x=x, w_ih=w_ih, bias=bias, w_hh=w_hh, h0=h0, c0=c0, bias_hh=bias_hh
+    )
     out, state = _sequence_meta("lstm_sequence", 4, named, reverse, batch_first, stacked)
     return out, state, state
 
@@ -106,7 +108,7 @@ def _gru_sequence_meta(
     batch_first: Any = False,
     stacked: Any = False,
 ) -> tuple[TensorSpec, TensorSpec]:
-    named = _specs(x=x, w_ih=w_ih, b_ih=b_ih, w_hh=w_hh, b_hh=b_hh, h0=h0)
+    named = _specs("gru_sequence", x=x, w_ih=w_ih, b_ih=b_ih, w_hh=w_hh, b_hh=b_hh, h0=h0)
     return _sequence_meta("gru_sequence", 3, named, reverse, batch_first, stacked)
 
 
@@ -185,10 +187,10 @@ def _gru_sequence_kernel(
 
 
 # (array_kernel: list inputs converted, floating-point warnings as numpy's, see _recurrent.)
-_lstm_sequence = define_multi(
+_lstm_sequence = declare_multi(
     "lstm_sequence", array_kernel(_lstm_sequence_kernel), _lstm_sequence_meta, _lstm_sequence_cost
 )
-_gru_sequence = define_multi(
+_gru_sequence = declare_multi(
     "gru_sequence", array_kernel(_gru_sequence_kernel), _gru_sequence_meta, _gru_sequence_cost
 )
 # Their kernels call BLAS (numba's loops too, for the input projection): with the intra-op

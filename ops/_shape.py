@@ -26,6 +26,7 @@ from ._checks import (
     DtypeKey,
     Shape,
     check_int_scalar,
+    check_lone_int,
     check_output_size,
     dtype_of,
     normalize_axes,
@@ -101,6 +102,7 @@ def _new_shape(shape: Any, size: int, old: Shape) -> Shape:
 
 def _reshape_meta(x: Any, shape: Any) -> TensorSpec:
     s, key = operand("reshape", 1, x)
+    check_lone_int("reshape", 1, x, key)
     return TensorSpec(_new_shape(shape, size_of(s), s), dtype_of(key))
 
 
@@ -117,6 +119,7 @@ reshape.__doc__ = "``reshape(x, shape)``: same data, new shape (one ``-1`` is in
 
 def _transpose_meta(x: Any, axes: Any = None) -> TensorSpec:
     s, key = operand("transpose", 1, x)
+    check_lone_int("transpose", 1, x, key)
     if axes is None:
         return TensorSpec(s[::-1], dtype_of(key))
     if type(axes) not in (tuple, list):
@@ -141,6 +144,7 @@ transpose.__doc__ = "``transpose(x, axes=None)``: permute axes (reverse them by 
 
 def _flip_meta(x: Any, axis: Any = None) -> TensorSpec:
     s, key = operand("flip", 1, x)
+    check_lone_int("flip", 1, x, key)
     # (numpy takes a list of axes as a tuple; the kernel's np.flip does too)
     normalize_axes("flip", tuple(axis) if type(axis) is list else axis, len(s))
     return TensorSpec(s, dtype_of(key))
@@ -151,8 +155,11 @@ _REVERSED = slice(None, None, -1)
 
 
 def _flip_kernel(x: Any, axis: Any = None) -> Any:
-    if type(axis) is int and x.ndim:  # one axis, checked by the meta rule: a plain slice
-        return x[(_ALL,) * (axis % x.ndim) + (_REVERSED,)]  # (np.flip normalises: 4x the time)
+    if type(axis) is int:  # one axis, checked by the meta rule: a plain slice (np.flip
+        try:  # normalises: 4x the time)
+            return x[(_ALL,) * (axis % x.ndim) + (_REVERSED,)]
+        except AttributeError:  # a list or tuple operand (every op takes them): np.flip's
+            pass
     return np.flip(x, axis)
 
 
@@ -200,7 +207,9 @@ def _split_meta(x: Any, indices_or_sections: Any, axis: Any = 0) -> tuple[Tensor
 
 
 def _split_kernel(x: Any, indices_or_sections: Any, axis: int = 0) -> Any:
-    return np.split(x, indices_or_sections, axis)
+    # np.split reads the length of a list operand as len(x), whatever the axis: a nested list
+    # split along axis 1 gave pieces of other shapes than the meta rule's. Convert it first.
+    return np.split(x if type(x) is np.ndarray else np.asarray(x), indices_or_sections, axis)
 
 
 _split: Op[..., Any] = declare_multi("split", _split_kernel, _split_meta, _free)
@@ -287,6 +296,8 @@ def _concatenate_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
 
 def _stack_meta(arrays: Sequence[Any], axis: Any = 0) -> TensorSpec:
     items = _items("stack", arrays)
+    for i, (a, (_, k)) in enumerate(zip(arrays, items, strict=True)):
+        check_lone_int("stack", f"item {i} of argument 1", a, k)
     # (np.stack converts every item to an array first: a Python scalar is not weak here.)
     dtype = np.result_type(*(dtype_of(k) for _, k in items))
     first = items[0][0]
@@ -345,7 +356,8 @@ def _target_dtype(op: str, dtype: Any) -> np.dtype[Any]:
 
 
 def _astype_meta(x: Any, dtype: Any) -> TensorSpec:
-    s, _ = operand("astype", 1, x)
+    s, key = operand("astype", 1, x)
+    check_lone_int("astype", 1, x, key, uint64=True)
     return TensorSpec(s, _target_dtype("astype", dtype))
 
 
@@ -360,6 +372,11 @@ def _astype_kernel(x: Any, dtype: Any) -> Any:
 
 astype: Op[..., Tensor] = declare("astype", quiet(_astype_kernel), _astype_meta, _astype_cost)
 astype.__doc__ = "``astype(x, dtype)``: a copy converted to ``dtype`` (numpy's unsafe casting)."
+
+
+@quiet
+def _quiet_asarray(x: Any, dtype: np.dtype[Any] | None) -> np.ndarray:
+    return np.asarray(x, dtype=dtype)
 
 
 def _identity(x: Any) -> Any:
@@ -388,11 +405,17 @@ def asarray(x: Any, dtype: Any = None) -> Tensor:
             return x
         converted: Tensor = astype(x, dtype)
         return converted
-    operand("asarray", 1, x)
+    _, key = operand("asarray", 1, x)
+    if dtype is None:  # (numpy would hold a Python int past uint64 as an object array)
+        check_lone_int("asarray", 1, x, key, uint64=True)
     target = None if dtype is None else _target_dtype("asarray", dtype)
     try:
-        a = np.asarray(x, dtype=target)
+        # quiet: NaN or overflow cast to ``dtype`` gives numpy's values, as ops.astype does,
+        # also where warnings are errors.
+        a = _quiet_asarray(x, target)
     except (OverflowError, ValueError) as exc:
         raise OpInputError(f"asarray: cannot convert {x!r} to {target}: {exc}") from exc
+    except TypeError as exc:  # complex to a real dtype
+        raise OpTypeError(f"asarray: cannot convert {x!r} to {target}: {exc}") from exc
     result: Tensor = _constant(a)
     return result

@@ -360,8 +360,22 @@ def define(
 ) -> dataflow.Op[P, Tensor]:
     """Declare an op returning Tensors (``dataflow.op`` with ``handle=Tensor``).
 
-    Its kernel's values are checked against the meta rule's specs (:func:`check_value`).
+    Its meta rule's specs are checked at the call (a dtype-like such as ``np.float32``
+    becomes a ``np.dtype``; what is not a spec is refused: ``ops._specs``), and its
+    kernel's values against them (:func:`check_value`).
     """
+    from ._specs import checked_meta  # (imports this module)
+
+    return _op(name, kernel, checked_meta(name, meta), cost, inline)
+
+
+def _op(
+    name: str,
+    kernel: Callable[..., Any],
+    meta: Callable[..., Any],
+    cost: Callable[..., Cost] | None,
+    inline: bool | None,
+) -> dataflow.Op[Any, Any]:
     return dataflow.Op(name, kernel, meta, Tensor, cost, inline, check=check_value)
 
 
@@ -379,7 +393,7 @@ def declare(
     done by :func:`define`: a user's function is not renamed behind their back.)
     """
     meta.__qualname__ = name
-    return define(name, kernel, meta, cost, inline)
+    return _op(name, kernel, meta, cost, inline)
 
 
 def declare_multi(
@@ -391,7 +405,7 @@ def declare_multi(
 ) -> dataflow.Op[P, Any]:
     """:func:`define_multi` for the ops of this package (see :func:`declare`)."""
     meta.__qualname__ = name
-    return define_multi(name, kernel, meta, cost, inline)
+    return _op(name, kernel, meta, cost, inline)
 
 
 def define_multi(
@@ -402,8 +416,9 @@ def define_multi(
     inline: bool | None = None,
 ) -> dataflow.Op[P, Any]:
     """Declare an op with several Tensor outputs: its meta rule returns a tuple of specs,
-    and a call returns a tuple of Tensors (typed by the op's own wrapper function)."""
-    return dataflow.Op(name, kernel, meta, Tensor, cost, inline, check=check_value)
+    and a call returns a tuple of Tensors (typed by the op's own wrapper function). The
+    specs are checked as :func:`define` checks them."""
+    return define(name, kernel, meta, cost, inline)
 
 
 _OPERAND_TYPES = (Tensor, np.ndarray, np.generic, int, float, complex, list, tuple)

@@ -318,6 +318,8 @@ class TestLinear:
                 await fc(x)
             with pytest.raises(dataflow.OpTypeError, match=r"nn.Linear: x is a np\.matrix"):
                 await fc(np.matrix([[1.0, 2.0]], np.float32))
+            with pytest.raises(dataflow.OpTypeError, match=r"nn.Linear: x has type NoneType"):
+                await fc(None)
 
         dataflow.run(main)
 
@@ -443,6 +445,29 @@ class TestRecurrent:
                 await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), None))
             with pytest.raises(dataflow.OpInputError, match=r"nn.LSTM: .* got c0 alone"):
                 await m(_rand(0, 3, 2, 4), (None, _rand(0, 2, 2, 5)))
+
+        dataflow.run(main)
+
+    @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+    def test_bad_input_types_name_the_module_and_argument(self, mode: str) -> None:
+        """None, a string or an ndarray subclass as x or h0 is an OpTypeError naming the
+        module and the argument (it was "got object[]", or "an argument is a ...")."""
+        m = getattr(nn, mode)(4, 5)
+        x, h = _rand(0, 3, 2, 4), _rand(0, 1, 2, 5)
+
+        def hx(h0: Any) -> Any:
+            return (h0, h) if mode == "LSTM" else h0
+
+        async def main() -> None:
+            for bad in (None, "abc"):
+                with pytest.raises(dataflow.OpTypeError, match=rf"^nn.{mode}: x has type"):
+                    await m(bad)
+            with pytest.raises(dataflow.OpTypeError, match=rf"^nn.{mode}: h0 has type str"):
+                await m(x, hx("abc"))
+            with pytest.raises(dataflow.OpTypeError, match=rf"^nn.{mode}: x is a np\.ma\."):
+                await m(np.ma.masked_array(x))
+            with pytest.raises(dataflow.OpTypeError, match=rf"^nn.{mode}: h0 is a np\.ma\."):
+                await m(x, hx(np.ma.masked_array(h)))
 
         dataflow.run(main)
 

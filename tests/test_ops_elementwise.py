@@ -294,6 +294,46 @@ class TestErrors:
         with pytest.raises(OpInputError, match=fix):
             ops.add(np.ones(2, dtype), value)
 
+    @pytest.mark.parametrize(
+        ("name", "call"),
+        [
+            ("negative", lambda v: ops.negative(v)),
+            ("exp", lambda v: ops.exp(v)),
+            ("sigmoid", lambda v: ops.sigmoid(v)),
+            ("relu", lambda v: ops.relu(v)),
+            ("clip", lambda v: ops.clip(v, 0, 1)),
+            ("sum", lambda v: ops.sum(v)),
+            ("max", lambda v: ops.max(v)),
+            ("reshape", lambda v: ops.reshape(v, (1,))),
+            ("flip", lambda v: ops.flip(v)),
+            ("stack", lambda v: ops.stack([np.array(1), v])),
+        ],
+        ids=lambda v: v if isinstance(v, str) else "",
+    )
+    @pytest.mark.parametrize("value", [2**63, 2**70, -(2**63) - 1], ids=str)
+    def test_lone_python_int_past_int64_refused_at_the_call(
+        self, name: str, call: Any, value: int
+    ) -> None:
+        """A Python int with no array operand is int64 to the meta rule: one past int64 is
+        refused at the call (numpy made it uint64, or an object array: an OpOutputError, or
+        the kernel failing, at await)."""
+        with pytest.raises(OpInputError, match=rf"^{name}: Python integer {value} .*int64"):
+            call(value)
+
+    def test_lone_python_int_within_int64_works(self) -> None:
+        """The largest int64 is still an int64 operand."""
+        check(lambda: ops.negative(2**63 - 1), np.negative(2**63 - 1))
+        check(lambda: ops.sum(-(2**63)), np.sum(-(2**63)))
+
+    def test_where_python_int_past_uint64_refused_at_the_call(self) -> None:
+        """where into an integer result converts a Python int as numpy does up to uint64;
+        past it numpy raised OverflowError in the kernel, now the call does."""
+        cond = np.array([True, False])
+        check(lambda: ops.where(cond, np.ones(2, np.uint64), 2**63), np.array([1, 2**63], "u8"))
+        with pytest.raises(OpInputError, match=r"where: Python integer \d+ \(argument 3\)"):
+            ops.where(cond, np.ones(2, np.uint8), 2**70)
+        check(lambda: ops.where(cond, 2**70, np.ones(2, np.float32)), np.array([2.0**70, 1], "f4"))
+
     def test_ragged_list(self) -> None:
         """A ragged nested list is an OpInputError."""
         with pytest.raises(OpInputError, match=r"add: argument 1 is a list that does not form"):

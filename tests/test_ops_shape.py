@@ -101,6 +101,12 @@ class TestFlip:
         x = rand((5,), np.float32, 6)
         check(lambda: ops.flip(x, 0), np.flip(x, 0))
 
+    @pytest.mark.parametrize("axis", [0, -1, None, (0, 1)], ids=str)
+    def test_nested_list_operand(self, axis: Any) -> None:
+        """A nested list flips like its array (the one-axis slice once failed on a list)."""
+        rows = rand((2, 3), np.float64, 7).tolist()
+        check(lambda: ops.flip(rows, axis), np.flip(np.asarray(rows), axis))
+
     def test_bad_axis(self) -> None:
         """An axis past ndim is refused."""
         with pytest.raises(OpInputError, match=r"flip: axis 3 is out of bounds"):
@@ -226,6 +232,17 @@ class TestSplit:
         expected = np.split(x, ios, axis)
         for got in both(lambda: ops.split(x, ios, axis)):
             assert isinstance(got, tuple) and len(got) == len(expected)
+            for g, e in zip(got, expected, strict=True):
+                assert_like(g, e)
+
+    @pytest.mark.parametrize(("ios", "axis"), [([1], 1), ([1], -1), ([], 1), (3, -1)], ids=str)
+    def test_nested_list_operand_along_a_later_axis(self, ios: Any, axis: int) -> None:
+        """A nested list splits like its array along any axis (np.split took a list's length
+        as len(x) whatever the axis: pieces of other shapes than the meta rule declared)."""
+        rows = rand((2, 3), np.float64, 14).tolist()
+        expected = np.split(np.asarray(rows), ios, axis)
+        for got in both(lambda: ops.split(rows, ios, axis)):
+            assert len(got) == len(expected)
             for g, e in zip(got, expected, strict=True):
                 assert_like(g, e)
 
@@ -475,6 +492,33 @@ class TestAsarray:
             to_int, to_half = values.astype(np.int32), values.astype(np.float16)
         check(lambda: ops.astype(values, np.int32), to_int)
         check(lambda: ops.asarray(ops.add(values, 0.0), np.float16), to_half)
+
+    @pytest.mark.filterwarnings("error::RuntimeWarning")
+    def test_asarray_gives_numpys_values_under_warnings_as_errors(self) -> None:
+        """asarray of an array or list to another dtype is quiet too, as astype is: NaN to
+        int and overflow to float32 give numpy's values, not a RuntimeWarning at the call."""
+        values = np.array([np.nan, 1e300, -3.7])
+        with np.errstate(all="ignore"):
+            to_int, to_single = values.astype(np.int32), values.astype(np.float32)
+        assert_like(ops.asarray(values, np.int32).result(), to_int)
+        assert_like(ops.asarray(values.tolist(), np.float32).result(), to_single)
+
+    @pytest.mark.parametrize(("value", "dtype"), [(1j, np.uint64), ([1j, 2.0], np.float64)])
+    def test_complex_to_real_is_an_op_type_error(self, value: Any, dtype: Any) -> None:
+        """A Python complex that no real dtype holds: an OpTypeError naming asarray (it was
+        numpy's bare TypeError)."""
+        with pytest.raises(OpTypeError, match=r"asarray: cannot convert .*j.* to (uint64|float64)"):
+            ops.asarray(value, dtype)
+
+    def test_python_int_past_uint64(self) -> None:
+        """asarray(2**70) was a Tensor of dtype object; refused at the call now. With a
+        dtype that holds it, it converts; 2**63 is numpy's uint64."""
+        with pytest.raises(OpInputError, match=r"asarray: Python integer \d+ .*uint64"):
+            ops.asarray(2**70)
+        with pytest.raises(OpInputError, match=r"astype: Python integer \d+ .*uint64"):
+            ops.astype(2**70, np.float64)
+        assert_like(ops.asarray(2**70, np.float64).result(), np.asarray(2.0**70))
+        assert_like(ops.asarray(2**63).result(), np.asarray(2**63))
 
     def test_done_in_a_runtime(self) -> None:
         """In a runtime asarray is done at once (it has nothing to wait for)."""

@@ -164,6 +164,9 @@ class TestMethods:
         check(lambda: abs(ops.asarray(A)), abs(A))
 
 
+NOPE: Any = "nope"  # (not a dtype: what a meta rule should not return)
+
+
 class TestPublicApi:
     def test_all_matches_exports(self) -> None:
         """ops.__all__ lists exactly the public names the package defines."""
@@ -196,6 +199,39 @@ class TestPublicApi:
         check(lambda: double(A[0]), A[0] * 2)
         with pytest.raises(OpInputError, match=r"double: expected a 1-D array"):
             double(A)
+
+    @pytest.mark.parametrize(
+        "spec",
+        [ops.TensorSpec((3,), np.float32), ops.TensorSpec([3], "float32")],  # type: ignore[arg-type]
+        ids=["scalar-type", "list-and-string"],
+    )
+    def test_define_normalises_a_dtype_like_and_a_list_shape(self, spec: Any) -> None:
+        """A meta rule's np.float32 or "float32" becomes a np.dtype, a list shape a tuple:
+        the Tensor's dtype was the scalar type itself (ops downstream failed on .kind) and
+        the kernel's float32[3] was refused as not matching "float32[3]"."""
+        twice = ops.define("twice_spec", lambda x: x * 2, lambda x: spec)
+        x = np.ones(3, np.float32)
+        t = twice(x)
+        assert t.shape == (3,) and t.dtype == np.dtype(np.float32)
+        assert isinstance(t.dtype, np.dtype)
+        check(lambda: ops.add(twice(x), 1), x * 2 + 1)
+
+    @pytest.mark.parametrize(
+        ("meta", "message"),
+        [
+            (lambda x: None, r"returned NoneType None, not an ops.TensorSpec"),
+            (lambda x: (3,), r"returned as output 0 int 3, not an ops.TensorSpec"),
+            (lambda x: ops.TensorSpec((-1,), np.dtype("f4")), r"shape must be a tuple of non-neg"),
+            (lambda x: ops.TensorSpec((3,), NOPE), r"TensorSpec\(shape=\(3,\), dtype='nope'\)"),
+        ],
+        ids=["none", "plain-tuple", "negative", "bad-dtype"],
+    )
+    def test_define_refuses_what_is_not_a_spec_at_the_call(self, meta: Any, message: str) -> None:
+        """Refused when the op is called (it surfaced only when the kernel ran, as an
+        OpOutputError or an AttributeError), naming the op."""
+        bad = ops.define("bad_spec", lambda x: x * 2, meta)
+        with pytest.raises(dataflow.DataflowTypeError, match=rf"^op 'bad_spec': .*{message}"):
+            bad(np.ones(3, np.float32))
 
 
 def _wait_kernel(x: Any, gate: threading.Event) -> Any:

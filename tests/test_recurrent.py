@@ -298,6 +298,40 @@ class TestErrors:
         with pytest.raises(dataflow.OpInputError, match=r"gru_cell: w_hh must have shape \(3\*"):
             ops.gru_cell(_rand(rng, 2, 5), _rand(rng, 2, 7), w_ih, w_hh, b_ih, b_hh)
 
+    def test_subclass_input_names_the_op_and_the_input(self) -> None:
+        """A masked array or np.matrix among the inputs is refused naming the op and which
+        input it is (the message once said only "an argument")."""
+        x, h, c, w_ih, w_hh, b_ih, b_hh = self._lstm_args()
+        masked = np.ma.masked_array(x)
+        with pytest.raises(dataflow.OpTypeError, match=r"^lstm_cell: x is a np\.ma\.Masked"):
+            ops.lstm_cell(masked, h, c, w_ih, w_hh, b_ih, b_hh)
+        with pytest.raises(dataflow.OpTypeError, match=r"^lstm_sequence: h0 is a np\.ma\."):
+            ops.lstm_sequence(x[None], w_ih, b_ih, w_hh, np.ma.masked_array(h), c)
+        with pytest.raises(dataflow.OpTypeError, match=r"^gru_cell: w_ih is a np\.ma\."):
+            ops.gru_cell(x, h, np.ma.masked_array(w_ih[:21]), w_hh[:21], None, None)
+
+    def test_missing_required_input_is_an_op_type_error(self) -> None:
+        """None for x or a weight names the op and the input (it was a bare AssertionError)."""
+        x, h, c, w_ih, w_hh, b_ih, _ = self._lstm_args()
+        missing: Any = None  # (what the annotations forbid, as a user may pass it)
+        with pytest.raises(dataflow.OpTypeError, match=r"^lstm_sequence: x is None, but it is"):
+            ops.lstm_sequence(missing, w_ih, b_ih, w_hh)
+        with pytest.raises(dataflow.OpTypeError, match=r"^lstm_cell: w_ih is None, but it is"):
+            ops.lstm_cell(x, h, c, missing, w_hh)
+        with pytest.raises(dataflow.OpTypeError, match=r"^gru_sequence: w_hh is None, but it"):
+            ops.gru_sequence(x[None], w_ih[:21], None, missing, None)
+
+    def test_ragged_or_string_input_names_the_op(self) -> None:
+        """A ragged list or a string input is refused naming the op and the input (a ragged
+        list was numpy's bare ValueError)."""
+        x, h, c, w_ih, w_hh, b_ih, b_hh = self._lstm_args()
+        ragged: Any = [[1.0] * 5, [1.0]]
+        text: Any = "bias"
+        with pytest.raises(dataflow.OpInputError, match=r"^lstm_cell: x is a list that does"):
+            ops.lstm_cell(ragged, h, c, w_ih, w_hh, b_ih, b_hh)
+        with pytest.raises(dataflow.OpTypeError, match=r"^gru_cell: b_ih has type str"):
+            ops.gru_cell(x, h, w_ih[:21], w_hh[:21], text, None)
+
     def test_raised_at_call_site_in_a_runtime(self) -> None:
         """Inside a runtime the meta rule raises before any task exists."""
         x, h, c, w_ih, w_hh, b_ih, b_hh = self._lstm_args()

@@ -9,7 +9,7 @@ import numpy as np
 
 from dataflow import DataflowValueError, OpInputError, OpTypeError
 
-from .._checks import refuse_subclass
+from .._checks import operand
 from .._linalg import linear
 from .._tensor import Tensor, spec_of
 from ._module import Module, check_flag, float_dtype, make_rng, uniform
@@ -61,10 +61,9 @@ class Linear(Module):
 
     async def forward(self, x: Tensor | Array) -> Tensor:
         """``x @ weight.T + bias`` for x of shape (..., in_features)."""
+        operand("nn.Linear", "x", x)  # not an array, or an ndarray subclass: named here
         if not isinstance(x, Tensor | np.ndarray):
             x = np.asarray(x)
-        elif isinstance(x, np.ndarray) and type(x) is not np.ndarray:
-            refuse_subclass("nn.Linear", "x", x)
         s = spec_of(x)
         if not s.shape or s.shape[-1] != self.in_features:
             raise OpInputError(

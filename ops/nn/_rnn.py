@@ -37,6 +37,7 @@ import numpy as np
 import dataflow
 from dataflow import OpInputError, OpTypeError
 
+from .._checks import operand
 from .._recurrent import (
     gru_cell,
     gru_step,
@@ -201,6 +202,7 @@ class _RNNBase(_RNNLayers):
     def _check_input(self, x: Any) -> tuple[Value, int, int]:
         """x as a Tensor or array, and its (steps, batch)."""
         name = type(self).__name__
+        operand(f"nn.{name}", "x", x)  # not an array, or an ndarray subclass: named here
         if not isinstance(x, Tensor | np.ndarray):
             x = np.asarray(x)
         s = spec_of(x)
@@ -224,6 +226,7 @@ class _RNNBase(_RNNLayers):
         n = self.num_layers * self.num_directions
         if state is None:
             return [None] * n
+        operand(f"nn.{type(self).__name__}", what, state)
         if not isinstance(state, Tensor | np.ndarray):
             state = np.asarray(state)
         s = spec_of(state)
