@@ -54,6 +54,23 @@ def with_arrays(statics: list[Any], arrays: list[Any]) -> list[Any]:
     return [next(it) if s is ARRAY_SLOT else s for s in statics]
 
 
+def _static_key(value: Any) -> Any:
+    """A non-array argument's part of the signature: equal only for arguments a program
+    cannot tell apart, not merely ``==`` ones (``2`` and ``2.0``, ``True`` and ``1``,
+    ``0.0`` and ``-0.0``, also inside tuples), and equal for two NaNs, which are never
+    ``==``: each call with a NaN would trace a plan of its own."""
+    t = type(value)
+    if t is float or t is complex:
+        return (t, repr(value))
+    if isinstance(value, tuple):  # a tuple, or a NamedTuple (its class is part of the key)
+        return (t, tuple(_static_key(v) for v in value))
+    if isinstance(value, frozenset):
+        return (t, frozenset(_static_key(v) for v in value))
+    if isinstance(value, np.generic):
+        return (t, value.dtype.str, value.tobytes())
+    return (t, value)
+
+
 class Plans:
     """The prepared plans of a compiled forward, by signature, and how they are made and
     forgotten (:class:`~dataflow.Compiled`, whose constructor sets this state)."""
@@ -128,7 +145,7 @@ class Plans:
                         f"and must be hashable: got {type(a).__name__}: {a!r:.60}"
                     ) from None
                 statics.append(a)
-                key.append((type(a), a))
+                key.append(_static_key(a))
         return arrays, statics, key
 
     async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:

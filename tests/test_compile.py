@@ -86,6 +86,33 @@ class TestCompile:
 
         dataflow.run(main)
 
+    def test_static_arguments_equal_only_by_value_compile_apart(self) -> None:
+        """Static arguments that are == but that the program tells apart (2 and 2.0 in a
+        tuple, 0.0 and -0.0) are two signatures (the second call reused the first's plan:
+        a float64 result for int64 inputs); two NaNs are one (each call traced anew)."""
+
+        async def scale(x: Any, factors: Any) -> Any:
+            return ops.multiply(x, factors[1])
+
+        forward = dataflow.compile(scale)
+        xi = np.arange(4, dtype=np.int64)
+        x = -np.ones(3)
+
+        async def main() -> list[Array]:
+            return [
+                await forward(xi, (1, 2.0)),
+                await forward(xi, (1, 2)),
+                await forward(x, (0, 0.0)),
+                await forward(x, (0, -0.0)),
+                await forward(x, (0, float("nan"))),
+                await forward(x, (0, float("nan"))),
+            ]
+
+        outs = dataflow.run(main)
+        assert [str(o.dtype) for o in outs[:2]] == ["float64", "int64"]
+        assert np.signbit(outs[2]).all() and not np.signbit(outs[3]).any()
+        assert len(forward.programs) == 5
+
     def test_a_tensor_input_is_awaited_first(self) -> None:
         """A Tensor argument, done or still pending (a big op on the pool), gives its value
         to the plan's kernels (they used to get the Tensor object itself)."""
