@@ -34,12 +34,12 @@ from ._errors import DataflowValueError
 from ._lookup import get_runtime
 from ._plans import ARRAY_SLOT, Plans, with_arrays
 from ._task import Pending
-from ._walk import replace
+from ._walk import leaves, replace
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["Batch", "Batching", "Timer", "slice_rows"]
+__all__ = ["Batch", "Batching", "Timer", "check_rows", "slice_rows"]
 
 _ndarray = np.ndarray
 
@@ -55,6 +55,19 @@ def slice_rows(out: Any, axis: int, lo: int, hi: int) -> Any:
         return v
 
     return replace(out, cut)
+
+
+def check_rows(out: Any, axis: int, rows: int, name: str) -> None:
+    """Refuse a batched output without the batch axis: cut along ``axis`` anyway, each
+    caller would get other rows of some other array (a sum over the batch, say), silently."""
+    for v in leaves(out):
+        if type(v) is _ndarray and not (-v.ndim <= axis < v.ndim and v.shape[axis] == rows):
+            raise DataflowValueError(
+                f"{name}: an output of shape {v.shape} has no batch axis {axis} of the "
+                f"batch's {rows} rows, so it cannot be split back into the calls' rows: "
+                "with batch_axis, every array output must keep the inputs' batch axis (no "
+                "reduction over it); compile without batch_axis to return it"
+            )
 
 
 class Batch:
@@ -258,6 +271,7 @@ class Batching(Plans):
                 return
             self._running[gk] -= 1  # the model is free: the next batch need not wait for us
             running = False
+            check_rows(out, axis, padded, repr(self))
             bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
             for i, k in enumerate(calls):
                 if i:

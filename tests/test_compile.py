@@ -414,6 +414,25 @@ class TestBatching:
 
         dataflow.run(main)
 
+    def test_an_output_without_the_batch_axis_is_refused(self) -> None:
+        """An output reduced over the batch axis cannot be split back into the calls' rows:
+        a clear error for every caller (each used to get a slice of the wrong axis: one
+        element of the batch's sum), while the outputs that keep the axis were fine."""
+
+        async def pooled(x: Any) -> Any:
+            return ops.tanh(x), ops.sum(x, axis=0)
+
+        forward = dataflow.compile(pooled, batch_axis=0, max_wait=0.05)
+        xs = [_x(1, 4, seed=k) for k in range(3)]
+
+        async def main() -> list[Any]:
+            return await _all_at_once(forward, xs, return_exceptions=True)
+
+        outs = dataflow.run(main, interop_threads=2)
+        for got in outs:
+            assert isinstance(got, dataflow.DataflowValueError)
+            assert "shape (4,) has no batch axis 0" in str(got)
+
 
 def _gate_kernel(x: Any, gate: threading.Event) -> Any:
     gate.wait(10)
