@@ -40,7 +40,7 @@ from ._errors import DataflowError, DataflowTypeError
 from ._lookup import get_runtime
 from ._task import Pending
 
-__all__ = ["ARRAY_SLOT", "Plans", "with_arrays"]
+__all__ = ["ARRAY_SLOT", "Plans", "Tracing", "with_arrays"]
 
 _ndarray = np.ndarray
 
@@ -71,6 +71,16 @@ def _static_key(value: Any) -> Any:
     return (t, value)
 
 
+class Tracing:
+    """A signature being traced: the calls waiting for it, and its error once it failed."""
+
+    __slots__ = ("error", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: list[Any] = []
+        self.error: Exception | None = None
+
+
 class Plans:
     """The prepared plans of a compiled forward, by signature, and how they are made and
     forgotten (:class:`~dataflow.Compiled`, whose constructor sets this state)."""
@@ -79,7 +89,7 @@ class Plans:
     check: bool
     optimize: bool
     programs: dict[Hashable, Any]
-    _compiling: dict[Hashable, list[Any]]
+    _compiling: dict[Hashable, Tracing]
     # The module parameters each plan read, by name (``_stale``), and the module's
     # parameter_version when they were last checked (None: not a versioned module).
     _read: dict[Hashable, dict[str, Any]]
@@ -149,30 +159,37 @@ class Plans:
         return arrays, statics, key
 
     async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:
-        """The prepared plan of this signature, tracing it if it is new."""
-        found = self.programs.get(key)
-        if found is not None:
-            return found
-        rt = get_runtime("a compiled forward")
-        waiting = self._compiling.get(key)
-        if waiting is not None:  # another call is tracing it: wait for that one
-            assert rt.host is not None
-            waiter = rt.host.waiter()
-            waiting.append(waiter)
-            await waiter
+        """The prepared plan of this signature, tracing it if it is new.
+
+        A call that finds another call tracing this signature waits for that trace. If it
+        failed, the waiting call raises the same error; if the tracing call was cancelled
+        first (a deadline, a client gone), a waiting call traces the signature itself."""
+        while True:
             found = self.programs.get(key)
-            if found is None:
-                raise DataflowError(f"{self!r}: compiling this signature failed (see above)")
-            return found
-        self._compiling[key] = []
+            if found is not None:
+                return found
+            rt = get_runtime("a compiled forward")
+            entry = self._compiling.get(key)
+            if entry is None:
+                break
+            assert rt.host is not None  # another call is tracing it: wait for that one
+            waiter = rt.host.waiter()
+            entry.waiters.append(waiter)
+            await waiter
+            if entry.error is not None:
+                raise entry.error
+        entry = self._compiling[key] = Tracing()
         try:
             found = self.programs[key] = await self._trace(arrays, statics)
             graph = found.graph
             self._read[key] = {name: graph.constants[name] for name in graph.parameters}
+        except Exception as exc:
+            entry.error = exc
+            raise
         finally:
-            wake = self._compiling.pop(key)
-            if wake and rt.host is not None:
-                rt.host.wake(wake)
+            del self._compiling[key]
+            if entry.waiters and rt.host is not None:
+                rt.host.wake(entry.waiters)
         return found
 
     async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:

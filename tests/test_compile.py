@@ -162,6 +162,46 @@ class TestCompile:
         for x, y in zip(xs, outs, strict=True):
             np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
 
+    def test_a_call_waiting_for_a_cancelled_trace_traces_itself(self) -> None:
+        """The call tracing a signature is cancelled mid-trace: a call waiting for that trace
+        traces the signature itself (it used to fail: 'compiling this signature failed')."""
+
+        async def slow(x: Any) -> Any:
+            await asyncio.sleep(0.05)  # the trace suspends here: a deadline may strike
+            return ops.tanh(x)
+
+        forward = dataflow.compile(slow)
+        x = _x(3)
+
+        async def main() -> Array:
+            first = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0.01)
+            second = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0.01)
+            first.cancel()
+            out: Array = await asyncio.wait_for(second, 30)
+            return out
+
+        np.testing.assert_allclose(dataflow.run(main), np.tanh(x), rtol=1e-6)
+        assert len(forward.programs) == 1
+
+    def test_a_call_waiting_for_a_failed_trace_gets_its_error(self) -> None:
+        """Concurrent first calls whose trace fails all raise the trace's own error (the
+        waiting ones used to get 'compiling this signature failed (see above)')."""
+
+        async def bad(x: Any) -> Any:
+            await asyncio.sleep(0.01)
+            return ops.matmul(x, _x(5, 2))
+
+        forward = dataflow.compile(bad)
+
+        async def main() -> list[Any]:
+            calls = [forward(_x(2, 3)) for _ in range(3)]
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+        for got in dataflow.run(main):
+            assert isinstance(got, dataflow.OpInputError) and "matmul" in str(got)
+
     def test_value_dependent_control_flow_is_refused(self) -> None:
         """A program whose ops depend on the input values is not compiled (torch.jit.trace's
         check): a clear error; check=False compiles it anyway."""
