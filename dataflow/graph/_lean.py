@@ -364,7 +364,7 @@ class LeanRun:
             self.values = []
             ran = self.prog.size - self.todo
             sched.tasks_run += ran
-            unrun = self.prog.size - ran - (err is not None)  # (a failed node ran)
+            unrun = self._never_started()
             if err is None:
                 if sched.cancelling and gather.state == PENDING:
                     err = CancelledTaskError(f"{gather.name} was not run: its runtime was closing")
@@ -377,7 +377,19 @@ class LeanRun:
             if err is not None and gather.state == PENDING:
                 if not isinstance(err, CancelledTaskError):
                     sched.failures.append(err)
-                sched._fail_locked(gather, err)
+                # ran=True: the gather is the run's bookkeeping, not one of its nodes, which
+                # are accounted for above (it used to add one more "never ran" to a profile).
+                sched._fail_locked(gather, err, ran=True)
+
+
+    def _never_started(self) -> int:
+        """How many nodes no runner took: neither done nor running (another runner's node
+        still runs, and gives its span record, after a failure or a cancellation ends the
+        run; the failed node ran). Called once, when the run stops."""
+        if not self.waiting:  # no runner began: nothing started
+            return self.prog.size
+        with self.lock:
+            return len(self.ready) + sum(1 for w in self.waiting if w)
 
 
 def _big(ready: list[int], by_rank: list[int], sigs: Sequence[Any], threshold: float) -> bool:
