@@ -196,8 +196,11 @@ class Batching(Plans):
                 f"{self!r}: every array input needs the same size along batch_axis {axis}, "
                 f"got {rows}"
             )
-        # The group of calls that may share a batch: the signature less the batch axis.
-        group: list[Any] = []
+        # The group of calls that may share a batch: the signature less the batch axis, in
+        # one runtime. A batch runs on its runtime's loop; calls from another runtime (another
+        # thread's dataflow.run) batch among themselves (a shared batch hung them all).
+        rt = get_runtime("a compiled forward")
+        group: list[Any] = [rt]
         for s, part in zip(statics, key, strict=True):
             if s is ARRAY_SLOT:
                 shape, dtype = part
@@ -205,7 +208,6 @@ class Batching(Plans):
                 part = (shape[:a] + shape[a + 1 :], dtype)
             group.append(part)
         gk = tuple(group)
-        rt = get_runtime("a compiled forward")
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
             batch = self._batches[gk] = Batch(gk, self._forget)
@@ -231,7 +233,7 @@ class Batching(Plans):
         rt = batch.rt
         assert rt is not None and rt.host is not None
         self._running[gk] = self._running.get(gk, 0) + 1
-        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
+        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk[1:]!r:.40}")
 
     async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
         axis = self.batch_axis
@@ -269,7 +271,7 @@ class Batching(Plans):
                         batch.done[k](value, error)
                     delivered = i + 1
                 return
-            self._running[gk] -= 1  # the model is free: the next batch need not wait for us
+            self._done_running(gk)  # the model is free: the next batch need not wait for us
             running = False
             check_rows(out, axis, padded, repr(self))
             bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
@@ -289,7 +291,16 @@ class Batching(Plans):
                 raise
         finally:
             if running:
-                self._running[gk] -= 1
+                self._done_running(gk)
+
+    def _done_running(self, gk: Hashable) -> None:
+        """A batch of group ``gk`` no longer runs (the last one's entry goes: it holds its
+        runtime)."""
+        left = self._running[gk] - 1
+        if left:
+            self._running[gk] = left
+        else:
+            del self._running[gk]
 
     async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
         """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""

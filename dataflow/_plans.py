@@ -72,7 +72,8 @@ def _static_key(value: Any) -> Any:
 
 
 class Tracing:
-    """A signature being traced: the calls waiting for it, and its error once it failed."""
+    """A signature being traced: the calls waiting for it (each with its runtime's host
+    loop), and its error once it failed."""
 
     __slots__ = ("error", "waiters")
 
@@ -172,9 +173,10 @@ class Plans:
             entry = self._compiling.get(key)
             if entry is None:
                 break
-            assert rt.host is not None  # another call is tracing it: wait for that one
-            waiter = rt.host.waiter()
-            entry.waiters.append(waiter)
+            host = rt.host  # another call is tracing it: wait for that one
+            assert host is not None
+            waiter = host.waiter()
+            entry.waiters.append((host, waiter))
             await waiter
             if entry.error is not None:
                 raise entry.error
@@ -188,8 +190,10 @@ class Plans:
             raise
         finally:
             del self._compiling[key]
-            if entry.waiters and rt.host is not None:
-                rt.host.wake(entry.waiters)
+            # Each waiter through its own loop: a call from another runtime (another thread's
+            # dataflow.run) waits on its loop, which only its host may wake (it used to hang).
+            for host, waiter in entry.waiters:
+                host.wake([waiter])
         return found
 
     async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:

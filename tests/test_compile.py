@@ -812,6 +812,54 @@ class TestFailureIsolation:
         dataflow.run(main, interop_threads=2)
 
 
+class TestRuntimesInThreads:
+    """One compiled forward used by several runtimes at once (each thread's dataflow.run):
+    a call of one runtime never waits on another runtime's loop (both cases hung)."""
+
+    @staticmethod
+    def _in_threads(forward: Any, count: int, calls: int) -> dict[int, Any]:
+        results: dict[int, Any] = {}
+
+        def worker(k: int) -> None:
+            async def main() -> list[Array]:
+                xs = [np.full((1, 3), 10.0 * k + j, np.float32) for j in range(calls)]
+                return list(await asyncio.gather(*(forward(x) for x in xs)))
+
+            try:
+                results[k] = dataflow.run(main, interop_threads=2)
+            except BaseException as exc:  # noqa: BLE001 (reported by the test)
+                results[k] = exc
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a runtime's calls hung"
+        return results
+
+    def test_a_trace_another_runtime_waits_for(self) -> None:
+        """A runtime's first call waits for the trace another runtime's call is making, and
+        is woken on its own loop."""
+
+        async def slow_trace(x: Any) -> Any:
+            await asyncio.sleep(0.1)
+            return ops.multiply(x, 2.0)
+
+        results = self._in_threads(dataflow.compile(slow_trace), 2, 1)
+        for k in range(2):
+            np.testing.assert_array_equal(results[k][0], np.full((1, 3), 20.0 * k))
+
+    def test_batches_of_several_runtimes(self) -> None:
+        """Batched calls of several runtimes: each runtime's calls batch on its own loop."""
+        forward = dataflow.compile(_checked_model, batch_axis=0, max_wait=0.05)
+        dataflow.run(forward.warm_up, np.ones((1, 3), np.float32))
+        results = self._in_threads(forward, 3, 2)
+        for k in range(3):
+            for j, got in enumerate(results[k]):
+                np.testing.assert_array_equal(got, np.full((1, 3), 2 * (10.0 * k + j)))
+
+
 class TestParameters:
     """A compiled module's plans read its parameters by name: written in place or replaced by
     load_state_dict, the next call uses the new values."""
