@@ -827,7 +827,7 @@ class TestRuntimesInThreads:
 
             try:
                 results[k] = dataflow.run(main, interop_threads=2)
-            except BaseException as exc:  # noqa: BLE001 (reported by the test)
+            except BaseException as exc:  # (reported by the test)
                 results[k] = exc
 
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(count)]

@@ -177,8 +177,8 @@ class TestRun:
         model = tmp_path / "none.dfg"
         dataflow.trace(_with_none, x).save(str(model))
         np.save(tmp_path / "x.npy", x)
-        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i",
-                                          str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npz")])  # fmt: skip
+        args = ["graph", "run", str(model), "-i", str(tmp_path / "x.npy")]
+        result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "o.npz")])
         assert result.exit_code == 1
         assert "output output1 is NoneType, not an array" in result.stderr
         assert not (tmp_path / "o.npz").exists()
