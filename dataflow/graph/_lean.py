@@ -382,7 +382,6 @@ class LeanRun:
                 # are accounted for above (it used to add one more "never ran" to a profile).
                 sched._fail_locked(gather, err, ran=True)
 
-
     def _never_started(self) -> int:
         """How many nodes no runner took: neither done nor running (another runner's node
         still runs, and gives its span record, after a failure or a cancellation ends the
