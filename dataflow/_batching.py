@@ -223,7 +223,7 @@ class Batching(Plans):
         if self._batches.get(gk) is batch:
             del self._batches[gk]
 
-    def _flush(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
+    def _flush(self, gk: tuple[Any, ...], batch: Batch, statics: list[Any]) -> None:
         if batch.closed:
             return
         batch.closed = True
