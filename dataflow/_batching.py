@@ -246,14 +246,16 @@ class Batching(Plans):
             if not calls:
                 return
             total = sum(batch.rows[k] for k in calls)
-            padded = 1 << (total - 1).bit_length()
+            padded = 1 << (total - 1).bit_length() if total else 0  # (calls of no rows: none)
             inputs = []
             for j in range(len(batch.calls[0])):
                 parts = [np.asarray(c[j].result()) if isinstance(c[j], Pending) else c[j]
                          for c in (batch.calls[k] for k in calls)]  # fmt: skip
-                if padded > total:
-                    first = np.take(parts[0], [0], axis=axis)
-                    parts.append(np.repeat(first, padded - total, axis=axis))
+                if padded > total:  # copies of a row (the first call may have none)
+                    rows = next(p for p in parts if p.shape[axis])
+                    parts.append(
+                        np.repeat(np.take(rows, [0], axis=axis), padded - total, axis=axis)
+                    )
                 inputs.append(np.concatenate(parts, axis=axis))
             _, _, key = self._split(tuple(with_arrays(statics, inputs)))
             prog = await self._program(tuple(key), inputs, statics)

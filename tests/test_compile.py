@@ -735,6 +735,35 @@ class TestCancelledCallers:
         np.testing.assert_array_equal(out, xs[2])
         assert programs == 1
 
+    def test_calls_without_rows(self) -> None:
+        """A call with no rows along the batch axis gets its empty result, alone or first in
+        a padded batch (the padding copied the first call's row: an IndexError, alone; in a
+        batch, the failed launch then ran every call again one by one)."""
+        gate, forward = self._model(max_wait=0.05)
+        sizes = [0, 1, 2]
+        xs = [_x(n, 4, seed=n) for n in sizes]
+
+        async def main() -> tuple[list[Array], int]:
+            gate.set()
+            empty: Array = await forward(xs[0])
+            assert empty.shape == (0, 4)
+            await forward(xs[1])  # (traced for one row)
+            gate.clear()
+            first = asyncio.ensure_future(forward(xs[1]))  # runs, held by the gate
+            await asyncio.sleep(0.02)
+            calls = [asyncio.ensure_future(forward(x)) for x in xs]  # one batch: 3 rows, padded
+            await asyncio.sleep(0.02)
+            launches = forward.launches
+            gate.set()
+            await first
+            outs = [await asyncio.wait_for(c, 30) for c in calls]
+            return outs, forward.launches - launches
+
+        outs, launched = dataflow.run(main, interop_threads=2)
+        for x, got in zip(xs, outs, strict=True):
+            np.testing.assert_array_equal(got, x)
+        assert launched == 1
+
     def test_a_running_batch_every_caller_left_is_stopped(self) -> None:
         """The lone caller of a running batch is cancelled: the batch's task is cancelled
         with it and the plan's unstarted ops are dropped; the model then serves again."""
