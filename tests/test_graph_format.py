@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,15 @@ def _rand(*shape: int, seed: int = 0) -> Array:
 def _members(path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as zf:
         return {name: zf.read(name) for name in zf.namelist()}
+
+
+def _write_twice(target: Any, members: dict[str, bytes], name: str, second: bytes) -> None:
+    """Write ``members``, then ``name`` a second time with the ``second`` bytes."""
+    with zipfile.ZipFile(target, "w") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name
+        for n, data in members.items():
+            zf.writestr(n, data)
+        zf.writestr(name, second)
 
 
 def _write(path: Path, members: dict[str, bytes]) -> None:
@@ -190,6 +200,34 @@ class TestBadFiles:
         path = tmp_path / "junk.dfg"
         path.write_bytes(os.urandom(300))
         self._error(path, "not a zip archive")
+
+    def test_two_members_of_one_name(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
+        """A second graph.json after the first is refused: zipfile loaded the last one, which
+        other tools (unzip) do not show, so what was inspected was not what ran."""
+        path, _, _ = saved
+        members = _members(path)
+        doc = json.loads(members["graph.json"])
+        doc["nodes"], doc["outputs"] = [], {"input": 0}
+        _write_twice(path, members, "graph.json", json.dumps(doc).encode())
+        self._error(path, "holds two members named 'graph.json'")
+
+    def test_an_array_twice_in_params(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
+        """The same in params.npz: an array's member twice, the second all zeros."""
+        path, _, _ = saved
+        members = _members(path)
+        params = members["params.npz"]
+        with zipfile.ZipFile(io.BytesIO(params)) as npz:
+            arrays = {n: npz.read(n) for n in npz.namelist()}
+        name = next(iter(arrays))
+        with np.load(io.BytesIO(params)) as npz:
+            zeros = np.zeros_like(npz[name.removesuffix(".npy")])
+        buf = io.BytesIO()
+        npy = io.BytesIO()
+        np.save(npy, zeros)
+        _write_twice(buf, arrays, name, npy.getvalue())
+        members["params.npz"] = buf.getvalue()
+        _write(path, members)
+        self._error(path, f"params.npz holds two members named '{name}'")
 
     def test_truncated(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
         """Half a file: refused, not half-loaded."""
