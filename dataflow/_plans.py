@@ -30,6 +30,7 @@ over) is not seen: call :meth:`Plans.clear` then.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -38,7 +39,7 @@ import numpy as np
 
 from ._errors import DataflowError, DataflowTypeError
 from ._lookup import get_runtime
-from ._task import Pending
+from ._task import Future, Pending
 
 __all__ = ["ARRAY_SLOT", "Plans", "Tracing", "with_arrays"]
 
@@ -205,7 +206,13 @@ class Plans:
         async def program(*xs: Any) -> Any:
             it = iter(xs)
             call = [next(it) if s is ARRAY_SLOT else s for s in statics]
-            return await fn(*call)
+            result = fn(*call)
+            # A plain function's pending outputs are outputs, not awaited (as trace() takes
+            # them: awaiting one read its value, which compiling refused; a tuple of them
+            # raised TypeError); an async function's coroutine is run.
+            if inspect.isawaitable(result) and not isinstance(result, Future):
+                result = await result
+            return result
 
         program.__name__ = getattr(fn, "__name__", type(fn).__name__)
         named = getattr(fn, "named_parameters", None)

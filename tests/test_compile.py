@@ -113,6 +113,24 @@ class TestCompile:
         assert np.signbit(outs[2]).all() and not np.signbit(outs[3]).any()
         assert len(forward.programs) == 5
 
+    def test_a_plain_function_compiles_as_it_traces(self) -> None:
+        """A plain function that calls ops (which trace() takes) compiles: its pending
+        outputs are its outputs (its call used to be awaited: 'the program awaited the value
+        of %1', or TypeError for a tuple)."""
+
+        def plain(x: Any) -> Any:
+            return ops.tanh(x), ops.multiply(x, 2.0)
+
+        forward = dataflow.compile(plain)
+        x = _x(3)
+
+        async def main() -> Any:
+            return await forward(x)
+
+        a, b = dataflow.run(main)
+        np.testing.assert_allclose(a, np.tanh(x), rtol=1e-6)
+        np.testing.assert_array_equal(b, x * 2)
+
     def test_a_tensor_input_is_awaited_first(self) -> None:
         """A Tensor argument, done or still pending (a big op on the pool), gives its value
         to the plan's kernels (they used to get the Tensor object itself)."""
