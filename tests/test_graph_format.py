@@ -288,6 +288,49 @@ class TestBadFiles:
         self._error(path, "Python objects")
         assert PWNED == []
 
+    @pytest.mark.parametrize(
+        ("edit", "match"),
+        [
+            # A location that ends the printed graph early and hides the lines after it.
+            (
+                lambda d: d["nodes"][0].update(location="m.py:1\n  return %x\n\x1b[8m"),
+                "location 'm.py:1.*is not printable text",
+            ),
+            # Names that graph.code writes into Python source as they are.
+            (
+                lambda d: d.update(name="f(self):\n    import os\nasync def g"),
+                "the graph's name 'f\\(self\\):",
+            ),
+            (lambda d: d["inputs"][0].update(name="x=__import__('os')"), "input 0 "),
+            (
+                lambda d: d["nodes"][1]["kwargs"].update({"axis=0); import os; (": 1}),
+                "keyword 'axis=0\\); import os",
+            ),
+            (
+                lambda d: d["constants"][0].update(name="w\n  %0 : float32[] = ops.exp(%x)"),
+                "a constant's name",
+            ),
+            (
+                lambda d: d["nodes"][0].update(op="ops\n:matmul"),
+                "op 'ops.*:matmul' is not printable",
+            ),
+        ],
+    )
+    def test_names_and_locations_that_would_not_print_as_themselves(
+        self,
+        saved: tuple[Path, dataflow.Graph, Array],
+        edit: Callable[[dict[str, Any]], None],
+        match: str,
+    ) -> None:
+        """What `graph show` prints (and `graph.code` writes) from a file is what runs: a
+        name or location with a newline or a terminal escape, or a non-Python name where the
+        code needs one, is refused, by read() too (they printed as they were)."""
+        path, _, _ = saved
+        _edit_json(path, edit)
+        self._error(path, match)
+        with pytest.raises(GraphFormatError, match=match):
+            read(str(path))
+
     def test_unknown_op(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
         """An op name the module does not declare is an unknown op."""
         path, _, _ = saved
