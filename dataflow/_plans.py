@@ -31,7 +31,6 @@ over) is not seen: call :meth:`Plans.clear` then.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -198,7 +197,8 @@ class Plans:
         return found
 
     async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:
-        from .graph import TracerWarning, trace_async
+        from .graph import trace_async
+        from .graph._errors import COLLECTED
         from .graph._launch import Program
 
         fn = self.fn
@@ -219,13 +219,15 @@ class Plans:
         if callable(named):  # a module: the trace names its parameters (``_stale`` reads them)
             program.named_parameters = named  # type: ignore[attr-defined]
         examples = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TracerWarning)
+        # With check, what tracing cannot see refuses the program: the traces' TracerWarnings
+        # are collected (in this task's context, not by catching warnings: see COLLECTED).
+        problems: list[str] = []
+        token = COLLECTED.set(problems) if self.check else None
+        try:
             graph = await trace_async(program, *examples, check=self.check)
-        problems = [str(w.message) for w in caught if issubclass(w.category, TracerWarning)]
-        for w in caught:
-            if not (self.check and issubclass(w.category, TracerWarning)):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        finally:
+            if token is not None:
+                COLLECTED.reset(token)
         if problems and self.check:
             raise DataflowError(
                 f"compile({program.__name__}): the program cannot be compiled: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,26 @@ class TestCompile:
 
         np.testing.assert_allclose(dataflow.run(main), np.tanh(x), rtol=1e-6)
         assert len(forward.programs) == 1
+
+    def test_concurrent_traces_leave_the_warnings_machinery_alone(self) -> None:
+        """Two signatures traced at once (their traces suspended together): afterwards a
+        warning still reaches the process's filters (the traces caught warnings across their
+        awaits, restored out of order, and left every later warning silently recorded)."""
+
+        async def slow(x: Any) -> Any:
+            await asyncio.sleep(0.01)
+            return ops.tanh(x)
+
+        forward = dataflow.compile(slow)
+        filters = list(warnings.filters)
+
+        async def main() -> None:
+            await asyncio.gather(*(forward(_x(n)) for n in (2, 3, 4)))
+
+        dataflow.run(main)
+        assert warnings.filters == filters
+        with pytest.warns(UserWarning, match="still seen"):
+            warnings.warn("still seen", UserWarning, stacklevel=1)
 
     def test_a_call_waiting_for_a_failed_trace_gets_its_error(self) -> None:
         """Concurrent first calls whose trace fails all raise the trace's own error (the
