@@ -34,12 +34,12 @@ from ._errors import DataflowValueError
 from ._lookup import get_runtime
 from ._plans import ARRAY_SLOT, Plans, with_arrays
 from ._task import Pending
-from ._walk import replace
+from ._walk import leaves, replace
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["Batch", "Batching", "Timer", "slice_rows"]
+__all__ = ["Batch", "Batching", "Timer", "check_rows", "slice_rows"]
 
 _ndarray = np.ndarray
 
@@ -55,6 +55,19 @@ def slice_rows(out: Any, axis: int, lo: int, hi: int) -> Any:
         return v
 
     return replace(out, cut)
+
+
+def check_rows(out: Any, axis: int, rows: int, name: str) -> None:
+    """Refuse a batched output without the batch axis: cut along ``axis`` anyway, each
+    caller would get other rows of some other array (a sum over the batch, say), silently."""
+    for v in leaves(out):
+        if type(v) is _ndarray and not (-v.ndim <= axis < v.ndim and v.shape[axis] == rows):
+            raise DataflowValueError(
+                f"{name}: an output of shape {v.shape} has no batch axis {axis} of the "
+                f"batch's {rows} rows, so it cannot be split back into the calls' rows: "
+                "with batch_axis, every array output must keep the inputs' batch axis (no "
+                "reduction over it); compile without batch_axis to return it"
+            )
 
 
 class Batch:
@@ -183,8 +196,11 @@ class Batching(Plans):
                 f"{self!r}: every array input needs the same size along batch_axis {axis}, "
                 f"got {rows}"
             )
-        # The group of calls that may share a batch: the signature less the batch axis.
-        group: list[Any] = []
+        # The group of calls that may share a batch: the signature less the batch axis, in
+        # one runtime. A batch runs on its runtime's loop; calls from another runtime (another
+        # thread's dataflow.run) batch among themselves (a shared batch hung them all).
+        rt = get_runtime("a compiled forward")
+        group: list[Any] = [rt]
         for s, part in zip(statics, key, strict=True):
             if s is ARRAY_SLOT:
                 shape, dtype = part
@@ -192,7 +208,6 @@ class Batching(Plans):
                 part = (shape[:a] + shape[a + 1 :], dtype)
             group.append(part)
         gk = tuple(group)
-        rt = get_runtime("a compiled forward")
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
             batch = self._batches[gk] = Batch(gk, self._forget)
@@ -208,7 +223,7 @@ class Batching(Plans):
         if self._batches.get(gk) is batch:
             del self._batches[gk]
 
-    def _flush(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
+    def _flush(self, gk: tuple[Any, ...], batch: Batch, statics: list[Any]) -> None:
         if batch.closed:
             return
         batch.closed = True
@@ -218,7 +233,7 @@ class Batching(Plans):
         rt = batch.rt
         assert rt is not None and rt.host is not None
         self._running[gk] = self._running.get(gk, 0) + 1
-        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk!r:.40}")
+        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk[1:]!r:.40}")
 
     async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
         axis = self.batch_axis
@@ -231,14 +246,16 @@ class Batching(Plans):
             if not calls:
                 return
             total = sum(batch.rows[k] for k in calls)
-            padded = 1 << (total - 1).bit_length()
+            padded = 1 << (total - 1).bit_length() if total else 0  # (calls of no rows: none)
             inputs = []
             for j in range(len(batch.calls[0])):
                 parts = [np.asarray(c[j].result()) if isinstance(c[j], Pending) else c[j]
                          for c in (batch.calls[k] for k in calls)]  # fmt: skip
-                if padded > total:
-                    first = np.take(parts[0], [0], axis=axis)
-                    parts.append(np.repeat(first, padded - total, axis=axis))
+                if padded > total:  # copies of a row (the first call may have none)
+                    rows = next(p for p in parts if p.shape[axis])
+                    parts.append(
+                        np.repeat(np.take(rows, [0], axis=axis), padded - total, axis=axis)
+                    )
                 inputs.append(np.concatenate(parts, axis=axis))
             _, _, key = self._split(tuple(with_arrays(statics, inputs)))
             prog = await self._program(tuple(key), inputs, statics)
@@ -256,8 +273,9 @@ class Batching(Plans):
                         batch.done[k](value, error)
                     delivered = i + 1
                 return
-            self._running[gk] -= 1  # the model is free: the next batch need not wait for us
+            self._done_running(gk)  # the model is free: the next batch need not wait for us
             running = False
+            check_rows(out, axis, padded, repr(self))
             bounds = np.cumsum([0, *(batch.rows[k] for k in calls)])
             for i, k in enumerate(calls):
                 if i:
@@ -275,7 +293,16 @@ class Batching(Plans):
                 raise
         finally:
             if running:
-                self._running[gk] -= 1
+                self._done_running(gk)
+
+    def _done_running(self, gk: Hashable) -> None:
+        """A batch of group ``gk`` no longer runs (the last one's entry goes: it holds its
+        runtime)."""
+        left = self._running[gk] - 1
+        if left:
+            self._running[gk] = left
+        else:
+            del self._running[gk]
 
     async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
         """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""

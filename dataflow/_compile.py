@@ -40,7 +40,7 @@ from ._batching import Batch, Batching
 from ._errors import DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
 from ._lookup import get_runtime
-from ._plans import with_arrays
+from ._plans import Tracing, with_arrays
 from ._task import Pending
 from .graph._here import run_here
 from .graph._launch import launch
@@ -132,7 +132,7 @@ class Compiled(Batching, Generic[R]):
         self.max_batch = max_batch
         self.max_wait = max_wait
         self.programs: dict[Hashable, Any] = {}
-        self._compiling: dict[Hashable, list[Any]] = {}
+        self._compiling: dict[Hashable, Tracing] = {}
         self._batches: dict[Hashable, Batch] = {}
         self._running: dict[Hashable, int] = {}
         self._read: dict[Hashable, dict[str, Any]] = {}

@@ -30,7 +30,7 @@ over) is not seen: call :meth:`Plans.clear` then.
 
 from __future__ import annotations
 
-import warnings
+import inspect
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -38,9 +38,9 @@ import numpy as np
 
 from ._errors import DataflowError, DataflowTypeError
 from ._lookup import get_runtime
-from ._task import Pending
+from ._task import Future, Pending
 
-__all__ = ["ARRAY_SLOT", "Plans", "with_arrays"]
+__all__ = ["ARRAY_SLOT", "Plans", "Tracing", "with_arrays"]
 
 _ndarray = np.ndarray
 
@@ -54,6 +54,34 @@ def with_arrays(statics: list[Any], arrays: list[Any]) -> list[Any]:
     return [next(it) if s is ARRAY_SLOT else s for s in statics]
 
 
+def _static_key(value: Any) -> Any:
+    """A non-array argument's part of the signature: equal only for arguments a program
+    cannot tell apart, not merely ``==`` ones (``2`` and ``2.0``, ``True`` and ``1``,
+    ``0.0`` and ``-0.0``, also inside tuples), and equal for two NaNs, which are never
+    ``==``: each call with a NaN would trace a plan of its own."""
+    t = type(value)
+    if t is float or t is complex:
+        return (t, repr(value))
+    if isinstance(value, tuple):  # a tuple, or a NamedTuple (its class is part of the key)
+        return (t, tuple(_static_key(v) for v in value))
+    if isinstance(value, frozenset):
+        return (t, frozenset(_static_key(v) for v in value))
+    if isinstance(value, np.generic):
+        return (t, value.dtype.str, value.tobytes())
+    return (t, value)
+
+
+class Tracing:
+    """A signature being traced: the calls waiting for it (each with its runtime's host
+    loop), and its error once it failed."""
+
+    __slots__ = ("error", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: list[Any] = []
+        self.error: Exception | None = None
+
+
 class Plans:
     """The prepared plans of a compiled forward, by signature, and how they are made and
     forgotten (:class:`~dataflow.Compiled`, whose constructor sets this state)."""
@@ -62,7 +90,7 @@ class Plans:
     check: bool
     optimize: bool
     programs: dict[Hashable, Any]
-    _compiling: dict[Hashable, list[Any]]
+    _compiling: dict[Hashable, Tracing]
     # The module parameters each plan read, by name (``_stale``), and the module's
     # parameter_version when they were last checked (None: not a versioned module).
     _read: dict[Hashable, dict[str, Any]]
@@ -128,38 +156,49 @@ class Plans:
                         f"and must be hashable: got {type(a).__name__}: {a!r:.60}"
                     ) from None
                 statics.append(a)
-                key.append((type(a), a))
+                key.append(_static_key(a))
         return arrays, statics, key
 
     async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:
-        """The prepared plan of this signature, tracing it if it is new."""
-        found = self.programs.get(key)
-        if found is not None:
-            return found
-        rt = get_runtime("a compiled forward")
-        waiting = self._compiling.get(key)
-        if waiting is not None:  # another call is tracing it: wait for that one
-            assert rt.host is not None
-            waiter = rt.host.waiter()
-            waiting.append(waiter)
-            await waiter
+        """The prepared plan of this signature, tracing it if it is new.
+
+        A call that finds another call tracing this signature waits for that trace. If it
+        failed, the waiting call raises the same error; if the tracing call was cancelled
+        first (a deadline, a client gone), a waiting call traces the signature itself."""
+        while True:
             found = self.programs.get(key)
-            if found is None:
-                raise DataflowError(f"{self!r}: compiling this signature failed (see above)")
-            return found
-        self._compiling[key] = []
+            if found is not None:
+                return found
+            rt = get_runtime("a compiled forward")
+            entry = self._compiling.get(key)
+            if entry is None:
+                break
+            host = rt.host  # another call is tracing it: wait for that one
+            assert host is not None
+            waiter = host.waiter()
+            entry.waiters.append((host, waiter))
+            await waiter
+            if entry.error is not None:
+                raise entry.error
+        entry = self._compiling[key] = Tracing()
         try:
             found = self.programs[key] = await self._trace(arrays, statics)
             graph = found.graph
             self._read[key] = {name: graph.constants[name] for name in graph.parameters}
+        except Exception as exc:
+            entry.error = exc
+            raise
         finally:
-            wake = self._compiling.pop(key)
-            if wake and rt.host is not None:
-                rt.host.wake(wake)
+            del self._compiling[key]
+            # Each waiter through its own loop: a call from another runtime (another thread's
+            # dataflow.run) waits on its loop, which only its host may wake (it used to hang).
+            for host, waiter in entry.waiters:
+                host.wake([waiter])
         return found
 
     async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:
-        from .graph import TracerWarning, trace_async
+        from .graph import trace_async
+        from .graph._errors import COLLECTED
         from .graph._launch import Program
 
         fn = self.fn
@@ -167,20 +206,28 @@ class Plans:
         async def program(*xs: Any) -> Any:
             it = iter(xs)
             call = [next(it) if s is ARRAY_SLOT else s for s in statics]
-            return await fn(*call)
+            result = fn(*call)
+            # A plain function's pending outputs are outputs, not awaited (as trace() takes
+            # them: awaiting one read its value, which compiling refused; a tuple of them
+            # raised TypeError); an async function's coroutine is run.
+            if inspect.isawaitable(result) and not isinstance(result, Future):
+                result = await result
+            return result
 
         program.__name__ = getattr(fn, "__name__", type(fn).__name__)
         named = getattr(fn, "named_parameters", None)
         if callable(named):  # a module: the trace names its parameters (``_stale`` reads them)
             program.named_parameters = named  # type: ignore[attr-defined]
         examples = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TracerWarning)
+        # With check, what tracing cannot see refuses the program: the traces' TracerWarnings
+        # are collected (in this task's context, not by catching warnings: see COLLECTED).
+        problems: list[str] = []
+        token = COLLECTED.set(problems) if self.check else None
+        try:
             graph = await trace_async(program, *examples, check=self.check)
-        problems = [str(w.message) for w in caught if issubclass(w.category, TracerWarning)]
-        for w in caught:
-            if not (self.check and issubclass(w.category, TracerWarning)):
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        finally:
+            if token is not None:
+                COLLECTED.reset(token)
         if problems and self.check:
             raise DataflowError(
                 f"compile({program.__name__}): the program cannot be compiled: "

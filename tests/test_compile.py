@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,51 @@ class TestCompile:
 
         dataflow.run(main)
 
+    def test_static_arguments_equal_only_by_value_compile_apart(self) -> None:
+        """Static arguments that are == but that the program tells apart (2 and 2.0 in a
+        tuple, 0.0 and -0.0) are two signatures (the second call reused the first's plan:
+        a float64 result for int64 inputs); two NaNs are one (each call traced anew)."""
+
+        async def scale(x: Any, factors: Any) -> Any:
+            return ops.multiply(x, factors[1])
+
+        forward = dataflow.compile(scale)
+        xi = np.arange(4, dtype=np.int64)
+        x = -np.ones(3)
+
+        async def main() -> list[Array]:
+            return [
+                await forward(xi, (1, 2.0)),
+                await forward(xi, (1, 2)),
+                await forward(x, (0, 0.0)),
+                await forward(x, (0, -0.0)),
+                await forward(x, (0, float("nan"))),
+                await forward(x, (0, float("nan"))),
+            ]
+
+        outs = dataflow.run(main)
+        assert [str(o.dtype) for o in outs[:2]] == ["float64", "int64"]
+        assert np.signbit(outs[2]).all() and not np.signbit(outs[3]).any()
+        assert len(forward.programs) == 5
+
+    def test_a_plain_function_compiles_as_it_traces(self) -> None:
+        """A plain function that calls ops (which trace() takes) compiles: its pending
+        outputs are its outputs (its call used to be awaited: 'the program awaited the value
+        of %1', or TypeError for a tuple)."""
+
+        def plain(x: Any) -> Any:
+            return ops.tanh(x), ops.multiply(x, 2.0)
+
+        forward = dataflow.compile(plain)
+        x = _x(3)
+
+        async def main() -> Any:
+            return await forward(x)
+
+        a, b = dataflow.run(main)
+        np.testing.assert_allclose(a, np.tanh(x), rtol=1e-6)
+        np.testing.assert_array_equal(b, x * 2)
+
     def test_a_tensor_input_is_awaited_first(self) -> None:
         """A Tensor argument, done or still pending (a big op on the pool), gives its value
         to the plan's kernels (they used to get the Tensor object itself)."""
@@ -134,6 +180,66 @@ class TestCompile:
         assert len(forward.programs) == 1
         for x, y in zip(xs, outs, strict=True):
             np.testing.assert_allclose(y, _reference(m, x), rtol=1e-5, atol=1e-6)
+
+    def test_a_call_waiting_for_a_cancelled_trace_traces_itself(self) -> None:
+        """The call tracing a signature is cancelled mid-trace: a call waiting for that trace
+        traces the signature itself (it used to fail: 'compiling this signature failed')."""
+
+        async def slow(x: Any) -> Any:
+            await asyncio.sleep(0.05)  # the trace suspends here: a deadline may strike
+            return ops.tanh(x)
+
+        forward = dataflow.compile(slow)
+        x = _x(3)
+
+        async def main() -> Array:
+            first = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0.01)
+            second = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0.01)
+            first.cancel()
+            out: Array = await asyncio.wait_for(second, 30)
+            return out
+
+        np.testing.assert_allclose(dataflow.run(main), np.tanh(x), rtol=1e-6)
+        assert len(forward.programs) == 1
+
+    def test_concurrent_traces_leave_the_warnings_machinery_alone(self) -> None:
+        """Two signatures traced at once (their traces suspended together): afterwards a
+        warning still reaches the process's filters (the traces caught warnings across their
+        awaits, restored out of order, and left every later warning silently recorded)."""
+
+        async def slow(x: Any) -> Any:
+            await asyncio.sleep(0.01)
+            return ops.tanh(x)
+
+        forward = dataflow.compile(slow)
+        filters = list(warnings.filters)
+
+        async def main() -> None:
+            await asyncio.gather(*(forward(_x(n)) for n in (2, 3, 4)))
+
+        dataflow.run(main)
+        assert warnings.filters == filters
+        with pytest.warns(UserWarning, match="still seen"):
+            warnings.warn("still seen", UserWarning, stacklevel=1)
+
+    def test_a_call_waiting_for_a_failed_trace_gets_its_error(self) -> None:
+        """Concurrent first calls whose trace fails all raise the trace's own error (the
+        waiting ones used to get 'compiling this signature failed (see above)')."""
+
+        async def bad(x: Any) -> Any:
+            await asyncio.sleep(0.01)
+            return ops.matmul(x, _x(5, 2))
+
+        forward = dataflow.compile(bad)
+
+        async def main() -> list[Any]:
+            calls = [forward(_x(2, 3)) for _ in range(3)]
+            return list(await asyncio.gather(*calls, return_exceptions=True))
+
+        for got in dataflow.run(main):
+            assert isinstance(got, dataflow.OpInputError) and "matmul" in str(got)
 
     def test_value_dependent_control_flow_is_refused(self) -> None:
         """A program whose ops depend on the input values is not compiled (torch.jit.trace's
@@ -386,6 +492,25 @@ class TestBatching:
                 await forward(_x(2, 6))
 
         dataflow.run(main)
+
+    def test_an_output_without_the_batch_axis_is_refused(self) -> None:
+        """An output reduced over the batch axis cannot be split back into the calls' rows:
+        a clear error for every caller (each used to get a slice of the wrong axis: one
+        element of the batch's sum), while the outputs that keep the axis were fine."""
+
+        async def pooled(x: Any) -> Any:
+            return ops.tanh(x), ops.sum(x, axis=0)
+
+        forward = dataflow.compile(pooled, batch_axis=0, max_wait=0.05)
+        xs = [_x(1, 4, seed=k) for k in range(3)]
+
+        async def main() -> list[Any]:
+            return await _all_at_once(forward, xs, return_exceptions=True)
+
+        outs = dataflow.run(main, interop_threads=2)
+        for got in outs:
+            assert isinstance(got, dataflow.DataflowValueError)
+            assert "shape (4,) has no batch axis 0" in str(got)
 
 
 def _gate_kernel(x: Any, gate: threading.Event) -> Any:
@@ -649,6 +774,35 @@ class TestCancelledCallers:
         np.testing.assert_array_equal(out, xs[2])
         assert programs == 1
 
+    def test_calls_without_rows(self) -> None:
+        """A call with no rows along the batch axis gets its empty result, alone or first in
+        a padded batch (the padding copied the first call's row: an IndexError, alone; in a
+        batch, the failed launch then ran every call again one by one)."""
+        gate, forward = self._model(max_wait=0.05)
+        sizes = [0, 1, 2]
+        xs = [_x(n, 4, seed=n) for n in sizes]
+
+        async def main() -> tuple[list[Array], int]:
+            gate.set()
+            empty: Array = await forward(xs[0])
+            assert empty.shape == (0, 4)
+            await forward(xs[1])  # (traced for one row)
+            gate.clear()
+            first = asyncio.ensure_future(forward(xs[1]))  # runs, held by the gate
+            await asyncio.sleep(0.02)
+            calls = [asyncio.ensure_future(forward(x)) for x in xs]  # one batch: 3 rows, padded
+            await asyncio.sleep(0.02)
+            launches = forward.launches
+            gate.set()
+            await first
+            outs = [await asyncio.wait_for(c, 30) for c in calls]
+            return outs, forward.launches - launches
+
+        outs, launched = dataflow.run(main, interop_threads=2)
+        for x, got in zip(xs, outs, strict=True):
+            np.testing.assert_array_equal(got, x)
+        assert launched == 1
+
     def test_a_running_batch_every_caller_left_is_stopped(self) -> None:
         """The lone caller of a running batch is cancelled: the batch's task is cancelled
         with it and the plan's unstarted ops are dropped; the model then serves again."""
@@ -724,6 +878,54 @@ class TestFailureIsolation:
                 await forward(-np.ones((1, 2), np.float32))
 
         dataflow.run(main, interop_threads=2)
+
+
+class TestRuntimesInThreads:
+    """One compiled forward used by several runtimes at once (each thread's dataflow.run):
+    a call of one runtime never waits on another runtime's loop (both cases hung)."""
+
+    @staticmethod
+    def _in_threads(forward: Any, count: int, calls: int) -> dict[int, Any]:
+        results: dict[int, Any] = {}
+
+        def worker(k: int) -> None:
+            async def main() -> list[Array]:
+                xs = [np.full((1, 3), 10.0 * k + j, np.float32) for j in range(calls)]
+                return list(await asyncio.gather(*(forward(x) for x in xs)))
+
+            try:
+                results[k] = dataflow.run(main, interop_threads=2)
+            except BaseException as exc:  # (reported by the test)
+                results[k] = exc
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads), "a runtime's calls hung"
+        return results
+
+    def test_a_trace_another_runtime_waits_for(self) -> None:
+        """A runtime's first call waits for the trace another runtime's call is making, and
+        is woken on its own loop."""
+
+        async def slow_trace(x: Any) -> Any:
+            await asyncio.sleep(0.1)
+            return ops.multiply(x, 2.0)
+
+        results = self._in_threads(dataflow.compile(slow_trace), 2, 1)
+        for k in range(2):
+            np.testing.assert_array_equal(results[k][0], np.full((1, 3), 20.0 * k))
+
+    def test_batches_of_several_runtimes(self) -> None:
+        """Batched calls of several runtimes: each runtime's calls batch on its own loop."""
+        forward = dataflow.compile(_checked_model, batch_axis=0, max_wait=0.05)
+        dataflow.run(forward.warm_up, np.ones((1, 3), np.float32))
+        results = self._in_threads(forward, 3, 2)
+        for k in range(3):
+            for j, got in enumerate(results[k]):
+                np.testing.assert_array_equal(got, np.full((1, 3), 2 * (10.0 * k + j)))
 
 
 class TestParameters:

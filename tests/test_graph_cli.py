@@ -23,6 +23,14 @@ async def pair(x: Any, y: Any) -> Any:
     return ops.add(x, y), {"diff": ops.subtract(x, y)}
 
 
+async def _dotted(x: Any) -> Any:
+    return {"a.b": ops.tanh(x), "a": {"b": ops.multiply(x, 2.0)}}
+
+
+async def _with_none(x: Any) -> Any:
+    return ops.tanh(x), None
+
+
 @pytest.fixture
 def files(tmp_path: Path) -> tuple[Path, Path, Path, Array, Array]:
     """A saved two-input graph and two input arrays: (model, x.npy, y.npy, x, y)."""
@@ -147,6 +155,46 @@ class TestRun:
         with np.load(out) as npz:
             np.testing.assert_array_equal(npz["output0"], x + y)
             np.testing.assert_array_equal(npz["output1.diff"], x - y)
+
+    def test_outputs_sharing_an_npz_key_are_refused(self, tmp_path: Path) -> None:
+        """Two outputs that flatten to one key (a dict key with a dot) are an error with -o
+        (the second silently replaced the first in the .npz) and both print without it."""
+        x = np.ones(3, np.float32)
+        model = tmp_path / "dots.dfg"
+        dataflow.trace(_dotted, x).save(str(model))
+        np.save(tmp_path / "x.npy", x)
+        args = ["graph", "run", str(model), "-i", str(tmp_path / "x.npy")]
+        result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "out.npz")])
+        assert result.exit_code == 1
+        assert "same key 'output.a.b'" in result.stderr
+        assert not (tmp_path / "out.npz").exists()
+        printed = _invoke(*args)
+        assert printed.exit_code == 0 and printed.output.count("output.a.b : float32[3]") == 2
+
+    def test_an_output_that_is_not_an_array_is_not_pickled(self, tmp_path: Path) -> None:
+        """-o refuses an output it could only pickle (None), which np.load would refuse."""
+        x = np.ones(3, np.float32)
+        model = tmp_path / "none.dfg"
+        dataflow.trace(_with_none, x).save(str(model))
+        np.save(tmp_path / "x.npy", x)
+        args = ["graph", "run", str(model), "-i", str(tmp_path / "x.npy")]
+        result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "o.npz")])
+        assert result.exit_code == 1
+        assert "output output1 is NoneType, not an array" in result.stderr
+        assert not (tmp_path / "o.npz").exists()
+
+    def test_an_npz_input_is_refused_clearly(
+        self, files: tuple[Path, Path, Path, Array, Array]
+    ) -> None:
+        """An .npz given as an --input says so (it was read as a 1-element object array:
+        'input x has shape [1]')."""
+        model, xf, _, x, y = files
+        archive = model.parent / "xy.npz"
+        np.savez(archive, x=x, y=y)
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(archive),
+                                          "-i", str(xf)])  # fmt: skip
+        assert result.exit_code == 1
+        assert "xy.npz: an .npz archive, not one array" in result.stderr
 
     @pytest.mark.parametrize("name", ["noext", "out.npy", "out.NPZ"])
     def test_output_without_npz_suffix_is_refused(

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,15 @@ def _rand(*shape: int, seed: int = 0) -> Array:
 def _members(path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as zf:
         return {name: zf.read(name) for name in zf.namelist()}
+
+
+def _write_twice(target: Any, members: dict[str, bytes], name: str, second: bytes) -> None:
+    """Write ``members``, then ``name`` a second time with the ``second`` bytes."""
+    with zipfile.ZipFile(target, "w") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name
+        for n, data in members.items():
+            zf.writestr(n, data)
+        zf.writestr(name, second)
 
 
 def _write(path: Path, members: dict[str, bytes]) -> None:
@@ -191,6 +201,34 @@ class TestBadFiles:
         path.write_bytes(os.urandom(300))
         self._error(path, "not a zip archive")
 
+    def test_two_members_of_one_name(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
+        """A second graph.json after the first is refused: zipfile loaded the last one, which
+        other tools (unzip) do not show, so what was inspected was not what ran."""
+        path, _, _ = saved
+        members = _members(path)
+        doc = json.loads(members["graph.json"])
+        doc["nodes"], doc["outputs"] = [], {"input": 0}
+        _write_twice(path, members, "graph.json", json.dumps(doc).encode())
+        self._error(path, "holds two members named 'graph.json'")
+
+    def test_an_array_twice_in_params(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
+        """The same in params.npz: an array's member twice, the second all zeros."""
+        path, _, _ = saved
+        members = _members(path)
+        params = members["params.npz"]
+        with zipfile.ZipFile(io.BytesIO(params)) as npz:
+            arrays = {n: npz.read(n) for n in npz.namelist()}
+        name = next(iter(arrays))
+        with np.load(io.BytesIO(params)) as npz:
+            zeros = np.zeros_like(npz[name.removesuffix(".npy")])
+        buf = io.BytesIO()
+        npy = io.BytesIO()
+        np.save(npy, zeros)
+        _write_twice(buf, arrays, name, npy.getvalue())
+        members["params.npz"] = buf.getvalue()
+        _write(path, members)
+        self._error(path, f"params.npz holds two members named '{name}'")
+
     def test_truncated(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
         """Half a file: refused, not half-loaded."""
         path, _, _ = saved
@@ -249,6 +287,49 @@ class TestBadFiles:
         PWNED.clear()
         self._error(path, "Python objects")
         assert PWNED == []
+
+    @pytest.mark.parametrize(
+        ("edit", "match"),
+        [
+            # A location that ends the printed graph early and hides the lines after it.
+            (
+                lambda d: d["nodes"][0].update(location="m.py:1\n  return %x\n\x1b[8m"),
+                "location 'm.py:1.*is not printable text",
+            ),
+            # Names that graph.code writes into Python source as they are.
+            (
+                lambda d: d.update(name="f(self):\n    import os\nasync def g"),
+                "the graph's name 'f\\(self\\):",
+            ),
+            (lambda d: d["inputs"][0].update(name="x=__import__('os')"), "input 0 "),
+            (
+                lambda d: d["nodes"][1]["kwargs"].update({"axis=0); import os; (": 1}),
+                "keyword 'axis=0\\); import os",
+            ),
+            (
+                lambda d: d["constants"][0].update(name="w\n  %0 : float32[] = ops.exp(%x)"),
+                "a constant's name",
+            ),
+            (
+                lambda d: d["nodes"][0].update(op="ops\n:matmul"),
+                "op 'ops.*:matmul' is not printable",
+            ),
+        ],
+    )
+    def test_names_and_locations_that_would_not_print_as_themselves(
+        self,
+        saved: tuple[Path, dataflow.Graph, Array],
+        edit: Callable[[dict[str, Any]], None],
+        match: str,
+    ) -> None:
+        """What `graph show` prints (and `graph.code` writes) from a file is what runs: a
+        name or location with a newline or a terminal escape, or a non-Python name where the
+        code needs one, is refused, by read() too (they printed as they were)."""
+        path, _, _ = saved
+        _edit_json(path, edit)
+        self._error(path, match)
+        with pytest.raises(GraphFormatError, match=match):
+            read(str(path))
 
     def test_unknown_op(self, saved: tuple[Path, dataflow.Graph, Array]) -> None:
         """An op name the module does not declare is an unknown op."""

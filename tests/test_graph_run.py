@@ -235,6 +235,16 @@ class TestDispatch:
         with pytest.raises(dataflow.OpTypeError, match=r"astype\(np.float32\)"):
             graph.run(np.ones((2, 3)))
 
+    def test_the_dtype_hint_is_python_for_every_dtype(self) -> None:
+        """A traced dtype numpy has no attribute for (big-endian data read from a file) is
+        written np.dtype('>f4'), which runs; the hint said .astype(np.>f4)."""
+        graph = dataflow.trace(ops.tanh, _rand(2, 3).astype(">f4"))
+        with pytest.raises(dataflow.OpTypeError, match=r"astype\(np.dtype\('>f4'\)\)"):
+            graph.run(_rand(2, 3))
+        np.testing.assert_allclose(
+            graph.run(_rand(2, 3).astype(np.dtype(">f4"))), np.tanh(_rand(2, 3)), rtol=1e-6
+        )
+
     def test_lists_are_converted_when_they_fit(self) -> None:
         """A nested list of the right shape and dtype is accepted as an array."""
         graph = dataflow.trace(ops.negative, np.array([1, 2]))

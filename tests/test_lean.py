@@ -362,6 +362,38 @@ class TestFailures:
 
         np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [2.0, 2.0])
 
+    def test_a_profile_counts_each_node_of_a_failed_run_once(self) -> None:
+        """Every node of a failed run is a span record or one of the tasks that never ran,
+        never both: a node another runner was still running was counted as never run, and
+        the run's gather task (no node) too."""
+
+        def refuse(x: Any) -> Any:
+            raise ValueError("refused")
+
+        bad = dataflow.op("refuse_lean", meta=ops.spec_of, handle=ops.Tensor)(refuse)
+        slow = _Log().op("slow_fail", 0.02)
+
+        async def prog(a: Any) -> Any:
+            return ops.add(slow(slow(a, 0), 1), ops.tanh(bad(ops.negative(a))))
+
+        forward = dataflow.compile(prog, check=False)
+
+        async def main() -> list[tuple[int, int]]:
+            counts = []
+            for _ in range(3):
+                with dataflow.profile() as prof:
+                    with pytest.raises(ValueError, match="refused"):
+                        await forward(_x(3))
+                    await asyncio.sleep(0.1)  # a node still running ends
+                trace = prof.trace()
+                counts.append((len(trace.tasks), trace.unrun_failed))
+            return counts
+
+        counts = dataflow.run(main, interop_threads=2)
+        (program,) = forward.programs.values()
+        for spans, unrun in counts:
+            assert spans + unrun == program.size, (spans, unrun, program.size)
+
     def test_a_wrong_output_is_caught_on_the_first_runs(self) -> None:
         liar = dataflow.op("liar_lean", meta=ops.spec_of, handle=ops.Tensor)(
             lambda x: x.astype(np.float64)

@@ -5,8 +5,8 @@ on what is read (bounded reads: never more than the limit plus one byte, whateve
 says):
 
 * the archive has at most :data:`MAX_MEMBERS` members, counted from its end record before
-  zipfile reads its directory; members are stored or deflated (bzip2 and lzma reach far higher
-  ratios, and the format never writes them);
+  zipfile reads its directory, no two of one name; members are stored or deflated (bzip2 and
+  lzma reach far higher ratios, and the format never writes them);
 * ``graph.json`` inflates to at most :data:`MAX_GRAPH_JSON` bytes and nests at most
   :data:`MAX_JSON_DEPTH` arrays and objects deep (checked without recursion);
 * a shape has at most :data:`MAX_NDIM` dimensions and describes less than :data:`MAX_NBYTES`
@@ -120,11 +120,19 @@ def open_zip(fileobj: Any, what: str, max_members: int) -> zipfile.ZipFile:
             "(MAX_MEMBERS): refused"
         )
     try:
-        return zipfile.ZipFile(fileobj)
+        zf = zipfile.ZipFile(fileobj)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as exc:
         if what == "the file":
             raise Problem(f"not a graph file (not a zip archive, or truncated): {exc}") from exc
         raise Problem(f"{what} is not a zip archive, or is truncated: {exc}") from exc
+    names = zf.namelist()
+    if len(set(names)) != len(names):
+        # zipfile reads the last of them, other tools (unzip, a reviewer's) the first: what
+        # is inspected would not be what runs.
+        twice = next(n for n in names if names.count(n) > 1)
+        zf.close()
+        raise Problem(f"{what} holds two members named {twice!r:.80}: refused")
+    return zf
 
 
 def _member(zf: zipfile.ZipFile, name: str, what: str, limit: int, why: str) -> zipfile.ZipInfo:

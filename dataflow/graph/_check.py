@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import TracerWarning
+from ._errors import COLLECTED, TracerWarning
 from ._frames import user_location
 from ._ir import ConstRef, Graph, GraphInput, display_name
 from ._passes import _key
@@ -104,6 +104,10 @@ def difference(a: Graph, b: Graph) -> tuple[str, str | None] | None:
 
 def _warn(message: str, location: str | None) -> None:
     text = f"trace check: {message}"
+    collected = COLLECTED.get()
+    if collected is not None:  # a compiled forward's trace: its problems, not warnings
+        collected.append(text)
+        return
     if location is not None:
         filename, _, line = location.rpartition(":")
         if line.isdigit():
@@ -137,10 +141,15 @@ async def check_trace(
     other_templates = [
         o if isinstance(t, np.ndarray) else t for t, o in zip(templates, others, strict=True)
     ]
+    # The first trace already warned about what this one finds: its TracerWarnings are
+    # dropped (in this task's context: catching warnings across the await silenced every
+    # task's warnings meanwhile, and two checks at once left the process's filters wrong).
+    token = COLLECTED.set([])
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the first trace already warned about the same
+        try:
             other = await trace_once(fn, other_templates, others, graph.inputs)
+        finally:
+            COLLECTED.reset(token)
     except Exception as exc:
         _warn(
             f"tracing again with other input values failed ({type(exc).__name__}: {exc}), so "

@@ -19,6 +19,9 @@ import sys
 from typing import Any, NoReturn
 
 import click
+import numpy as np
+
+from .._errors import DataflowValueError
 
 __all__ = ["graph_group"]
 
@@ -48,7 +51,7 @@ def show(path: str, code: bool) -> None:
     click.echo(graph.code if code else str(graph))
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
     if isinstance(value, (tuple, list)):
         for k, v in enumerate(value):
             _flatten(f"{prefix}{k}" if prefix == "output" else f"{prefix}.{k}", v, out)
@@ -56,7 +59,26 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         for k, v in value.items():
             _flatten(f"{prefix}.{k}", v, out)
     else:
-        out[prefix] = value
+        out.append((prefix, value))
+
+
+def _npz_members(flat: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The .npz members: one array per output, none lost to a shared key, none pickled."""
+    members: dict[str, Any] = {}
+    for key, value in flat:
+        if key in members:  # a dict key with a dot: {"a.b": x, "a": {"b": y}}
+            raise DataflowValueError(
+                f"two outputs would be saved under the same key {key!r} (a dict key that "
+                "contains a dot); print them (no -o) or rename the keys"
+            )
+        array = np.asarray(value)
+        if array.dtype.kind == "O":
+            raise DataflowValueError(
+                f"output {key} is {type(value).__name__}, not an array: it could only be "
+                "saved as a pickle; print the outputs (no -o) instead"
+            )
+        members[key] = array
+    return members
 
 
 def _npz_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -104,8 +126,6 @@ def run(
     interop_threads: int | None,
 ) -> None:
     """Run the graph in PATH on the --input arrays."""
-    import numpy as np
-
     from .._errors import DataflowError
     from ._read import load
 
@@ -121,24 +141,35 @@ def run(
     arrays = []
     for name in inputs:
         try:
-            arrays.append(np.load(name, allow_pickle=False))
+            loaded = np.load(name, allow_pickle=False)
         except (OSError, ValueError) as exc:
             _fail("run", ValueError(f"{name}: not a .npy array file without pickles ({exc})"))
+        if not isinstance(loaded, np.ndarray):  # an .npz archive: several arrays, not one
+            loaded.close()
+            _fail(
+                "run",
+                ValueError(
+                    f"{name}: an .npz archive, not one array: save each input "
+                    "with np.save (a .npy file) and pass it as an --input"
+                ),
+            )
+        arrays.append(loaded)
     try:
         result = graph.run(*arrays, interop_threads=interop_threads)
     except (DataflowError, TypeError, ValueError) as exc:
         _fail("run", exc)
-    flat: dict[str, Any] = {}
+    flat: list[tuple[str, Any]] = []
     _flatten("output", result, flat)
     if output is not None:
         savez: Any = np.savez  # (its stub types **kwds as its own options)
         try:
-            savez(output, **{k: np.asarray(v) for k, v in flat.items()})
-        except OSError as exc:
+            members = _npz_members(flat)
+            savez(output, **members)
+        except (OSError, ValueError) as exc:
             _fail("run", exc)
-        click.echo(f"wrote {output} ({', '.join(flat)})")
+        click.echo(f"wrote {output} ({', '.join(members)})")
         return
-    for key, value in flat.items():
+    for key, value in flat:
         array = np.asarray(value)
         click.echo(f"{key} : {array.dtype}{list(array.shape)}")
         click.echo(np.array2string(array, threshold=50, edgeitems=2, precision=5))

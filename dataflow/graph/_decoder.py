@@ -63,6 +63,15 @@ class Opaque:
         return f"{self.qualname.rpartition(':')[2]}({', '.join(map(repr, self.fields))})"
 
 
+def _qualname(qualname: Any) -> bool:
+    """Whether ``qualname`` is a ``module:name`` (a dotted module, a printable name: a file
+    read for inspection prints it as it is)."""
+    if not isinstance(qualname, str) or ":" not in qualname or not qualname.isprintable():
+        return False
+    module = qualname.partition(":")[0]
+    return all(part.isidentifier() for part in module.split("."))
+
+
 def _trusted(module: str, trust: tuple[str, ...]) -> bool:
     return any(module == t or module.startswith(t + ".") for t in trust)
 
@@ -92,8 +101,8 @@ class Decoder:
         self.trust = trust
 
     def op(self, qualname: Any, where: str) -> OpLike:
-        if not isinstance(qualname, str) or ":" not in qualname:
-            raise Problem(f"{where}: op must be a 'module:name' string, got {qualname!r}")
+        if not _qualname(qualname):
+            raise Problem(f"{where}: op must be a 'module:name' string, got {qualname!r:.80}")
         if not self.resolve:
             return UnresolvedOp(qualname)
         found = lookup_op(qualname)
@@ -109,8 +118,8 @@ class Decoder:
         return found
 
     def named_tuple(self, qualname: Any, fields: list[Any], where: str) -> Any:
-        if not isinstance(qualname, str) or ":" not in qualname:
-            raise Problem(f"{where}: bad namedtuple name {qualname!r}")
+        if not _qualname(qualname):
+            raise Problem(f"{where}: bad namedtuple name {qualname!r:.80}")
         if not self.resolve:
             return Opaque(qualname, fields)
         module_name, _, path = qualname.partition(":")

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 from .._errors import DataflowError
 
-__all__ = ["GraphFormatError", "TracerWarning"]
+__all__ = ["COLLECTED", "GraphFormatError", "TracerWarning"]
+
+#: Where the TracerWarnings of a trace go instead of ``warnings.warn``, when set: a list
+#: (``dataflow.compile`` reads its traces' problems from it). A context variable, not
+#: ``warnings.catch_warnings``: that swaps process-wide state, and two traces suspended in it
+#: at once (concurrent first calls) restored it out of order and left every later warning of
+#: the process swallowed.
+COLLECTED: ContextVar[list[str] | None] = ContextVar("dataflow_tracer_warnings", default=None)
 
 
 class GraphFormatError(DataflowError, ValueError):

@@ -180,10 +180,21 @@ def check_inputs(graph: Graph, inputs: Sequence[Any]) -> list[Any]:
             raise OpTypeError(
                 f"graph {graph.name}: input {want.name} has dtype {got.dtype}, but the graph "
                 f"was traced with {want.type.dtype}; convert it with "
-                f".astype(np.{want.type.dtype})"
+                f".astype({_dtype_source(want.type.dtype)})"
             )
         checked.append(value)
     return checked
+
+
+def _dtype_source(dtype: Any) -> str:
+    """How to write ``dtype`` in Python: ``np.float32``, or ``np.dtype('>f4')`` for one numpy
+    has no such name for (another byte order, a string length)."""
+    import numpy as np
+
+    name = dtype.name
+    if dtype.isnative and name.isidentifier() and getattr(np, name, None) is dtype.type:
+        return f"np.{name}"
+    return f"np.dtype({dtype.str!r})"
 
 
 def _bind(value: Any, env: dict[Ref, Any]) -> Any:

@@ -221,7 +221,7 @@ class LeanRun:
             more = ready and self.runners < threads and _big(ready, by_rank, sigs, threshold)
             lock.release()
             if gather.state != PENDING or sched.cancelling:
-                self._stop(None)
+                self._stop(None, taken=1)  # (node i was taken, and is not run)
                 return
             if more:
                 self._spawn()
@@ -352,8 +352,9 @@ class LeanRun:
             for task in mine:
                 sched.execute(task, go_on=False)
 
-    def _stop(self, err: BaseException | None) -> None:
-        """End the run early: a kernel failed (``err``), or it was cancelled (None)."""
+    def _stop(self, err: BaseException | None, taken: int = 0) -> None:
+        """End the run early: a kernel failed (``err``), or it was cancelled (None);
+        ``taken``: nodes the calling runner took from the ready heap and will not run."""
         sched = self.rt._sched
         gather = self.gather
         with GRAPH_LOCK:
@@ -364,7 +365,7 @@ class LeanRun:
             self.values = []
             ran = self.prog.size - self.todo
             sched.tasks_run += ran
-            unrun = self.prog.size - ran - (err is not None)  # (a failed node ran)
+            unrun = self._never_started() + taken
             if err is None:
                 if sched.cancelling and gather.state == PENDING:
                     err = CancelledTaskError(f"{gather.name} was not run: its runtime was closing")
@@ -377,7 +378,18 @@ class LeanRun:
             if err is not None and gather.state == PENDING:
                 if not isinstance(err, CancelledTaskError):
                     sched.failures.append(err)
-                sched._fail_locked(gather, err)
+                # ran=True: the gather is the run's bookkeeping, not one of its nodes, which
+                # are accounted for above (it used to add one more "never ran" to a profile).
+                sched._fail_locked(gather, err, ran=True)
+
+    def _never_started(self) -> int:
+        """How many nodes no runner took: neither done nor running (another runner's node
+        still runs, and gives its span record, after a failure or a cancellation ends the
+        run; the failed node ran). Called once, when the run stops."""
+        if not self.waiting:  # no runner began: nothing started
+            return self.prog.size
+        with self.lock:
+            return len(self.ready) + sum(1 for w in self.waiting if w)
 
 
 def _big(ready: list[int], by_rank: list[int], sigs: Sequence[Any], threshold: float) -> bool:

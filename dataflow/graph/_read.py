@@ -63,6 +63,17 @@ def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: 
     return value
 
 
+def _text(value: str, what: str, name: bool = False) -> str:
+    """A name or location from the file, refused unless it prints as itself: ``read`` and
+    ``dataflow graph show`` print the file (a newline or a terminal escape in a location
+    could show a reader another graph than the one that runs), and ``graph.code`` writes the
+    graph's, inputs' and keywords' names into Python source (``name``: a Python name)."""
+    if not value.isprintable() or (name and not value.isidentifier()):
+        kind = "a Python name" if name else "printable text"
+        raise Problem(f"{what} {value!r:.80} is not {kind}")
+    return value
+
+
 def _graph_json(zf: zipfile.ZipFile) -> dict[str, Any]:
     """graph.json, parsed (within the limits of ``_archive``), of this format and version."""
     doc = read_json(zf)
@@ -74,9 +85,10 @@ def _graph_json(zf: zipfile.ZipFile) -> dict[str, Any]:
     if type(version) is not int or version < 1:
         raise Problem(f"bad format version {version!r}")
     if version > FORMAT_VERSION:
+        producer = str(doc.get("producer", "unknown"))
         raise Problem(
             f"format version {version} was written by a newer dataflow "
-            f"({doc.get('producer', 'unknown')}); this one reads version "
+            f"({producer if producer.isprintable() else repr(producer)}); this one reads version "
             f"{FORMAT_VERSION} and earlier: upgrade dataflow"
         )
     return doc
@@ -88,7 +100,7 @@ def _declared_constants(doc: dict[str, Any], dec: Decoder, file_size: int) -> di
     for entry in _field(doc, "constants", list, "graph.json"):
         if type(entry) is not dict:
             raise Problem("constants: expected objects")
-        cname = _field(entry, "name", str, "a constant")
+        cname = _text(_field(entry, "name", str, "a constant"), "a constant's name")
         vt = dec.type(
             {"shape": entry.get("shape"), "dtype": entry.get("dtype")}, f"constant {cname}"
         )
@@ -120,7 +132,7 @@ def _bind(value: Any, env: dict[Any, Any], where: str) -> Any:
 
 
 def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: Decoder) -> Graph:
-    name = _field(doc, "name", str, "graph.json")
+    name = _text(_field(doc, "name", str, "graph.json"), "the graph's name", name=True)
     inputs = []
     for k, entry in enumerate(_field(doc, "inputs", list, "graph.json")):
         where = f"input {k}"
@@ -128,7 +140,7 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: Decoder) -> Graph:
             raise Problem(f"{where}: expected an object")
         vt = dec.type({"shape": entry.get("shape"), "dtype": entry.get("dtype")}, where)
         assert vt is not None
-        inputs.append(GraphInput(_field(entry, "name", str, where), vt))
+        inputs.append(GraphInput(_text(_field(entry, "name", str, where), where, name=True), vt))
     constants: dict[str, np.ndarray[Any, Any]] = {}
     parameters: set[str] = set()
     for entry in _field(doc, "constants", list, "graph.json"):
@@ -156,14 +168,17 @@ def _decode(doc: dict[str, Any], arrays: dict[str, Any], dec: Decoder) -> Graph:
         where = f"node %{i}"
         if type(entry) is not dict:
             raise Problem(f"{where}: expected an object")
-        qualname = _field(entry, "op", str, where)
+        qualname = _text(_field(entry, "op", str, where), f"{where}: op")
         where = f"node %{i} ({qualname})"
         args = tuple(dec.value(_field(entry, "args", list, where), where))
         kwargs_doc = _field(entry, "kwargs", dict, where)
-        kwargs = {str(k): dec.value(v, where) for k, v in kwargs_doc.items()}
+        kwargs = {_text(k, f"{where}: keyword", name=True): dec.value(v, where)
+                  for k, v in kwargs_doc.items()}  # fmt: skip
         types = tuple(dec.type(t, where) for t in _field(entry, "outputs", list, where))
         multi = _field(entry, "multi", bool, where)
         location = entry.get("location")
+        if isinstance(location, str):
+            _text(location, f"{where}: location")
         if not types or (not multi and len(types) != 1):
             raise Problem(f"{where}: bad outputs")
         op: OpLike

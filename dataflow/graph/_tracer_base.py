@@ -23,7 +23,7 @@ import numpy as np
 from .._errors import task_failed
 from .._runtime import Runtime
 from .._task import DONE, FAILED, Cost, Task
-from ._errors import TracerWarning
+from ._errors import COLLECTED, TracerWarning
 from ._frames import user_location
 from ._ir import ConstRef, InputRef, NodeRef, OpLike, iter_refs
 
@@ -116,6 +116,10 @@ class TracerBase:
         return False
 
     def _warn(self, message: str) -> None:
+        collected = COLLECTED.get()
+        if collected is not None:  # a compiled forward's trace: its problems, not warnings
+            collected.append(message)
+            return
         where = user_location({"dataflow"}, start=3)
         if where is None:
             warnings.warn(message, TracerWarning, stacklevel=4)
