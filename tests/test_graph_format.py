@@ -501,6 +501,17 @@ class TestSaveErrors:
             graph.save(str(tmp_path / "g.dfg"))
         del second
 
+    def test_a_name_load_would_refuse_is_refused_at_the_save(self, tmp_path: Path) -> None:
+        """A graph name that is not a Python name fails the save (a file saved must load)."""
+        graph = dataflow.trace(lambda x: ops.negative(x), _rand(3))
+        graph.name = "my model"
+        with pytest.raises(ValueError, match="not a Python name, and load would refuse"):
+            graph.save(str(tmp_path / "g.dfg"))
+        assert os.listdir(tmp_path) == []
+        graph.name = "my_model"
+        graph.save(str(tmp_path / "g.dfg"))
+        assert dataflow.load(str(tmp_path / "g.dfg")).name == "my_model"
+
 
 def _gadget_graph(tmp_path: Path, namedtuple: str, fields: list[Any]) -> Path:
     """A valid graph file whose getitem node's index is a NamedTuple of that name."""

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import DataflowTypeError
+from .._errors import DataflowTypeError, DataflowValueError
 from .._registry import lookup_op
 from ._fused import Arg, FusedOp, Tmp
 from ._ir import (
@@ -210,8 +210,11 @@ def save(graph: Graph, path: str | os.PathLike[str]) -> None:
         TypeError: the graph holds something a file cannot represent (an op that is not
             registered under its name, an argument of an unknown type, an object array), or
             ``path`` is not a str or os.PathLike.
+        ValueError: the graph's or an input's name is not a Python name, or a constant's
+            name is not printable text (``load`` would refuse the file).
     """
     file = _path(path, "Graph.save")
+    _check_names(graph)
     constants = []
     for name, array in graph.constants.items():
         where = f"constant {name}"
@@ -249,6 +252,22 @@ def save(graph: Graph, path: str | os.PathLike[str]) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _check_names(graph: Graph) -> None:
+    """Refuse, at the save, the names ``load`` would refuse (``_read._text``): the graph's and
+    its inputs' names are Python names (``graph.code`` writes them into source), and the
+    constants' print as themselves. A file saved must load."""
+    names = [("the graph's name", graph.name, True)]
+    names += [(f"input {k}'s name", i.name, True) for k, i in enumerate(graph.inputs)]
+    names += [("a constant's name", name, False) for name in graph.constants]
+    for what, name, python in names:
+        if not name.isprintable() or (python and not name.isidentifier()):
+            kind = "a Python name" if python else "printable text"
+            raise DataflowValueError(
+                f"Graph.save: {what} {name!r:.80} is not {kind}, and load would refuse the "
+                "file: rename it"
+            )
 
 
 def _path(path: object, call: str) -> str:
