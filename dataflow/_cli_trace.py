@@ -34,7 +34,9 @@ def _load_trace(path: str, command: str) -> Trace:
     try:
         return load(path)
     except (OSError, ValueError, TypeError, KeyError, RecursionError, OverflowError) as exc:
-        click.echo(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(
+            printable(f"dataflow trace {command}: error: {type(exc).__name__}: {exc}"), err=True
+        )
         sys.exit(1)
 
 
@@ -43,9 +45,20 @@ def _load_trace(path: str, command: str) -> Trace:
 def trace_summary(path: str) -> None:
     """Print wall/busy time, parallelism, critical path and the per-op table of PATH."""
     trace = _load_trace(path, "summary")
-    click.echo(str(summarize(trace)))
+    click.echo(printable(str(summarize(trace))))
     click.echo("")
-    click.echo(op_table(trace))
+    click.echo(printable(op_table(trace)))
+
+
+def printable(text: str) -> str:
+    """``text`` with each character that does not print as itself (a terminal escape, a
+    carriage return) written as its escape, lines kept: a trace file names its ops and threads,
+    and a crafted one must not drive the terminal that prints its summary."""
+    if text.replace("\n", "").isprintable():
+        return text
+    return "\n".join(
+        "".join(c if c.isprintable() else repr(c)[1:-1] for c in line) for line in text.split("\n")
+    )
 
 
 @trace_group.command("render")

@@ -346,6 +346,20 @@ class TestHostileTraces:
         result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
         assert result.exit_code == 0 and "gpu" in result.stdout
 
+    def test_names_that_would_drive_the_terminal_print_escaped(self, tmp_path: Path) -> None:
+        """An op or thread name holding a terminal escape or a carriage return (a crafted
+        file) is printed as its escapes by summary, never as control characters."""
+        path = tmp_path / "t.json"
+        events = [
+            {"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": "w\x1b]0;pwn\x07"}},
+            {"ph": "X", "name": "a\x1b[2J\rb", "tid": 1, "ts": 1, "dur": 2},
+        ]
+        path.write_text(json.dumps({"traceEvents": events}))
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.stdout and "\r" not in result.stdout
+        assert "a\\x1b[2J\\rb" in result.stdout
+
     def test_foreign_values_in_args_render(self, tmp_path: Path) -> None:
         """flops given as a string (a foreign trace) is shown as it is, not a crash."""
         path = tmp_path / "t.json"
