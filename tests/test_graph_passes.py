@@ -183,6 +183,23 @@ class TestCommonSubexpressions:
         assert _names(merged) == ["multiply", "add"]
         _equal_results(graph, merged, _rand(3, seed=8))
 
+    def test_two_outputs_stay_two_arrays(self) -> None:
+        """tanh(x) returned twice, as two computations: two nodes (one node would hand the
+        caller one array twice, where writing into one changed the other); a third tanh(x)
+        read by another op still merges."""
+
+        async def f(x: Any) -> Any:
+            return ops.tanh(x), ops.tanh(x), ops.negative(ops.tanh(x))
+
+        graph = dataflow.trace(f, _rand(3))
+        merged = eliminate_common_subexpressions(graph)
+        assert _names(merged) == ["tanh", "tanh", "negative"]
+        a, b, _ = merged.run(_rand(3, seed=2))
+        assert a is not b and np.array_equal(a, b)
+        a, b, _ = merged.optimize().run(_rand(3, seed=2))
+        a += 1.0
+        assert not np.array_equal(a, b)
+
     def test_merges_multi_output_nodes(self) -> None:
         """split(x) twice: one node; readers of either output follow."""
 

@@ -181,7 +181,8 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     each other or with a constant: equal now (two zero-initialised biases), they may differ
     once one is written in place. Nodes are equal when they call the same op with arguments
     that are the same references and equal literals; the later one is replaced by the
-    earlier.
+    earlier, unless both give outputs of the graph: the caller would get one array twice
+    where the program returned two (writing into one would change the other).
     """
     b = Builder(graph)
     changed = False
@@ -194,13 +195,27 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
         if kept != name:
             b.replace(ConstRef(name), ConstRef(kept))
             changed = True
-    seen: dict[Any, int] = {}
+    returned = {r for r in iter_refs(graph.outputs) if type(r) is NodeRef}
+    seen: dict[Any, tuple[int, int]] = {}  # (the node kept, as built; its index in graph)
     for i, node in enumerate(graph.nodes):
         key = (_op_key(node.op), _key(b.remap(node.args)), _key(b.remap(dict(node.kwargs))))
-        earlier = seen.get(key)
-        if earlier is None or isinstance(node.op, UnresolvedOp):
-            seen[key] = b.keep(i)
+        found = seen.get(key)
+        if (
+            found is None
+            or isinstance(node.op, UnresolvedOp)
+            or any(
+                mine in returned and theirs in returned
+                for mine, theirs in zip(
+                    node.outputs(i), graph.nodes[found[1]].outputs(found[1]), strict=True
+                )
+            )
+        ):
+            if found is None:
+                seen[key] = (b.keep(i), i)
+            else:
+                b.keep(i)
             continue
+        earlier = found[0]
         for old, new in zip(node.outputs(i), b.nodes[earlier].outputs(earlier), strict=True):
             b.replace(old, new)
         changed = True
