@@ -398,6 +398,34 @@ class TestObserversNeverBreakARun:
         assert len(reports) == 1
         assert inst not in PROCESS.instruments
 
+    def test_a_recorder_raising_in_unrun_is_switched_off(self) -> None:
+        """A Recorder whose ``unrun`` raises (a task failing unrun, its input failed) is
+        switched off and reported once; the program gets its own error, nothing else."""
+
+        class BadUnrun(dataflow.Recorder):
+            def unrun(self, cancelled: bool) -> None:
+                raise KeyboardInterrupt
+
+        fail = dataflow.op("fail_x", meta=ops.spec_of, handle=ops.Tensor, inline=False)(
+            lambda x: 1 / 0
+        )
+
+        async def main() -> Any:
+            return await _slow(_slow(fail(np.ones(2))))
+
+        rec = BadUnrun()
+        dataflow.add_instrument(rec)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with pytest.raises(dataflow.TaskError) as info:
+                    dataflow.run(main, interop_threads=2)
+        finally:
+            dataflow.remove_instrument(rec)
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
+        assert len([w for w in caught if "raised in unrun()" in str(w.message)]) == 1
+        assert rec not in PROCESS.recorders
+
     def test_two_threads_raising_at_once_are_reported_once(self) -> None:
         """Both pool threads inside the hook when it raises: one of them switches the
         observer off and says so; the other finds it switched off already, and is silent."""

@@ -178,9 +178,13 @@ class SchedulerBase:
                     scope.disable(rec, "task", exc)
 
     def record_unrun(self, cancelled: bool) -> None:
+        """A task failed (an input failed) or was cancelled without running."""
         for scope in self._scopes():
             for rec in scope.recorders:
-                rec.unrun(cancelled)
+                try:
+                    rec.unrun(cancelled)
+                except BaseException as exc:  # no observer may break a run
+                    scope.disable(rec, "unrun", exc)
 
     def record_span(self, kind: str, name: str, start: int, end: int, parent: str | None) -> None:
         """A fork's or a wait's span ended (on the loop thread)."""
