@@ -8,6 +8,7 @@ import functools
 import inspect
 import queue
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -17,6 +18,7 @@ import pytest
 import dataflow
 from dataflow import (
     CancelledTaskError,
+    Cost,
     DataflowError,
     NoRuntimeError,
     NotReadyError,
@@ -25,6 +27,8 @@ from dataflow import (
 )
 from dataflow._task import RUNNING
 from tests._helpers import (
+    Arr,
+    Spec,
     add,
     boom,
     fail_after,
@@ -805,3 +809,104 @@ class TestOutOfOrderExit:
         between, b, after = asyncio.run(main())
         assert between is b  # (the one still open)
         assert after is None
+
+
+def _stop_kernel(x: Any, exc: type[BaseException]) -> Any:
+    raise exc
+
+
+def _same_spec(x: Any, *_: Any) -> Spec:
+    return Spec(np.shape(x), np.dtype(float))
+
+
+# The same stopping kernel as an op run at dispatch, as one the loop runs when it awaits it
+# (small and deferred: queued quietly, then taken by the awaiting loop), and as tiny ones a
+# worker hands back to the loop.
+stop_at_dispatch = dataflow.op("stop_at_dispatch", meta=_same_spec, handle=Arr, inline=True)(
+    _stop_kernel
+)
+stop_awaited = dataflow.op(
+    "stop_awaited", meta=_same_spec, handle=Arr, cost=lambda x, e: Cost(4e6)
+)(_stop_kernel)
+handed_stop = dataflow.op("handed_stop", meta=_same_spec, handle=Arr, cost=lambda x, e: Cost(1))(
+    _stop_kernel
+)
+handed_neg = dataflow.op("handed_neg", meta=_same_spec, handle=Arr, cost=lambda x: Cost(1))(
+    np.negative
+)
+
+
+class TestStoppingTheProcessOnTheLoop:
+    """Ctrl-C lands on the main thread, in whatever kernel it runs: a kernel the event loop
+    runs (at dispatch, or when it awaits one) that raises KeyboardInterrupt or SystemExit
+    fails its task and then stops the program, as a forked coroutine's or an eager op's does;
+    it was turned into a TaskError, an Exception that `except Exception` caught, so the
+    program went on as if nothing had been pressed."""
+
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("where", ["dispatch", "awaited", "observed", "synchronous"])
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+    def test_it_propagates_and_the_runtime_closes(
+        self, where: str, exc: type[BaseException], loop: str
+    ) -> None:
+        """The interrupt comes out of dataflow.run; the runtime closed, no failure is logged
+        as unobserved, and the next run works."""
+        stop = stop_awaited if where == "awaited" else stop_at_dispatch
+        swallowed: list[BaseException] = []
+
+        class Hooked(dataflow.Instrument):
+            def task_started(self, ts: int, task: Any) -> None:
+                pass
+
+        async def main() -> None:
+            if where == "observed":  # an instrument with hooks: the full-task inline path
+                rt = dataflow.current_runtime()
+                assert rt is not None
+                rt.add_instrument(Hooked())
+            try:
+                if where == "synchronous":  # a forked plain function, run at the fork
+                    await dataflow.fork(_stop_kernel, np.ones(2), exc)
+                else:
+                    await stop(np.ones(2), exc)
+            except Exception as e:  # what the interrupt must not become
+                swallowed.append(e)
+
+        threads = threading.active_count()
+        interop = 0 if where == "synchronous" else 2
+        with pytest.raises(exc):
+            dataflow.run(main, interop_threads=interop, loop=loop)
+        assert swallowed == []
+        assert threading.active_count() == threads
+        assert dataflow.run(afoo, 1.0, loop=loop) == -1.0
+
+    @pytest.mark.timeout(30)
+    def test_an_interrupt_on_a_pool_thread_stays_in_its_task(self, loop: str) -> None:
+        """On a pool thread (a forked plain function) the task keeps it, as documented."""
+
+        async def main() -> str:
+            with pytest.raises(TaskError, match="KeyboardInterrupt"):
+                await dataflow.fork(_stop_kernel, np.ones(2), KeyboardInterrupt)
+            return "ok"
+
+        assert dataflow.run(main, interop_threads=1, loop=loop) == "ok"
+
+    @pytest.mark.asyncio
+    @pytest.mark.timeout(30)
+    async def test_work_handed_back_to_the_loop_is_not_lost(self) -> None:
+        """Small tasks a worker handed back to the loop, left when one of them stops the
+        loop's thread, go back to the pool: the runtime's exit (the body raised, so it drops
+        them unrun) settles them, where it waited for ever for tasks nobody held."""
+        gate = threading.Event()
+        with pytest.raises(KeyboardInterrupt):
+            async with dataflow.Runtime(interop_threads=1, private_pool=True) as rt:
+                sched = rt._sched
+                first = gated(np.ones(2), gate)
+                a = handed_stop(first, KeyboardInterrupt)
+                b = handed_neg(first)
+                sched._loop_pending_ns = 1 << 62  # the loop "dispatches": hand them back
+                gate.set()
+                while len(sched._handback) < 2:  # (holding the loop, so it runs no drain)
+                    time.sleep(0.001)
+                sched.drain()  # a raises on this thread; b must not be lost
+        assert a.done() and b.done()
+        assert isinstance(b.exception(), CancelledTaskError)

@@ -354,6 +354,31 @@ class TestStoppingTheProcess:
             trio.run(main)
         assert seen == ["TaskError"]
 
+    def test_ctrl_c_in_a_kernel_on_the_trio_thread_stops_the_run(self) -> None:
+        """trio raises KeyboardInterrupt in whatever unprotected code the main thread runs:
+        in a kernel run at dispatch it fails the task and leaves trio.run, where it was a
+        TaskError that `except Exception` caught, so Ctrl-C was lost."""
+        import trio
+
+        def interrupted(x: Any) -> Any:
+            raise KeyboardInterrupt
+
+        op = ops.define("interrupted_on_trio", interrupted, ops.spec_of, inline=True)
+        swallowed: list[BaseException] = []
+
+        async def main() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                try:
+                    await op(np.ones(2))
+                except Exception as e:
+                    swallowed.append(e)
+
+        threads = threading.active_count()
+        with pytest.raises(KeyboardInterrupt):
+            trio.run(main)
+        assert swallowed == []
+        assert threading.active_count() == threads
+
 
 class TestLoopThreadUnderTrio:
     def test_the_loop_thread_is_the_loop_lane_and_parallel_info_says_trio(self) -> None:

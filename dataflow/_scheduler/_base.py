@@ -12,9 +12,10 @@ from .. import _blas
 from .. import _graphstate as gs
 from .._errors import (
     CancelledTaskError,
+    TaskError,
 )
 from .._instrument import ACTIVE, GENERATION, HOOKED, Scope
-from .._pool import GRAPH_LOCK, InteropPool
+from .._pool import GRAPH_LOCK, InteropPool, current_pool
 from .._protect import thaw
 from .._record import Recorder
 from .._task import (
@@ -32,7 +33,20 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
     from ._requests import _Owner
 
-__all__ = ["SchedulerBase"]
+__all__ = ["SchedulerBase", "stops_here"]
+
+
+def stops_here(exc: BaseException, err: TaskError) -> bool:
+    """Whether ``exc``, which a kernel raised (its task failed with ``err``), stops the process
+    here: a KeyboardInterrupt or SystemExit off the pools, on the thread that dispatched or
+    awaits (the event loop's). Ctrl-C lands on the main thread, in whatever kernel it runs, so
+    it propagates, as from a forked coroutine or outside a runtime, once the task has failed;
+    ``err`` then counts as observed. On a pool thread the task keeps it (docs/hardening.md).
+    """
+    if isinstance(exc, KeyboardInterrupt | SystemExit) and current_pool() is None:
+        err.observed = True
+        return True
+    return False
 
 
 class SchedulerBase:
