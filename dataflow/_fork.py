@@ -25,6 +25,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import threading
 import time
 import types
 import weakref
@@ -150,6 +151,11 @@ class TaskFuture(Future[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._state == _RUNNING:
+            if threading.get_ident() != self._host.thread_id:
+                raise DataflowError(
+                    f"forked task {self.name} belongs to a runtime on another event loop; "
+                    "await it there (futures cannot move between event loops or threads)"
+                )
             waiter = self._host.waiter()
             if self._waiters is None:
                 self._waiters = [waiter]

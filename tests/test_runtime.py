@@ -752,6 +752,44 @@ class TestCrossRuntime:
         assert not t.is_alive()
         assert got and "boom after the gate" in got[0]
 
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("other", ["asyncio", "trio"])
+    def test_a_fork_awaited_on_another_loop_is_refused_by_name(self, other: str) -> None:
+        """A running fork's future awaited on another thread's loop raises a DataflowError
+        naming the task, as a pending value does; it was asyncio's bare RuntimeError about
+        a future "attached to a different loop" (or trio's refusal of an asyncio future)."""
+        release = threading.Event()
+        got: list[BaseException] = []
+
+        async def slow() -> int:
+            await asyncio.to_thread(release.wait, 10)
+            return 7
+
+        async def elsewhere(fut: Any) -> None:
+            try:
+                await fut
+            except BaseException as exc:
+                got.append(exc)
+
+        def await_there(fut: Any) -> None:
+            if other == "trio":
+                trio = pytest.importorskip("trio")
+                trio.run(elsewhere, fut)
+            else:
+                asyncio.run(elsewhere(fut))
+
+        async def main() -> int:
+            fut = dataflow.fork(slow)
+            t = threading.Thread(target=await_there, args=(fut,))
+            t.start()
+            await asyncio.to_thread(t.join, 10)
+            release.set()
+            return await fut
+
+        assert dataflow.run(main, loop="asyncio") == 7
+        assert len(got) == 1 and isinstance(got[0], DataflowError), got
+        assert "slow#" in str(got[0]) and "another event loop" in str(got[0])
+
 
 def _held(x: Any) -> Any:
     import time
