@@ -205,7 +205,10 @@ async def _run_forked(
         fut._rt.failures.append(err)
         fut._settle(_FAILED, err)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise  # the process is being stopped: let the loop see it, as asyncio does
+            # The process is being stopped: let the loop see it, as asyncio does. It is
+            # reported by stopping the program, not again as a failure nobody awaited.
+            err.observed = True
+            raise
     else:
         fut._settle(_DONE, value)
     finally:
@@ -313,7 +316,7 @@ def _fork_async(
     fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
     if host.library == "asyncio":
         # Cancelled before it started, the coroutine never ran to settle its future.
-        fut._handle.add_done_callback(functools.partial(_cancelled_early, fut))
+        fut._handle.add_done_callback(functools.partial(_task_done, fut))
     sched = rt._sched
     if ACTIVE or sched.watching:
         fut._started = time.perf_counter_ns()
@@ -321,9 +324,13 @@ def _fork_async(
     return fut
 
 
-def _cancelled_early(fut: TaskFuture[Any], task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
+def _task_done(fut: TaskFuture[Any], task: asyncio.Task[Any]) -> None:
+    if task.cancelled():  # cancelled before it started: the coroutine never settled it
         fut._settle(_CANCELLED, None)
+    elif fut._state == _FAILED:
+        # It raised KeyboardInterrupt or SystemExit (``_run_forked``), which the loop lets
+        # through: retrieved here, so asyncio does not log it again when the task is freed.
+        task.exception()
 
 
 async def wait(fut: Future[T]) -> T:

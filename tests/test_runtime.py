@@ -385,6 +385,30 @@ class TestErrors:
             dataflow.run(main, loop=loop)
         assert isinstance(info.value.__cause__, TaskError)
 
+    @pytest.mark.parametrize("exc", [SystemExit(5), KeyboardInterrupt()], ids=repr)
+    def test_a_fork_that_stops_the_program_is_reported_once(
+        self, exc: BaseException, loop: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A fork raising SystemExit or KeyboardInterrupt stops dataflow.run with it, and
+        that is all: it was logged again as a failure nobody awaited, and asyncio logged
+        "Task exception was never retrieved" with its traceback once the task was freed."""
+        import gc
+
+        from structlog.testing import capture_logs
+
+        async def stop() -> None:
+            raise exc
+
+        async def main() -> None:
+            dataflow.fork(stop)
+            await asyncio.sleep(30)
+
+        with capture_logs() as logs, pytest.raises(type(exc)):
+            dataflow.run(main, loop=loop)
+        gc.collect()  # (the finished task's finalizer, where asyncio logs what was left)
+        assert logs == []
+        assert "never retrieved" not in caplog.text
+
     def test_unawaited_task_runs_to_end(self, loop: str) -> None:
         """A forked task nobody waits for still runs to the end before run() returns."""
         done: list[str] = []
