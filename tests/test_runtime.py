@@ -972,3 +972,33 @@ class TestStoppingTheProcessOnTheLoop:
                 sched.drain()  # a raises on this thread; b must not be lost
         assert a.done() and b.done()
         assert isinstance(b.exception(), CancelledTaskError)
+
+    @pytest.mark.timeout(30)
+    def test_an_interrupt_from_a_fork_closes_the_runtime(self, loop: str) -> None:
+        """A KeyboardInterrupt a forked coroutine raises leaves dataflow.run once the
+        runtime has closed: running kernels waited for, the pool's threads joined. It was
+        taken for a second Ctrl-C (the loop left as it was), so the runtime stayed open
+        and its pool's threads ran on after dataflow.run had returned."""
+        from dataflow._pool import shared_pool_size
+
+        done: list[int] = []
+
+        def kernel() -> None:
+            time.sleep(0.05)
+            done.append(1)
+
+        async def stop() -> None:
+            await asyncio.sleep(0)
+            raise KeyboardInterrupt
+
+        async def main() -> None:
+            dataflow.fork(kernel)
+            dataflow.fork(stop)
+            await asyncio.sleep(30)
+
+        threads = threading.active_count()
+        with pytest.raises(KeyboardInterrupt):
+            dataflow.run(main, interop_threads=2, loop=loop)
+        assert threading.active_count() == threads
+        assert shared_pool_size() is None
+        assert dataflow.current_runtime() is None
