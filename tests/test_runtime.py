@@ -657,6 +657,42 @@ class TestMemory:
             gc.enable()
 
 
+class TestFailuresKept:
+    @pytest.mark.asyncio
+    async def test_a_long_lived_runtime_lets_go_of_handled_failures(self) -> None:
+        """A server's requests that fail and handle their error: the runtime kept every
+        error, its traceback and the arrays its frames held, for its whole life."""
+        import gc
+        import weakref
+
+        first: list[Any] = []
+        async with dataflow.Runtime(interop_threads=2) as rt:
+            for i in range(300):
+                x = np.ones(3)
+                if i == 0:
+                    first.append(weakref.ref(x))
+                with pytest.raises(ValueError):
+                    await boom(x)
+            del x
+            gc.collect()
+            assert first[0]() is None
+            assert len(rt.failures) < 64
+
+    def test_every_unobserved_failure_is_still_reported(self, loop: str) -> None:
+        """Letting go of the observed failures keeps every unobserved one for the exit."""
+
+        async def main() -> None:
+            for _ in range(100):
+                boom(np.ones(2))  # never awaited
+                with pytest.raises(ValueError):
+                    await boom(np.ones(2))
+
+        with pytest.raises(UnobservedTaskError) as info:
+            dataflow.run(main, loop=loop)
+        assert len(info.value.errors) == 100
+        assert all(not e.observed for e in info.value.errors)  # type: ignore[attr-defined]
+
+
 class TestLoopRuntime:
     @pytest.mark.asyncio
     async def test_tasks_outside_the_context_find_the_loops_runtime(self) -> None:
