@@ -83,6 +83,7 @@ class TaskFuture(Future[T]):
         "_handle",
         "_host",
         "_outcome",
+        "_prune_at",
         "_rt",
         "_started",
         "_state",
@@ -99,6 +100,7 @@ class TaskFuture(Future[T]):
         # Made on first use (most forks are awaited once, and fork nothing themselves).
         self._waiters: list[Any] | None = None
         self._children: list[Future[Any]] | None = None
+        self._prune_at = 64  # the children's count at which the finished ones are let go
         self._handle: Any = None
         self._started = 0  # perf_counter_ns when forked, while something observes
 
@@ -264,10 +266,17 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if task.state < DONE:
             task.handles = weakref.ref(fut)
     if parent is not None:
-        if parent._children is None:
+        children = parent._children
+        if children is None:
             parent._children = [fut]
         else:
-            parent._children.append(fut)
+            children.append(fut)
+            if len(children) >= parent._prune_at:
+                # Only running children need cancelling with their parent: let go of the
+                # finished ones (and their values), or a long-lived fork that forks and
+                # awaits children one after another kept them all.
+                children[:] = [c for c in children if not c.done()]
+                parent._prune_at = max(64, 2 * len(children))
     return fut
 
 
