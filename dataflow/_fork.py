@@ -321,12 +321,23 @@ def _fork_async(
             "the runtime's event loop (not from a worker thread or another loop); fork a plain "
             "function there instead"
         )
+    sched = rt._sched
+    if sched.closed or sched.draining:  # as ops are refused: nobody would own the task
+        raise DataflowError(
+            f"fork({_fn_name(fn)}): this runtime is "
+            + (
+                "closed; start a new one"
+                if sched.closed
+                else "closing (its `async with` block ended and its forks have finished): "
+                "fork from a task that outlives the block into a runtime that does, or end "
+                "that task inside the block"
+            )
+        )
     fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}", rt)
     fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
     if host.library == "asyncio":
         # Cancelled before it started, the coroutine never ran to settle its future.
         fut._handle.add_done_callback(functools.partial(_task_done, fut))
-    sched = rt._sched
     if ACTIVE or sched.watching:
         fut._started = time.perf_counter_ns()
         sched.emit("fork", fut.name, parent.name if parent is not None else None)

@@ -950,6 +950,43 @@ class TestExitWhileOthersDispatch:
         # ("closing" while it drains; "closed" for a worker that dispatches again only after)
         assert all("this runtime is clos" in e for e in errors), errors
 
+    @pytest.mark.timeout(30)
+    @pytest.mark.timeout(30)
+    def test_a_fork_from_such_a_task_is_refused_as_its_ops_are(self) -> None:
+        """Forking an async function from a task that outlives the block, once the block's
+        own forks have finished (or after the exit), is refused like an op: it spawned a
+        coroutine nobody owned, which ran on after the runtime had closed."""
+        said: list[str] = []
+        ran_after_close: list[int] = []
+        closed = asyncio.Event()
+
+        async def child() -> None:
+            if closed.is_set():
+                ran_after_close.append(1)
+
+        async def background() -> None:
+            # Its first step runs once the block's exit waits for the graph to drain (the
+            # body never awaited: no forks to wait for).
+            for _ in range(2):
+                try:
+                    await dataflow.fork(child)
+                except DataflowError as exc:
+                    said.append(str(exc))
+                await closed.wait()
+
+        async def main() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                bg = asyncio.create_task(background())
+                sleep_op(np.ones(2), 0.05)  # the exit drains for it
+            closed.set()
+            await bg
+
+        asyncio.run(main())
+        assert ran_after_close == []
+        assert len(said) == 2, said
+        assert "fork(" in said[0] and "this runtime is closing" in said[0], said
+        assert "this runtime is closed" in said[1], said
+
 
 class TestOutOfOrderExit:
     def test_no_closed_runtime_is_current_after_exits_out_of_order(self) -> None:
