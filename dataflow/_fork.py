@@ -149,7 +149,17 @@ class TaskFuture(Future[T]):
     def cancel(self) -> bool:
         if self._state != _RUNNING or self._handle is None:
             return False
-        return self._host.cancel(self._handle)
+        host = self._host
+        if threading.get_ident() != host.thread_id:
+            # From another thread (a plain fork, a kernel): neither an asyncio task nor a
+            # trio cancel scope may be cancelled there, so the loop does it, soon. True says
+            # the cancellation was requested, as asyncio's Task.cancel() does.
+            try:
+                host.call_soon(self.cancel)
+            except RuntimeError:  # the loop is closed: nothing is left to cancel
+                return False
+            return True
+        return host.cancel(self._handle)
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._state == _RUNNING:

@@ -536,6 +536,41 @@ class TestCancellation:
         assert not [t for t in threading.enumerate() if t.name.startswith("interop")]
 
 
+def _cancel_and_hold(fut: Any, release: threading.Event) -> bool:
+    said = bool(fut.cancel())
+    release.wait(10)  # (no wake-up of the loop from this thread meanwhile)
+    return said
+
+
+class TestCancelFromAnotherThread:
+    @pytest.mark.timeout(60)
+    def test_a_plain_fork_cancels_a_running_async_fork(self, loop: str) -> None:
+        """A running fork's future cancelled from a pool thread (a plain fork): the loop
+        cancels it at once. Task.cancel() was called on that thread, which asyncio does not
+        allow: the loop, asleep, noticed only at its next wake-up (here, the plain fork's
+        end, which waits until the program has seen the cancellation)."""
+        release = threading.Event()
+
+        async def sleeper() -> str:
+            await asyncio.sleep(20)
+            return "slept"
+
+        async def main() -> tuple[bool, bool]:
+            f = dataflow.fork(sleeper)
+            await asyncio.sleep(0.01)  # it sleeps
+            timer = threading.Timer(5, release.set)  # (the old code: noticed after this)
+            timer.start()
+            c = dataflow.fork(_cancel_and_hold, f, release)
+            with pytest.raises(CancelledTaskError):
+                await f
+            seen_first = not release.is_set()
+            timer.cancel()
+            release.set()
+            return seen_first, await c
+
+        assert dataflow.run(main, interop_threads=1, loop=loop) == (True, True)
+
+
 class TestContextVars:
     def test_visible_in_tasks_and_threads(self, loop: str) -> None:
         """contextvars set by the caller are seen by forked coroutines and pool threads."""

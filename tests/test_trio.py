@@ -177,6 +177,32 @@ class TestUnobservedBaseException:
         assert isinstance(info.value.__cause__.__cause__, Stop)
 
 
+def _cancel_later(fut: Any) -> bool:
+    return bool(fut.cancel())
+
+
+class TestCancelFromAnotherThreadUnderTrio:
+    @pytest.mark.timeout(60)
+    def test_a_plain_fork_cancels_a_running_async_fork(self) -> None:
+        """A running fork's cancel scope cancelled from a pool thread: the trio thread does
+        it. It raised trio's RuntimeError ("must be called from async context") there."""
+        import trio
+
+        async def sleeper() -> str:
+            await trio.sleep(20)
+            return "slept"
+
+        async def main() -> bool:
+            async with dataflow.Runtime(interop_threads=1):
+                f = dataflow.fork(sleeper)
+                said = await dataflow.fork(_cancel_later, f)
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await f
+                return said
+
+        assert trio.run(main) is True
+
+
 class TestBatchedCallersUnderTrio:
     def test_a_cancelled_caller_stops_its_running_batch(self) -> None:
         """Under trio too, the lone caller of a running compiled batch can be cancelled (its
