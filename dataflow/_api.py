@@ -204,13 +204,20 @@ def run(
             return _Value(await materialize(result))
 
     runner = asyncio.Runner(loop_factory=factory)
+    body = _main()
     stuck = False
     try:
-        return runner.run(_main()).value
+        return runner.run(body).value
     except KeyboardInterrupt:
-        # A second Ctrl-C, while the first one's clean-up waits for a kernel that does not
-        # return: leave now (docs/hardening.md); the stuck loop is left unclosed.
-        stuck = any(not t.done() for t in asyncio.all_tasks(runner.get_loop()))
+        # A second Ctrl-C, while the first one's clean-up (the Runner cancelled the body)
+        # waits for a kernel that does not return: leave now (docs/hardening.md); the stuck
+        # loop is left unclosed. Any other interrupt (raised by a fork, or by a kernel on the
+        # loop's thread) is cleaned up as a first Ctrl-C is: closing the runner cancels the
+        # body, so the runtime drops queued work, waits for running kernels, joins threads.
+        stuck = any(
+            t.get_coro() is body and not t.done() and t.cancelling() > 0
+            for t in asyncio.all_tasks(runner.get_loop())
+        )
         raise
     finally:
         if not stuck:

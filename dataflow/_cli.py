@@ -25,6 +25,7 @@ import click
 
 from ._cli_hooks import run_hooks
 from ._cli_trace import trace_group
+from ._errors import DataflowError
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
 from .graph._commands import graph_group
 
@@ -306,7 +307,12 @@ def _print_user_traceback(exc: BaseException) -> None:
 @cli.command()
 def info() -> None:
     """Print the thread settings, BLAS and event loop (parallel_info())."""
-    click.echo(parallel_info())
+    try:
+        text = parallel_info()
+    except DataflowError as exc:  # a bad setting in the environment: say which, no traceback
+        click.echo(f"dataflow info: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    click.echo(text)
 
 
 # `dataflow trace summary/render`: saved trace files (_cli_trace).

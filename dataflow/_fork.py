@@ -25,6 +25,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import threading
 import time
 import types
 import weakref
@@ -82,6 +83,7 @@ class TaskFuture(Future[T]):
         "_handle",
         "_host",
         "_outcome",
+        "_prune_at",
         "_rt",
         "_started",
         "_state",
@@ -98,6 +100,7 @@ class TaskFuture(Future[T]):
         # Made on first use (most forks are awaited once, and fork nothing themselves).
         self._waiters: list[Any] | None = None
         self._children: list[Future[Any]] | None = None
+        self._prune_at = 64  # the children's count at which the finished ones are let go
         self._handle: Any = None
         self._started = 0  # perf_counter_ns when forked, while something observes
 
@@ -146,10 +149,25 @@ class TaskFuture(Future[T]):
     def cancel(self) -> bool:
         if self._state != _RUNNING or self._handle is None:
             return False
-        return self._host.cancel(self._handle)
+        host = self._host
+        if threading.get_ident() != host.thread_id:
+            # From another thread (a plain fork, a kernel): neither an asyncio task nor a
+            # trio cancel scope may be cancelled there, so the loop does it, soon. True says
+            # the cancellation was requested, as asyncio's Task.cancel() does.
+            try:
+                host.call_soon(self.cancel)
+            except RuntimeError:  # the loop is closed: nothing is left to cancel
+                return False
+            return True
+        return host.cancel(self._handle)
 
     def __await__(self) -> Generator[Any, None, T]:
         if self._state == _RUNNING:
+            if threading.get_ident() != self._host.thread_id:
+                raise DataflowError(
+                    f"forked task {self.name} belongs to a runtime on another event loop; "
+                    "await it there (futures cannot move between event loops or threads)"
+                )
             waiter = self._host.waiter()
             if self._waiters is None:
                 self._waiters = [waiter]
@@ -199,7 +217,10 @@ async def _run_forked(
         fut._rt.failures.append(err)
         fut._settle(_FAILED, err)
         if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise  # the process is being stopped: let the loop see it, as asyncio does
+            # The process is being stopped: let the loop see it, as asyncio does. It is
+            # reported by stopping the program, not again as a failure nobody awaited.
+            err.observed = True
+            raise
     else:
         fut._settle(_DONE, value)
     finally:
@@ -255,10 +276,17 @@ def fork(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         if task.state < DONE:
             task.handles = weakref.ref(fut)
     if parent is not None:
-        if parent._children is None:
+        children = parent._children
+        if children is None:
             parent._children = [fut]
         else:
-            parent._children.append(fut)
+            children.append(fut)
+            if len(children) >= parent._prune_at:
+                # Only running children need cancelling with their parent: let go of the
+                # finished ones (and their values), or a long-lived fork that forks and
+                # awaits children one after another kept them all.
+                children[:] = [c for c in children if not c.done()]
+                parent._prune_at = max(64, 2 * len(children))
     return fut
 
 
@@ -303,21 +331,36 @@ def _fork_async(
             "the runtime's event loop (not from a worker thread or another loop); fork a plain "
             "function there instead"
         )
+    sched = rt._sched
+    if sched.closed or sched.draining:  # as ops are refused: nobody would own the task
+        raise DataflowError(
+            f"fork({_fn_name(fn)}): this runtime is "
+            + (
+                "closed; start a new one"
+                if sched.closed
+                else "closing (its `async with` block ended and its forks have finished): "
+                "fork from a task that outlives the block into a runtime that does, or end "
+                "that task inside the block"
+            )
+        )
     fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}", rt)
     fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
     if host.library == "asyncio":
         # Cancelled before it started, the coroutine never ran to settle its future.
-        fut._handle.add_done_callback(functools.partial(_cancelled_early, fut))
-    sched = rt._sched
+        fut._handle.add_done_callback(functools.partial(_task_done, fut))
     if ACTIVE or sched.watching:
         fut._started = time.perf_counter_ns()
         sched.emit("fork", fut.name, parent.name if parent is not None else None)
     return fut
 
 
-def _cancelled_early(fut: TaskFuture[Any], task: asyncio.Task[Any]) -> None:
-    if task.cancelled():
+def _task_done(fut: TaskFuture[Any], task: asyncio.Task[Any]) -> None:
+    if task.cancelled():  # cancelled before it started: the coroutine never settled it
         fut._settle(_CANCELLED, None)
+    elif fut._state == _FAILED:
+        # It raised KeyboardInterrupt or SystemExit (``_run_forked``), which the loop lets
+        # through: retrieved here, so asyncio does not log it again when the task is freed.
+        task.exception()
 
 
 async def wait(fut: Future[T]) -> T:

@@ -275,3 +275,22 @@ class TestInfo:
         )
         assert r.returncode == 0, r.stderr
         assert "WARNING" not in r.stdout
+
+    def test_a_bad_setting_in_the_environment_is_one_line(self) -> None:
+        """`dataflow info` under a bad $DATAFLOW_NUM_INTEROP_THREADS says which, in one line
+        (`Type: message`), and exits 1; it printed a traceback."""
+        env = {**os.environ, "DATAFLOW_NUM_INTEROP_THREADS": "abc"}
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "info"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=env,
+        )
+        assert r.returncode == 1, r.stderr
+        assert "Traceback" not in r.stderr
+        assert r.stderr.strip() == (
+            "dataflow info: error: DataflowValueError: $DATAFLOW_NUM_INTEROP_THREADS must be "
+            "a positive int, got 'abc'"
+        )

@@ -8,6 +8,7 @@ import functools
 import inspect
 import queue
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -17,6 +18,7 @@ import pytest
 import dataflow
 from dataflow import (
     CancelledTaskError,
+    Cost,
     DataflowError,
     NoRuntimeError,
     NotReadyError,
@@ -25,6 +27,8 @@ from dataflow import (
 )
 from dataflow._task import RUNNING
 from tests._helpers import (
+    Arr,
+    Spec,
     add,
     boom,
     fail_after,
@@ -381,6 +385,30 @@ class TestErrors:
             dataflow.run(main, loop=loop)
         assert isinstance(info.value.__cause__, TaskError)
 
+    @pytest.mark.parametrize("exc", [SystemExit(5), KeyboardInterrupt()], ids=repr)
+    def test_a_fork_that_stops_the_program_is_reported_once(
+        self, exc: BaseException, loop: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A fork raising SystemExit or KeyboardInterrupt stops dataflow.run with it, and
+        that is all: it was logged again as a failure nobody awaited, and asyncio logged
+        "Task exception was never retrieved" with its traceback once the task was freed."""
+        import gc
+
+        from structlog.testing import capture_logs
+
+        async def stop() -> None:
+            raise exc
+
+        async def main() -> None:
+            dataflow.fork(stop)
+            await asyncio.sleep(30)
+
+        with capture_logs() as logs, pytest.raises(type(exc)):
+            dataflow.run(main, loop=loop)
+        gc.collect()  # (the finished task's finalizer, where asyncio logs what was left)
+        assert logs == []
+        assert "never retrieved" not in caplog.text
+
     def test_unawaited_task_runs_to_end(self, loop: str) -> None:
         """A forked task nobody waits for still runs to the end before run() returns."""
         done: list[str] = []
@@ -508,6 +536,41 @@ class TestCancellation:
         assert not [t for t in threading.enumerate() if t.name.startswith("interop")]
 
 
+def _cancel_and_hold(fut: Any, release: threading.Event) -> bool:
+    said = bool(fut.cancel())
+    release.wait(10)  # (no wake-up of the loop from this thread meanwhile)
+    return said
+
+
+class TestCancelFromAnotherThread:
+    @pytest.mark.timeout(60)
+    def test_a_plain_fork_cancels_a_running_async_fork(self, loop: str) -> None:
+        """A running fork's future cancelled from a pool thread (a plain fork): the loop
+        cancels it at once. Task.cancel() was called on that thread, which asyncio does not
+        allow: the loop, asleep, noticed only at its next wake-up (here, the plain fork's
+        end, which waits until the program has seen the cancellation)."""
+        release = threading.Event()
+
+        async def sleeper() -> str:
+            await asyncio.sleep(20)
+            return "slept"
+
+        async def main() -> tuple[bool, bool]:
+            f = dataflow.fork(sleeper)
+            await asyncio.sleep(0.01)  # it sleeps
+            timer = threading.Timer(5, release.set)  # (the old code: noticed after this)
+            timer.start()
+            c = dataflow.fork(_cancel_and_hold, f, release)
+            with pytest.raises(CancelledTaskError):
+                await f
+            seen_first = not release.is_set()
+            timer.cancel()
+            release.set()
+            return seen_first, await c
+
+        assert dataflow.run(main, interop_threads=1, loop=loop) == (True, True)
+
+
 class TestContextVars:
     def test_visible_in_tasks_and_threads(self, loop: str) -> None:
         """contextvars set by the caller are seen by forked coroutines and pool threads."""
@@ -629,6 +692,104 @@ class TestMemory:
             gc.enable()
 
 
+class TestFailuresKept:
+    @pytest.mark.asyncio
+    async def test_a_long_lived_runtime_lets_go_of_handled_failures(self) -> None:
+        """A server's requests that fail and handle their error: the runtime kept every
+        error, its traceback and the arrays its frames held, for its whole life."""
+        import gc
+        import weakref
+
+        first: list[Any] = []
+        async with dataflow.Runtime(interop_threads=2) as rt:
+            for i in range(300):
+                x = np.ones(3)
+                if i == 0:
+                    first.append(weakref.ref(x))
+                with pytest.raises(ValueError):
+                    await boom(x)
+            del x
+            gc.collect()
+            assert first[0]() is None
+            assert len(rt.failures) < 64
+
+    def test_every_unobserved_failure_is_still_reported(self, loop: str) -> None:
+        """Letting go of the observed failures keeps every unobserved one for the exit."""
+
+        async def main() -> None:
+            for _ in range(100):
+                boom(np.ones(2))  # never awaited
+                with pytest.raises(ValueError):
+                    await boom(np.ones(2))
+
+        with pytest.raises(UnobservedTaskError) as info:
+            dataflow.run(main, loop=loop)
+        assert len(info.value.errors) == 100
+        assert all(not e.observed for e in info.value.errors)  # type: ignore[attr-defined]
+
+
+class TestChildrenKept:
+    def test_a_long_lived_fork_lets_go_of_finished_children(self, loop: str) -> None:
+        """A forked coroutine that forks and awaits children one after another (a pipeline
+        stage) kept every child's future and value while it ran: 2 MiB more a pair here."""
+        import gc
+        import weakref
+
+        firsts: list[Any] = []
+
+        async def item() -> Any:
+            return np.ones(1000)
+
+        def plain() -> Any:
+            return np.ones(1000)
+
+        async def stage() -> bool:
+            for i in range(200):
+                a = await dataflow.fork(item)
+                b = await dataflow.fork(plain)
+                if i == 0:
+                    firsts.extend([weakref.ref(a), weakref.ref(b)])
+                del a, b
+            gc.collect()
+            return all(r() is None for r in firsts)
+
+        async def main() -> bool:
+            return await dataflow.fork(stage)
+
+        assert dataflow.run(main, loop=loop)
+
+    def test_running_children_are_still_cancelled_with_their_parent(self, loop: str) -> None:
+        """Letting go of finished children keeps the running ones for a cancellation."""
+        cancelled: list[int] = []
+
+        async def quick() -> None:
+            pass
+
+        async def slow(i: int) -> None:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(i)
+                raise
+
+        async def parent() -> None:
+            for i in range(300):
+                await dataflow.fork(quick)
+                if i % 30 == 0:
+                    dataflow.fork(slow, i)
+            await asyncio.sleep(30)
+
+        async def main() -> None:
+            p = dataflow.fork(parent)
+            await asyncio.sleep(0.05)
+            p.cancel()
+            with pytest.raises(CancelledTaskError):
+                await p
+
+        dataflow.run(main, loop=loop)
+        assert sorted(cancelled) == list(range(0, 300, 30))
+
+
 class TestLoopRuntime:
     @pytest.mark.asyncio
     async def test_tasks_outside_the_context_find_the_loops_runtime(self) -> None:
@@ -748,6 +909,44 @@ class TestCrossRuntime:
         assert not t.is_alive()
         assert got and "boom after the gate" in got[0]
 
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("other", ["asyncio", "trio"])
+    def test_a_fork_awaited_on_another_loop_is_refused_by_name(self, other: str) -> None:
+        """A running fork's future awaited on another thread's loop raises a DataflowError
+        naming the task, as a pending value does; it was asyncio's bare RuntimeError about
+        a future "attached to a different loop" (or trio's refusal of an asyncio future)."""
+        release = threading.Event()
+        got: list[BaseException] = []
+
+        async def slow() -> int:
+            await asyncio.to_thread(release.wait, 10)
+            return 7
+
+        async def elsewhere(fut: Any) -> None:
+            try:
+                await fut
+            except BaseException as exc:
+                got.append(exc)
+
+        def await_there(fut: Any) -> None:
+            if other == "trio":
+                trio = pytest.importorskip("trio")
+                trio.run(elsewhere, fut)
+            else:
+                asyncio.run(elsewhere(fut))
+
+        async def main() -> int:
+            fut = dataflow.fork(slow)
+            t = threading.Thread(target=await_there, args=(fut,))
+            t.start()
+            await asyncio.to_thread(t.join, 10)
+            release.set()
+            return await fut
+
+        assert dataflow.run(main, loop="asyncio") == 7
+        assert len(got) == 1 and isinstance(got[0], DataflowError), got
+        assert "slow#" in str(got[0]) and "another event loop" in str(got[0])
+
 
 def _held(x: Any) -> Any:
     import time
@@ -786,6 +985,43 @@ class TestExitWhileOthersDispatch:
         # ("closing" while it drains; "closed" for a worker that dispatches again only after)
         assert all("this runtime is clos" in e for e in errors), errors
 
+    @pytest.mark.timeout(30)
+    @pytest.mark.timeout(30)
+    def test_a_fork_from_such_a_task_is_refused_as_its_ops_are(self) -> None:
+        """Forking an async function from a task that outlives the block, once the block's
+        own forks have finished (or after the exit), is refused like an op: it spawned a
+        coroutine nobody owned, which ran on after the runtime had closed."""
+        said: list[str] = []
+        ran_after_close: list[int] = []
+        closed = asyncio.Event()
+
+        async def child() -> None:
+            if closed.is_set():
+                ran_after_close.append(1)
+
+        async def background() -> None:
+            # Its first step runs once the block's exit waits for the graph to drain (the
+            # body never awaited: no forks to wait for).
+            for _ in range(2):
+                try:
+                    await dataflow.fork(child)
+                except DataflowError as exc:
+                    said.append(str(exc))
+                await closed.wait()
+
+        async def main() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                bg = asyncio.create_task(background())
+                sleep_op(np.ones(2), 0.05)  # the exit drains for it
+            closed.set()
+            await bg
+
+        asyncio.run(main())
+        assert ran_after_close == []
+        assert len(said) == 2, said
+        assert "fork(" in said[0] and "this runtime is closing" in said[0], said
+        assert "this runtime is closed" in said[1], said
+
 
 class TestOutOfOrderExit:
     def test_no_closed_runtime_is_current_after_exits_out_of_order(self) -> None:
@@ -805,3 +1041,134 @@ class TestOutOfOrderExit:
         between, b, after = asyncio.run(main())
         assert between is b  # (the one still open)
         assert after is None
+
+
+def _stop_kernel(x: Any, exc: type[BaseException]) -> Any:
+    raise exc
+
+
+def _same_spec(x: Any, *_: Any) -> Spec:
+    return Spec(np.shape(x), np.dtype(float))
+
+
+# The same stopping kernel as an op run at dispatch, as one the loop runs when it awaits it
+# (small and deferred: queued quietly, then taken by the awaiting loop), and as tiny ones a
+# worker hands back to the loop.
+stop_at_dispatch = dataflow.op("stop_at_dispatch", meta=_same_spec, handle=Arr, inline=True)(
+    _stop_kernel
+)
+stop_awaited = dataflow.op(
+    "stop_awaited", meta=_same_spec, handle=Arr, cost=lambda x, e: Cost(4e6)
+)(_stop_kernel)
+handed_stop = dataflow.op("handed_stop", meta=_same_spec, handle=Arr, cost=lambda x, e: Cost(1))(
+    _stop_kernel
+)
+handed_neg = dataflow.op("handed_neg", meta=_same_spec, handle=Arr, cost=lambda x: Cost(1))(
+    np.negative
+)
+
+
+class TestStoppingTheProcessOnTheLoop:
+    """Ctrl-C lands on the main thread, in whatever kernel it runs: a kernel the event loop
+    runs (at dispatch, or when it awaits one) that raises KeyboardInterrupt or SystemExit
+    fails its task and then stops the program, as a forked coroutine's or an eager op's does;
+    it was turned into a TaskError, an Exception that `except Exception` caught, so the
+    program went on as if nothing had been pressed."""
+
+    @pytest.mark.timeout(30)
+    @pytest.mark.parametrize("where", ["dispatch", "awaited", "observed", "synchronous"])
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+    def test_it_propagates_and_the_runtime_closes(
+        self, where: str, exc: type[BaseException], loop: str
+    ) -> None:
+        """The interrupt comes out of dataflow.run; the runtime closed, no failure is logged
+        as unobserved, and the next run works."""
+        stop = stop_awaited if where == "awaited" else stop_at_dispatch
+        swallowed: list[BaseException] = []
+
+        class Hooked(dataflow.Instrument):
+            def task_started(self, ts: int, task: Any) -> None:
+                pass
+
+        async def main() -> None:
+            if where == "observed":  # an instrument with hooks: the full-task inline path
+                rt = dataflow.current_runtime()
+                assert rt is not None
+                rt.add_instrument(Hooked())
+            try:
+                if where == "synchronous":  # a forked plain function, run at the fork
+                    await dataflow.fork(_stop_kernel, np.ones(2), exc)
+                else:
+                    await stop(np.ones(2), exc)
+            except Exception as e:  # what the interrupt must not become
+                swallowed.append(e)
+
+        threads = threading.active_count()
+        interop = 0 if where == "synchronous" else 2
+        with pytest.raises(exc):
+            dataflow.run(main, interop_threads=interop, loop=loop)
+        assert swallowed == []
+        assert threading.active_count() == threads
+        assert dataflow.run(afoo, 1.0, loop=loop) == -1.0
+
+    @pytest.mark.timeout(30)
+    def test_an_interrupt_on_a_pool_thread_stays_in_its_task(self, loop: str) -> None:
+        """On a pool thread (a forked plain function) the task keeps it, as documented."""
+
+        async def main() -> str:
+            with pytest.raises(TaskError, match="KeyboardInterrupt"):
+                await dataflow.fork(_stop_kernel, np.ones(2), KeyboardInterrupt)
+            return "ok"
+
+        assert dataflow.run(main, interop_threads=1, loop=loop) == "ok"
+
+    @pytest.mark.asyncio
+    @pytest.mark.timeout(30)
+    async def test_work_handed_back_to_the_loop_is_not_lost(self) -> None:
+        """Small tasks a worker handed back to the loop, left when one of them stops the
+        loop's thread, go back to the pool: the runtime's exit (the body raised, so it drops
+        them unrun) settles them, where it waited for ever for tasks nobody held."""
+        gate = threading.Event()
+        with pytest.raises(KeyboardInterrupt):
+            async with dataflow.Runtime(interop_threads=1, private_pool=True) as rt:
+                sched = rt._sched
+                first = gated(np.ones(2), gate)
+                a = handed_stop(first, KeyboardInterrupt)
+                b = handed_neg(first)
+                sched._loop_pending_ns = 1 << 62  # the loop "dispatches": hand them back
+                gate.set()
+                while len(sched._handback) < 2:  # (holding the loop, so it runs no drain)
+                    time.sleep(0.001)
+                sched.drain()  # a raises on this thread; b must not be lost
+        assert a.done() and b.done()
+        assert isinstance(b.exception(), CancelledTaskError)
+
+    @pytest.mark.timeout(30)
+    def test_an_interrupt_from_a_fork_closes_the_runtime(self, loop: str) -> None:
+        """A KeyboardInterrupt a forked coroutine raises leaves dataflow.run once the
+        runtime has closed: running kernels waited for, the pool's threads joined. It was
+        taken for a second Ctrl-C (the loop left as it was), so the runtime stayed open
+        and its pool's threads ran on after dataflow.run had returned."""
+        from dataflow._pool import shared_pool_size
+
+        done: list[int] = []
+
+        def kernel() -> None:
+            time.sleep(0.05)
+            done.append(1)
+
+        async def stop() -> None:
+            await asyncio.sleep(0)
+            raise KeyboardInterrupt
+
+        async def main() -> None:
+            dataflow.fork(kernel)
+            dataflow.fork(stop)
+            await asyncio.sleep(30)
+
+        threads = threading.active_count()
+        with pytest.raises(KeyboardInterrupt):
+            dataflow.run(main, interop_threads=2, loop=loop)
+        assert threading.active_count() == threads
+        assert shared_pool_size() is None
+        assert dataflow.current_runtime() is None

@@ -177,6 +177,32 @@ class TestUnobservedBaseException:
         assert isinstance(info.value.__cause__.__cause__, Stop)
 
 
+def _cancel_later(fut: Any) -> bool:
+    return bool(fut.cancel())
+
+
+class TestCancelFromAnotherThreadUnderTrio:
+    @pytest.mark.timeout(60)
+    def test_a_plain_fork_cancels_a_running_async_fork(self) -> None:
+        """A running fork's cancel scope cancelled from a pool thread: the trio thread does
+        it. It raised trio's RuntimeError ("must be called from async context") there."""
+        import trio
+
+        async def sleeper() -> str:
+            await trio.sleep(20)
+            return "slept"
+
+        async def main() -> bool:
+            async with dataflow.Runtime(interop_threads=1):
+                f = dataflow.fork(sleeper)
+                said = await dataflow.fork(_cancel_later, f)
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await f
+                return said
+
+        assert trio.run(main) is True
+
+
 class TestBatchedCallersUnderTrio:
     def test_a_cancelled_caller_stops_its_running_batch(self) -> None:
         """Under trio too, the lone caller of a running compiled batch can be cancelled (its
@@ -353,6 +379,31 @@ class TestStoppingTheProcess:
         with pytest.raises(exc):
             trio.run(main)
         assert seen == ["TaskError"]
+
+    def test_ctrl_c_in_a_kernel_on_the_trio_thread_stops_the_run(self) -> None:
+        """trio raises KeyboardInterrupt in whatever unprotected code the main thread runs:
+        in a kernel run at dispatch it fails the task and leaves trio.run, where it was a
+        TaskError that `except Exception` caught, so Ctrl-C was lost."""
+        import trio
+
+        def interrupted(x: Any) -> Any:
+            raise KeyboardInterrupt
+
+        op = ops.define("interrupted_on_trio", interrupted, ops.spec_of, inline=True)
+        swallowed: list[BaseException] = []
+
+        async def main() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                try:
+                    await op(np.ones(2))
+                except Exception as e:
+                    swallowed.append(e)
+
+        threads = threading.active_count()
+        with pytest.raises(KeyboardInterrupt):
+            trio.run(main)
+        assert swallowed == []
+        assert threading.active_count() == threads
 
 
 class TestLoopThreadUnderTrio:

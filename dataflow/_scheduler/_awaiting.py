@@ -51,9 +51,18 @@ class Awaiting(Execution):
                     self._drain_posted = False
                     return
                 self._handback = []
-            for t in tasks:
-                if self._take(t):
-                    self.execute(t, go_on=False, small_here=True)
+            try:
+                for t in tasks:
+                    if self._take(t):
+                        self.execute(t, go_on=False, small_here=True)
+            except BaseException:  # the process is being stopped here (``stops_here``)
+                with GRAPH_LOCK:  # what is left goes to the pool: nothing is lost
+                    for t in (*tasks, *self._handback):
+                        if t.state == READY:
+                            self.pool.push_locked(t)  # type: ignore[union-attr]
+                    self._handback = []
+                    self._drain_posted = False
+                raise
 
     def completion(self, task: Task) -> Any:
         """An awaitable that completes when ``task`` is done (``await handle``).

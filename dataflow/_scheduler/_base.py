@@ -4,6 +4,7 @@ tasks under the graph lock (see :mod:`dataflow._scheduler` for the policy and th
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -12,9 +13,10 @@ from .. import _blas
 from .. import _graphstate as gs
 from .._errors import (
     CancelledTaskError,
+    TaskError,
 )
 from .._instrument import ACTIVE, GENERATION, HOOKED, Scope
-from .._pool import GRAPH_LOCK, InteropPool
+from .._pool import GRAPH_LOCK, InteropPool, current_pool
 from .._protect import thaw
 from .._record import Recorder
 from .._task import (
@@ -32,7 +34,49 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
     from ._requests import _Owner
 
-__all__ = ["SchedulerBase"]
+__all__ = ["Failures", "SchedulerBase", "stops_here"]
+
+
+def stops_here(exc: BaseException, err: TaskError) -> bool:
+    """Whether ``exc``, which a kernel raised (its task failed with ``err``), stops the process
+    here: a KeyboardInterrupt or SystemExit off the pools, on the thread that dispatched or
+    awaits (the event loop's). Ctrl-C lands on the main thread, in whatever kernel it runs, so
+    it propagates, as from a forked coroutine or outside a runtime, once the task has failed;
+    ``err`` then counts as observed. On a pool thread the task keeps it (docs/hardening.md).
+    """
+    if isinstance(exc, KeyboardInterrupt | SystemExit) and current_pool() is None:
+        err.observed = True
+        return True
+    return False
+
+
+class Failures(list[BaseException]):
+    """A runtime's task failures, reported when it closes unless observed (raised to user
+    code). Observed ones are let go as more arrive: a long-lived runtime (a server) whose
+    requests fail and handle their errors kept every error, with its traceback and the
+    arrays its frames hold, for its whole life (1 MiB more per failed request of 1 MiB).
+
+    ``append`` takes no lock (callers append with and without the graph lock); a thread
+    compacts under a lock of its own, deleting the old entries and putting back the
+    unobserved ones in two list operations, each atomic, so an append meanwhile is kept.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._compact_at = 64
+        self._compacting = threading.Lock()
+
+    def append(self, err: BaseException) -> None:
+        super().append(err)
+        if len(self) >= self._compact_at and self._compacting.acquire(blocking=False):
+            try:
+                n = len(self)
+                kept = [e for e in self[:n] if not getattr(e, "observed", True)]
+                del self[:n]
+                self[0:0] = kept
+                self._compact_at = max(64, 2 * len(self))
+            finally:
+                self._compacting.release()
 
 
 class SchedulerBase:
@@ -68,7 +112,7 @@ class SchedulerBase:
         self._limit = limit
         self._low_water = limit - limit // 10
         self._blocked = 0  # threads other than the loop's held back in _throttle
-        self.failures: list[BaseException] = []
+        self.failures = Failures()
         self.inflight = 0
         self.running = 0
         self.peak_running = 0

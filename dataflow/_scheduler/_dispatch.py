@@ -41,6 +41,7 @@ from ._placement import (
 
 if TYPE_CHECKING:
     pass
+from ._base import stops_here
 from ._limits import Limits
 
 __all__ = ["Scheduler"]
@@ -377,6 +378,8 @@ class Scheduler(Limits):
         with GRAPH_LOCK:
             self.failures.append(err)
             self._fail_locked(task, err, counted=False)
+        if stops_here(exc, err):
+            raise exc
         return task
 
     def _run_inline(self, task: Task) -> Task:
@@ -398,6 +401,8 @@ class Scheduler(Limits):
             with GRAPH_LOCK:
                 self.failures.append(err)
                 self._fail_locked(task, err, counted=False)
+            if stops_here(exc, err):
+                raise
             return task
         self.record(task, start, time.perf_counter_ns(), False)
         task.value = value

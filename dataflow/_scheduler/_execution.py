@@ -29,6 +29,7 @@ from .._task import (
 )
 from .._threads import _cores
 from .._timeout import TimedKernel
+from ._base import stops_here
 from ._placement import (
     FIRST_RUNS,
     HANDBACK_SECONDS,
@@ -258,7 +259,12 @@ class Execution(Requests):
         go_on = (go_on and here is not None) or small_here
         while True:
             sched = task.runtime._sched  # type: ignore[union-attr]
-            mine = sched._execute_one(task, go_on, here)
+            try:
+                mine = sched._execute_one(task, go_on, here)
+            except BaseException:  # the process is being stopped here (``stops_here``)
+                if local:
+                    self._skip_taken(local)
+                raise
             if mine is not None:
                 if local is None:
                     local = deque(mine)
@@ -298,6 +304,8 @@ class Execution(Requests):
                     self.failures.append(err)
                     self._fail_locked(task, err)
                 nxt = self._lane_after_locked(task, here)
+            if here is None and stops_here(exc, err):
+                raise
             return None if nxt is None else [nxt]
         _running.task = None
         if task.frozen is not None:
@@ -345,6 +353,16 @@ class Execution(Requests):
                 d.ready = end
                 self.emit("task_ready", d)
         return mine
+
+    def _skip_taken(self, tasks: deque[Task]) -> None:
+        """The thread stops (``stops_here``) with ``tasks`` taken to run next (RUNNING):
+        they fail unrun, as when the runtime closes, so nothing waits for them for ever."""
+        for task in tasks:
+            thaw(task)
+            skipped = CancelledTaskError(f"{task.name} was not run: its thread was interrupted")
+            with GRAPH_LOCK:
+                task.runtime._sched._fail_locked(task, skipped, ran=False)  # type: ignore[union-attr]
+                self._lane_after_locked(task, None)
 
     def finish_outside_locked(self, task: Task, value: Any) -> list[Task] | None:
         """``task``, counted in flight and not started, got its value elsewhere (a plan's
