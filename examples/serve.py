@@ -14,7 +14,11 @@ Inputs of another length run eagerly (the model's ops dispatched from the handle
 clients cannot make the server compile without limit. The app warms up at startup (compiles,
 measures its ops) and then calls ``gc.freeze()``, so the collector never walks the model's
 long-lived objects again. A request that outlives its deadline is answered 504 and its queued
-ops are dropped (the work runs in a task of its own, cancelled at the deadline).
+ops are dropped (the work runs in a task of its own, cancelled at the deadline); so are those
+of a request whose client disconnected (the server runs with aiohttp's
+``handler_cancellation=True``, ``SERVER_OPTIONS``: by default aiohttp lets the handler run on).
+Input that cannot be used (not JSON, the wrong shape, anything but finite numbers) is answered
+400 with the reason; aiohttp answers 413 to a body over its ``client_max_size`` (1 MiB).
 
 Endpoints:
 
@@ -23,9 +27,9 @@ Endpoints:
 * ``/ensemble/compiled`` (compiled, no batching) and ``/ensemble/eager`` (no compiling), the
   same otherwise, for comparison;
 * ``GET /health``: the config, the runtime, the compiled signatures;
-* ``GET /trace``: the last minute of the runtime's tasks as a Chrome/Perfetto trace (a
-  ``dataflow.Recorder`` stays attached; ``kill -USR1`` writes the same to
-  ``serve-trace-<time>.json``).
+* ``GET /trace``: the last minute of the runtime's tasks (at most 100,000 of them) as a
+  Chrome/Perfetto trace (a ``dataflow.Recorder`` stays attached; ``kill -USR1`` writes the
+  same to ``serve-trace-<time>.json``), written on a thread so that the loop goes on serving.
 
 Each answers a JSON summary of the output (shape, sum, mean, std, min, max, a few values) and
 the time the request took. See docs/serving.md for what a request costs and how to size it.
@@ -69,6 +73,8 @@ Array = np.ndarray[Any, Any]
 
 # Posted inputs larger than this are refused (the server must stay bounded).
 MAX_ELEMENTS = 4_000_000
+# A posted body larger than this is parsed on a thread, not on the event loop.
+PARSE_ON_LOOP_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,9 @@ class ServeConfig:
     max_wait: float = 0.01  # the longest a request waits to join a batch (seconds)
     deadline: float = 10.0  # a request still running after this many seconds gets a 504
     trace_seconds: float = 60.0  # how much of the timeline /trace keeps
+    # ... and at most this many task records of it: by age alone, the buffer (and a dump of
+    # it) grew with the load, hundreds of MB for a minute of a busy eager route.
+    trace_spans: int = 100_000
     warm_up: bool = True  # compile and measure at startup, then gc.freeze()
 
 
@@ -95,6 +104,12 @@ CONTEXT = web.AppKey("context", contextvars.Context)
 COMPILED = web.AppKey("compiled", dataflow.Compiled)
 BATCHED = web.AppKey("batched", dataflow.Compiled)
 RECORDER = web.AppKey("recorder", dataflow.Recorder)
+TRACE_LOCK = web.AppKey("trace_lock", asyncio.Lock)
+
+# What the server is started with (``web.run_app`` in ``main``, the ``AppRunner`` of ``bench``):
+# aiohttp cancels a handler whose client disconnected only when asked, and a cancelled
+# handler is what drops the request's queued ops (see in_runtime).
+SERVER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
 
 
 class BadRequest(ValueError):
@@ -111,7 +126,7 @@ async def _runtime_ctx(app: web.Application) -> AsyncIterator[None]:
         interop_threads=config.interop_threads, intraop_threads=config.intraop_threads
     ) as runtime:
         app[RUNTIME] = runtime
-        recorder = dataflow.Recorder(max_seconds=config.trace_seconds)
+        recorder = dataflow.Recorder(max_seconds=config.trace_seconds, max_spans=config.trace_spans)
         runtime.add_instrument(recorder)
         app[RECORDER] = recorder
         # The runtime is current in this context. Handlers run in tasks aiohttp creates, whose
@@ -154,41 +169,75 @@ def seeded_input(config: ServeConfig, seed: int) -> Array:
 
 
 def _parse_seed(value: Any) -> int:
-    try:
-        seed = int(value)
-    except (TypeError, ValueError):
-        raise BadRequest(f"seed must be an integer, got {value!r}") from None
+    """A request's seed: a non-negative JSON integer, or its decimal text (a query string)."""
+    if type(value) is int:
+        seed = value
+    elif isinstance(value, str) and value.strip().removeprefix("+").isdecimal():
+        try:
+            seed = int(value)
+        except ValueError:  # past Python's 4300 digits
+            raise BadRequest(f"seed is too long: {len(value)} characters") from None
+    else:  # a float (1.5, Infinity, NaN), a boolean, null, a list ...
+        raise BadRequest(f"seed must be a non-negative integer, got {value!r:.40}")
     if seed < 0:
         raise BadRequest(f"seed must be >= 0, got {seed}")
     return seed
+
+
+def _parse_json(raw: bytes, charset: str | None) -> Any:
+    """A request's body as JSON (aiohttp refused one over ``client_max_size`` with a 413)."""
+    try:
+        text = raw.decode(charset or "utf-8")
+    except (LookupError, UnicodeDecodeError) as exc:  # an unknown charset, bad bytes
+        raise BadRequest(f"the body must be JSON text: {exc}") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadRequest("the body must be JSON: it nests too deeply") from None
+    except ValueError as exc:  # not JSON, or an integer of over 4300 digits
+        raise BadRequest(f"the body must be JSON: {exc}") from None
+
+
+def _parse_x(value: Any, channels: int) -> Array:
+    """A posted input: a (steps, batch, channels) nested list of finite float32 numbers."""
+    try:
+        x = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as exc:  # ragged, too deep
+        raise BadRequest(f'"x" must be a nested list of numbers: {exc}') from None
+    if x.dtype.kind not in "iuf":  # strings, booleans, null, objects, huge integers
+        raise BadRequest(f'"x" must be a nested list of numbers, got {x.dtype} values')
+    if x.ndim != 3 or x.shape[2] != channels or 0 in x.shape:
+        raise BadRequest(f'"x" must have shape (steps, batch, {channels}), got {list(x.shape)}')
+    if x.size > MAX_ELEMENTS:
+        raise BadRequest(f'"x" has {x.size} elements; the limit is {MAX_ELEMENTS}')
+    if not np.isfinite(x).all() or np.abs(x).max() > np.finfo(np.float32).max:
+        raise BadRequest('"x" must hold finite float32 numbers (no NaN, Infinity, or 1e39)')
+    return x.astype(np.float32)
+
+
+def parse_body(raw: bytes, charset: str | None, config: ServeConfig) -> tuple[Array, int | None]:
+    """A posted body's input array and its seed (None for a posted array)."""
+    body = _parse_json(raw, charset)
+    if not isinstance(body, dict) or ("x" in body) == ("seed" in body):
+        raise BadRequest('post a JSON object with either "seed" or "x"')
+    if "seed" in body:
+        seed = _parse_seed(body["seed"])
+        return seeded_input(config, seed), seed
+    return _parse_x(body["x"], config.channels), None
 
 
 async def read_input(request: web.Request) -> tuple[Array, int | None]:
     """The request's input array and its seed (None for a posted array)."""
     config = request.app[CONFIG]
     if request.method == "GET":
-        seed = _parse_seed(request.query.get("seed", 0))
+        seed = _parse_seed(request.query.get("seed", "0"))
         return seeded_input(config, seed), seed
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the body must be JSON: {exc}") from None
-    if not isinstance(body, dict) or ("x" in body) == ("seed" in body):
-        raise BadRequest('post a JSON object with either "seed" or "x"')
-    if "seed" in body:
-        seed = _parse_seed(body["seed"])
-        return seeded_input(config, seed), seed
-    try:
-        x = np.asarray(body["x"], dtype=np.float32)
-    except (TypeError, ValueError) as exc:
-        raise BadRequest(f'"x" must be a nested list of numbers: {exc}') from None
-    if x.ndim != 3 or x.shape[2] != config.channels or 0 in x.shape:
-        raise BadRequest(
-            f'"x" must have shape (steps, batch, {config.channels}), got {list(x.shape)}'
-        )
-    if x.size > MAX_ELEMENTS:
-        raise BadRequest(f'"x" has {x.size} elements; the limit is {MAX_ELEMENTS}')
-    return x, None
+    raw = await request.read()
+    if len(raw) > PARSE_ON_LOOP_BYTES:
+        # Parsing a big body takes milliseconds (20 ms for 1 MiB of numbers): on a thread, so
+        # that the loop goes on serving meanwhile.
+        return await asyncio.to_thread(parse_body, raw, request.charset, config)
+    return parse_body(raw, request.charset, config)
 
 
 def summarize(y: Array) -> dict[str, Any]:
@@ -268,27 +317,40 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 def dump_trace(app: web.Application, path: str) -> str:
-    """Write the recorder's buffer (the last ``trace_seconds`` of tasks) to ``path``."""
+    """Write the recorder's buffer (the last ``trace_seconds`` of tasks, at most
+    ``trace_spans`` of them) to ``path``.
+
+    Building and writing a minute of a busy server's tasks takes a while (tens of thousands of
+    spans): call it on a thread, never on the event loop (``handle_trace`` and the ``USR1``
+    handler do)."""
     app[RECORDER].dump(path)
     return path
 
 
+def _trace_body(app: web.Application) -> bytes:
+    """The recorder's buffer as Chrome trace JSON (on a thread: see :func:`dump_trace`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = dump_trace(app, f"{tmp}/trace.json")
+        return Path(path).read_bytes()
+
+
 async def handle_trace(request: web.Request) -> web.StreamResponse:
     """GET /trace: the recent timeline as a Chrome/Perfetto trace (JSON)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    app = request.app
+    # On a thread, so that the loop goes on serving; one dump at a time (each is CPU-bound
+    # and walks the whole buffer).
+    async with app[TRACE_LOCK]:
         try:
-            path = dump_trace(request.app, f"{tmp}/trace.json")
+            body = await asyncio.to_thread(_trace_body, app)
         except dataflow.DataflowError as exc:  # nothing recorded yet
             return web.json_response({"error": str(exc)}, status=404)
-        with open(path, encoding="utf-8") as f:
-            body = f.read()
-    return web.Response(text=body, content_type="application/json")
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _on_signal(app: web.Application) -> None:
     """``kill -USR1 <pid>`` writes the recent timeline to serve-trace-<time>.json."""
 
-    def dump() -> None:
+    def dump() -> None:  # on a thread (see dump_trace)
         path = f"serve-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
         try:
             print(f"trace written to {dump_trace(app, path)}", file=sys.stderr)
@@ -296,7 +358,8 @@ async def _on_signal(app: web.Application) -> None:
             print(f"no trace written: {exc}", file=sys.stderr)
 
     if hasattr(signal, "SIGUSR1"):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, loop.run_in_executor, None, dump)
 
 
 def create_app(config: ServeConfig | None = None) -> web.Application:
@@ -308,6 +371,7 @@ def create_app(config: ServeConfig | None = None) -> web.Application:
     app[MODEL] = model
     app[COMPILED] = dataflow.compile(model)
     app[BATCHED] = dataflow.compile(model, batch_axis=1, max_wait=config.max_wait)
+    app[TRACE_LOCK] = asyncio.Lock()
     app.cleanup_ctx.append(_runtime_ctx)
     for route, path in (("batched", ""), ("compiled", "/compiled"), ("eager", "/eager")):
         app.router.add_get(f"/ensemble{path}", _handler(route))
@@ -381,7 +445,7 @@ async def bench(
     own overhead; they compare concurrency levels, not servers.
     """
     config = config or ServeConfig()
-    runner = web.AppRunner(create_app(config), access_log=None)
+    runner = web.AppRunner(create_app(config), access_log=None, **SERVER_OPTIONS)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -474,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         app = create_app(config)
         app.on_startup.append(_on_signal)
-        web.run_app(app, host=args.host, port=args.port)
+        web.run_app(app, host=args.host, port=args.port, **SERVER_OPTIONS)
         return 0
     asyncio.run(bench(config, levels=args.levels, requests=args.requests))
     return 0

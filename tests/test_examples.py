@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import io
+import json
 import os
 import subprocess
 import sys
@@ -460,6 +461,201 @@ class TestServe:
             assert resp.status == 400
             resp = await client.post("/ensemble", json={"seed": 1, "x": []})
             assert resp.status == 400
+
+    @pytest.mark.asyncio
+    async def test_hostile_bodies_are_400_with_a_reason(
+        self, examples: tuple[ModuleType, ModuleType]
+    ) -> None:
+        """Bodies that broke the server (a 500 and a traceback) or got a non-JSON answer are
+        refused with a 400 and a reason: JSON nested past the recursion limit, a 5000-digit
+        integer, an unknown charset, a seed of Infinity, 1.5 or true, and an "x" holding an
+        integer past float range, 1e39, NaN, Infinity, null or strings."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        app = serve.create_app(serve.ServeConfig(**self.CONFIG, warm_up=False))
+        row = ", ".join(["0.5"] * 15)  # one row of 16 channels is {row}, VALUE
+        cases: list[tuple[bytes, str, str]] = [
+            (b"[" * 100_000, "application/json", "nests too deeply"),
+            (b'{"seed": ' + b"1" * 5000 + b"}", "application/json", "must be JSON"),
+            (b'{"seed": 1}', "application/json; charset=no-such-codec", "JSON text"),
+            (b'{"seed": Infinity}', "application/json", "non-negative integer"),
+            (b'{"seed": 1.5}', "application/json", "non-negative integer"),
+            (b'{"seed": true}', "application/json", "non-negative integer"),
+            (b'{"seed": "-3"}', "application/json", "non-negative integer"),
+        ]
+        for value, says in (
+            ("1" + "0" * 400, "numbers"),
+            ("1e39", "finite"),
+            ("1e400", "finite"),
+            ("NaN", "finite"),
+            ("-Infinity", "finite"),
+            ("null", "numbers"),
+            ('"1.0"', "numbers"),
+        ):
+            body = f'{{"x": [[[{row}, {value}]]]}}'.encode()
+            cases.append((body, "application/json", says))
+        async with TestClient(TestServer(app)) as client:
+            for body, content_type, says in cases:
+                resp = await client.post(
+                    "/ensemble", data=body, headers={"Content-Type": content_type}
+                )
+                assert resp.status == 400, (body[:60], await resp.text())
+                assert says in (await resp.json())["error"], body[:60]
+            # the seed's decimal text still works, and the server still answers
+            resp = await client.post("/ensemble", json={"seed": "+7"})
+            assert resp.status == 200 and (await resp.json())["seed"] == 7
+            resp = await client.post("/ensemble", json={"x": [[[True] * 16]]})
+            assert resp.status == 400 and "bool" in (await resp.json())["error"]
+
+    @pytest.mark.asyncio
+    async def test_a_big_body_is_parsed_off_the_loop(
+        self, examples: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A posted body over PARSE_ON_LOOP_BYTES is parsed on a thread (1 MiB of JSON
+        numbers held the loop for about 20 ms); a small one on the loop. Both answer right."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        config = serve.ServeConfig(**self.CONFIG, warm_up=False)
+        app = serve.create_app(config)
+        parse = serve.parse_body
+        threads: list[int] = []
+
+        def spy(*args: Any) -> Any:
+            threads.append(threading.get_ident())
+            return parse(*args)
+
+        monkeypatch.setattr(serve, "parse_body", spy)
+        rng = np.random.default_rng(4)
+        small = rng.random((1, 3, 16), dtype=np.float32)
+        big = rng.random((300, 3, 16), dtype=np.float32)
+        async with TestClient(TestServer(app)) as client:
+            for x in (small, big):
+                resp = await client.post("/ensemble/eager", json={"x": x.tolist()})
+                assert resp.status == 200
+                _check_summary(await resp.json(), ref_ensemble(app[serve.MODEL], x))
+        assert len(json.dumps({"x": big.tolist()})) > serve.PARSE_ON_LOOP_BYTES
+        loop_thread = threading.get_ident()
+        assert threads[0] == loop_thread and threads[1] != loop_thread
+
+    @pytest.mark.asyncio
+    async def test_trace_is_built_off_the_loop(
+        self, examples: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """/trace builds and writes the trace on a thread: on the loop, a minute of a busy
+        server's tasks stalled every request for as long as the dump took."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        app = serve.create_app(serve.ServeConfig(**self.CONFIG, warm_up=False))
+        dump = serve.dump_trace
+        threads: list[int] = []
+
+        def spy(app: Any, path: str) -> str:
+            threads.append(threading.get_ident())
+            return dump(app, path)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(serve, "dump_trace", spy)
+        async with TestClient(TestServer(app)) as client:
+            await client.get("/ensemble", params={"seed": "1"})
+            resps = await asyncio.gather(*(client.get("/trace") for _ in range(3)))
+            assert [r.status for r in resps] == [200] * 3
+            doc = await resps[0].json()
+            assert "lstm_sequence" in {e.get("name") for e in doc["traceEvents"]}
+        assert len(threads) == 3
+        assert threading.get_ident() not in threads
+
+    @pytest.mark.asyncio
+    async def test_trace_buffer_is_bounded_by_count_too(
+        self, examples: tuple[ModuleType, ModuleType]
+    ) -> None:
+        """The rolling trace keeps at most ``trace_spans`` task records, whatever the load
+        (bounded by age alone, it grew with the request rate)."""
+        from aiohttp.test_utils import TestClient, TestServer
+
+        _, serve = examples
+        config = serve.ServeConfig(**self.CONFIG, warm_up=False, trace_spans=5)
+        app = serve.create_app(config)
+        async with TestClient(TestServer(app)) as client:
+            for seed in range(3):
+                resp = await client.get("/ensemble/eager", params={"seed": str(seed)})
+                assert resp.status == 200
+            recorder = app[serve.RECORDER]
+            assert 0 < len(recorder.tasks) <= 5
+            assert (await client.get("/trace")).status == 200
+
+    @pytest.mark.asyncio
+    async def test_a_client_that_disconnects_has_its_queued_ops_dropped(
+        self, examples: tuple[ModuleType, ModuleType]
+    ) -> None:
+        """The server runs with aiohttp's handler_cancellation (SERVER_OPTIONS): a client that
+        goes away mid-request cancels its handler, and the runtime drops the request's queued
+        ops. By default aiohttp let the handler run on, and every op ran for nobody."""
+        _, serve = examples
+        engine = ops.get_recurrent_engine()
+        ops.set_recurrent_engine("numpy")  # kernels long enough to queue (not run inline)
+        try:
+            await self._client_leaves(serve)
+        finally:
+            ops.set_recurrent_engine(engine)
+
+    async def _client_leaves(self, serve: ModuleType) -> None:
+        from aiohttp import web
+
+        from tests._helpers import gated
+
+        config = serve.ServeConfig(**{**self.CONFIG, "steps": 600}, warm_up=False)
+        app = serve.create_app(config)
+        dropped: list[Any] = []
+
+        class Drops(dataflow.Instrument):
+            def task_cancelled(self, ts: int, task: Any) -> None:
+                dropped.append(task)
+
+        async def hold_the_pool(gate: threading.Event) -> list[Any]:
+            return [gated(np.ones(1), gate) for _ in range(config.interop_threads)]
+
+        runner = web.AppRunner(app, **serve.SERVER_OPTIONS)
+        await runner.setup()
+        gate = threading.Event()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            runtime = app[serve.RUNTIME]
+            runtime.add_instrument(Drops())
+            # Every pool thread held, so the request's big kernels stay queued.
+            held = await serve.in_runtime(app, hold_the_pool(gate))
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /ensemble/eager?seed=1 HTTP/1.1\r\nHost: test\r\n\r\n")
+            await writer.drain()
+            for _ in range(1000):  # the handler dispatched the model's ops
+                if runtime._inflight > len(held):
+                    break
+                await asyncio.sleep(0.01)
+            assert runtime._inflight > len(held)
+            writer.close()  # the client goes away
+            await writer.wait_closed()
+            for _ in range(1000):
+                if dropped:
+                    break
+                await asyncio.sleep(0.01)
+            assert dropped, "the queued ops of a request whose client left were not dropped"
+            assert all(t.op != "gated" for t in dropped)
+        finally:
+            gate.set()
+            await runner.cleanup()
+
+    def test_serve_runs_with_handler_cancellation(
+        self, examples: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`serve.py serve` starts aiohttp with SERVER_OPTIONS (handler_cancellation)."""
+        _, serve = examples
+        seen: dict[str, Any] = {}
+        monkeypatch.setattr(serve.web, "run_app", lambda app, **kw: seen.update(kw))
+        assert serve.main(["serve", "--port", "0", "-C", "16", "--models", "1"]) == 0
+        assert seen["handler_cancellation"] is True and seen["port"] == 0
 
     @pytest.mark.asyncio
     async def test_load_generator(self, examples: tuple[ModuleType, ModuleType]) -> None:
