@@ -167,6 +167,7 @@ def run(
         "trace": trace_path,
         "log_tasks": log_tasks,
         "progress": progress,
+        "dask": dask_address,
     }
     sys.exit(_run_main(module, script, list(args), options))
 
@@ -253,6 +254,11 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         _print_user_traceback(exc)
         return 1
     except BaseException as exc:
+        address = options.get("dask")
+        if address and getattr(exc, "dask_address", None) == address:
+            # --dask's address is wrong, not the script: one line, as for bad usage.
+            click.echo(f"dataflow run: error: {type(exc).__name__}: {exc}", err=True)
+            return 1
         _print_user_traceback(exc)
         return 1
     return 0

@@ -1045,9 +1045,9 @@ class TestCLI:
         assert r.stderr == f"dataflow run: ops run on the Dask cluster at {address}\n", r.stderr
 
     def test_run_dask_bad_address(self, tmp_path: Path) -> None:
-        """A wrong address is a DataflowError, and nothing more: the half-started client is
-        closed (no "coroutine ... was never awaited" warnings), and no line claims the run
-        uses a cluster."""
+        """A wrong address is a DataflowError on one line, and nothing more: the half-started
+        client is closed (no "coroutine ... was never awaited" warnings), and no line claims
+        the run uses a cluster."""
         script = tmp_path / "s.py"
         script.write_text("import dataflow\nasync def main():\n    pass\ndataflow.run(main)\n")
         command = ["-X", "dev", "-m", "dataflow", "run", "--dask", "notanaddress", str(script)]
@@ -1058,8 +1058,12 @@ class TestCLI:
             timeout=60,
             cwd=ROOT,
         )
-        assert r.returncode != 0
+        assert r.returncode == 1
         assert "DataflowError: cannot connect to the Dask scheduler at 'notanaddress'" in r.stderr
+        # One line, as for bad usage: the address is wrong, not the script (it was the whole
+        # traceback, through dataflow's and distributed's frames, with the chained cause).
+        assert r.stderr.startswith("dataflow run: error: DataflowError: cannot connect"), r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
         assert "never awaited" not in r.stderr, r.stderr
         assert "Warning" not in r.stderr, r.stderr
         assert "ops run on the Dask cluster" not in r.stderr, r.stderr

@@ -171,10 +171,12 @@ class DaskBackend(Revival):
         except Exception as exc:
             if client is not None:  # half started: close it here, or its __del__ warns
                 await _close_quietly(client)
-            raise DataflowError(
+            err = DataflowError(
                 f"cannot connect to the Dask scheduler at {self.address!r}: {describe(exc)}. "
                 "Is `dask scheduler` running there, and reachable from this machine?"
-            ) from exc
+            )
+            err.dask_address = self.address  # type: ignore[attr-defined]  # (dataflow run --dask)
+            raise err from exc
         hook = backends.on_dask_connected
         if hook is not None and self.address == os.environ.get(backends.DASK_ADDRESS_ENV):
             hook(self.address)
