@@ -158,7 +158,9 @@ def run(
     if intraop_threads is not None:
         set_num_threads(intraop_threads)
     os.environ["DATAFLOW_LOOP"] = loop
-    if dask_address:
+    if dask_address is not None:
+        if not dask_address.strip():  # `--dask "$UNSET"`: it ran on the local backend, silently
+            raise click.BadParameter("the scheduler's address is empty", param_hint="--dask")
         _use_dask(dask_address)
     options = {
         "module": module,

@@ -1068,6 +1068,21 @@ class TestCLI:
         assert "Warning" not in r.stderr, r.stderr
         assert "ops run on the Dask cluster" not in r.stderr, r.stderr
 
+    def test_run_dask_empty_address_is_a_usage_error(self, tmp_path: Path) -> None:
+        """`--dask ""` (an unset variable) is a usage error: it ran on the local backend."""
+        script = tmp_path / "s.py"
+        script.write_text("print('ran')\n")
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "run", "--dask", " ", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode == 2, r
+        assert "Invalid value for --dask: the scheduler's address is empty" in r.stderr
+        assert r.stdout == ""
+
 
 def _dependent_fails(address: str, failing: Any) -> tuple[Any, TaskError]:
     """Run ``failing()`` (an op call that fails on the cluster) and ``add`` on its output in a
