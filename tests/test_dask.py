@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -718,6 +719,35 @@ class TestCancellation:
         with pytest.raises(KeyError):
             dataflow.run(main)
         assert isinstance(handles[0].exception(), CancelledTaskError)
+
+
+class TestLongLivedRuntime:
+    """A runtime kept open for many requests (a server) does not grow with them."""
+
+    @pytest.mark.asyncio
+    async def test_scattered_keys_go_with_their_arrays(self, address: str) -> None:
+        """Each request's new input is scattered; its key is let go with the array (every
+        key was kept until the runtime closed)."""
+        async with dask(address, scatter_bytes=64) as rt:
+            for i in range(10):
+                await add(np.full(100, float(i)), 1.0)
+            gc.collect()
+            backend = counters(rt)
+            assert backend.scattered == 10
+            assert len(backend._scattered.keys) <= 1, backend._scattered.keys
+
+    @pytest.mark.asyncio
+    async def test_failures_are_let_go(self, address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Only the last ERRORS_KEPT failures' errors are kept to share with their dependents
+        (every failed request's error, traceback and frames were kept until the close)."""
+        monkeypatch.setattr(DaskBackend, "ERRORS_KEPT", 4, raising=False)
+        async with dask(address) as rt:
+            for _ in range(10):
+                bad = boom(np.ones(2))
+                with pytest.raises(TaskError) as info:
+                    await add(bad, 1.0)
+                assert info.value is bad.exception(), "dependents still share the error"
+            assert len(counters(rt)._errors) == 4
 
 
 class TestTimeline:

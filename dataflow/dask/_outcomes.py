@@ -37,6 +37,9 @@ _PACKAGES_HINT = (
 class Outcomes(BackendBase):
     """The end of each sent task: accounted for, failed with its dependents, or fetched."""
 
+    #: How many failures' errors are kept to share with their dependents (``_remember``).
+    ERRORS_KEPT = 256
+
     if TYPE_CHECKING:
         # A layer up (``_revive``): it sends again through ``_ship``, which hands what it
         # sent to the watchers here; this declaration closes that loop for the type checker.
@@ -123,7 +126,7 @@ class Outcomes(BackendBase):
                     op=exc.op,
                 )
                 err.__cause__ = orig
-                self._errors[exc.task] = err
+                self._remember(exc.task, err)
                 self._sched.failures.append(err)
             ran = exc.task == task.name
         elif type(exc).__name__ == "KilledWorker":
@@ -133,7 +136,7 @@ class Outcomes(BackendBase):
             if err is None:
                 name, op = (task.name, task.op) if origin == rem.key else self._named(origin)
                 err = killed_worker_error(name, op, exc)
-                self._errors[origin] = err
+                self._remember(origin, err)
                 self._sched.failures.append(err)
             ran = False
         else:
@@ -154,6 +157,18 @@ class Outcomes(BackendBase):
             self._sched.failures.append(err)
             ran = False
         self._finish_failed(task, rem, err, ran)
+
+    def _remember(self, origin: str, err: TaskError) -> None:
+        """Keep ``err`` as the one error of the tasks that fail with ``origin``'s failure.
+
+        Dask reports those tasks soon after one another, so only the last
+        :attr:`ERRORS_KEPT` origins are kept: a long-lived runtime (a server whose requests
+        fail on the cluster) kept every failure, with its traceback and the arrays its
+        frames held, until it closed."""
+        errors = self._errors
+        if len(errors) >= self.ERRORS_KEPT:
+            del errors[next(iter(errors))]  # the oldest
+        errors[origin] = err
 
     def _input_error(self, task: Task, exc: BaseException, tb: Any) -> BaseException | None:
         """The error of an input of ``task`` that failed on the cluster with ``exc`` too (its

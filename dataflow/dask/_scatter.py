@@ -5,9 +5,9 @@ numpy arrays of at least ``scatter_bytes`` among a task's arguments (client-side
 included) are scattered once per runtime and found again by identity: a weakref checks that
 the array is still the same object (an array is treated as immutable once passed to an op),
 and a future that is no longer ``"finished"`` means the array was lost with its worker, so it
-is sent again. The keys scattered are kept too, to recognise them among what a lost worker
-held (``_revive``). Plain data and a pure walk of the arguments; the scattering itself
-(``client.scatter``) is ``_ship``'s.
+is sent again. The keys of the arrays held are kept too, to recognise them among what a lost
+worker held (``_revive``); an entry and its key go with its array. Plain data and a pure walk
+of the arguments; the scattering itself (``client.scatter``) is ``_ship``'s.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Scattered:
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref[Any], Any]] = {}
-        self.keys: set[str] = set()  # every key scattered (to recognise them in lost workers)
+        # The keys of the arrays held (to recognise them among what lost workers held).
+        self.keys: set[str] = set()
         self.sent = 0
         self.bytes_sent = 0
 
@@ -46,14 +47,18 @@ class Scattered:
     def put(self, arr: np.ndarray[Any, Any], future: Any) -> None:
         key = id(arr)
         entries = self._entries
+        keys = self.keys
+        scattered = future.key
 
         def forget(_: Any, key: int = key) -> None:
             entry = entries.get(key)
             if entry is not None and entry[0]() is None:
                 del entries[key]
+                # (a long-lived runtime scattering each request's input kept every key)
+                keys.discard(scattered)
 
         self._entries[key] = (weakref.ref(arr, forget), future)
-        self.keys.add(future.key)
+        keys.add(scattered)
         self.sent += 1
         self.bytes_sent += arr.nbytes
 
