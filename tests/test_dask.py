@@ -721,6 +721,74 @@ class TestCancellation:
         assert isinstance(handles[0].exception(), CancelledTaskError)
 
 
+class _Drops(dataflow.Instrument):
+    """Counts the tasks cancelled without running (the runtime dropped them)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_cancelled(self, ts: int, task: Any) -> None:
+        self.names.append(task.name)
+
+
+class TestRequests:
+    """A request (a task on the loop) cancelled while its ops run on the cluster: what it sent
+    that nobody else wants is cancelled there, as the local backend drops what it queued."""
+
+    async def _cancel_a_request(
+        self, address: str, folder: Path, keep: int | None
+    ) -> tuple[_Drops, list[Any], Any]:
+        """Dispatch gate -> 10 adds in a request; keep the ``keep``-th add's handle outside
+        (None: keep nothing); cancel the request while the gate holds the chain."""
+        drops = _Drops()
+        kept: list[Any] = []
+        async with dask(address) as rt:
+            rt.add_instrument(drops)
+
+            async def request() -> Any:
+                x = gate(np.ones(2), str(folder))
+                for i in range(10):
+                    x = add(x, 1.0)
+                    if i == keep:
+                        kept.append(x)
+                return await x
+
+            task = asyncio.create_task(request())
+            try:
+                while counters(rt).sent < 11:  # the whole chain is on the cluster
+                    await asyncio.sleep(0.01)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                expected = 10 - (keep + 1 if keep is not None else -1)
+                for _ in range(1000):
+                    if len(drops.names) >= expected:
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                (folder / "go").touch()
+            value = await kept[0] if kept else None
+        return drops, kept, value
+
+    @pytest.mark.asyncio
+    async def test_a_cancelled_request_cancels_what_it_sent(
+        self, address: str, tmp_path: Path
+    ) -> None:
+        """Every op of the cancelled request, sent and waiting on the cluster, is cancelled
+        (before, all of them ran to the end for nobody, and the runtime's exit waited)."""
+        drops, _, _ = await self._cancel_a_request(address, tmp_path, None)
+        assert sorted(n.split("#")[0] for n in drops.names) == ["add"] * 10 + ["gate"]
+
+    @pytest.mark.asyncio
+    async def test_what_someone_else_holds_still_runs(self, address: str, tmp_path: Path) -> None:
+        """A handle held outside the request keeps its task and what it reads; only the
+        ops after it are cancelled, and the held value arrives."""
+        drops, kept, value = await self._cancel_a_request(address, tmp_path, 4)
+        assert len(drops.names) == 5 and all(n.startswith("add#") for n in drops.names)
+        np.testing.assert_array_equal(value, [6.0, 6.0])
+        assert kept[0].task.name not in drops.names
+
+
 class TestLongLivedRuntime:
     """A runtime kept open for many requests (a server) does not grow with them."""
 

@@ -142,6 +142,10 @@ class SchedulerBase:
         self._watchdog: Watchdog | None = None
         # Requests (tasks on the loop) that dispatched deferred work, by their loop task.
         self._owners: dict[Any, _Owner] = {}
+        # A backend that runs tasks elsewhere (Dask) drops a sent task of a cancelled request
+        # (``Requests.drop_locked_tasks``): ``drop_sent(task, error)`` under the lock, True
+        # if it was dropped. None: every RUNNING task has started here.
+        self.drop_sent: Callable[[Task, BaseException], bool] | None = None
         # This runtime's own observers (the process's are in ACTIVE); ``watching`` mirrors
         # whether it has any, for the hot path's one test.
         self.scope = Scope(f"runtime {id(runtime) & 0xFFFF:x}")

@@ -20,6 +20,7 @@ from .._pool import GRAPH_LOCK
 from .._task import (
     DONE,
     READY,
+    RUNNING,
     Task,
     _next_id,
 )
@@ -66,7 +67,8 @@ class _Owner:
         live = self.live
         live[task.id] = task
         if len(live) > self.limit:  # forget the ones that failed unstarted now and then
-            self.live = live = {i: t for i, t in live.items() if t.state <= READY}
+            # (a task sent to a cluster is RUNNING until it ends there: kept)
+            self.live = live = {i: t for i, t in live.items() if t.state < DONE}
             self.limit = max(1024, 2 * len(live))
 
     def tasks(self) -> list[Task]:
@@ -204,12 +206,16 @@ class Requests(SchedulerBase):
         "for its value",
     ) -> int:
         """Drop the tasks of ``tasks`` that have not started and that nobody else needs,
-        last first (see :meth:`drop`); ``why`` goes into their CancelledTaskError. Holds the
-        lock; returns how many were dropped."""
+        last first (see :meth:`drop`); ``why`` goes into their CancelledTaskError. A task
+        sent to a cluster (RUNNING here until it ends there) goes to the backend's
+        ``drop_sent``, which cancels it there. Holds the lock; returns how many were
+        dropped."""
         dropped = 0
         for t in reversed(tasks):
-            if t.state > READY:
-                continue
+            state = t.state
+            sched = t.runtime._sched  # type: ignore[union-attr]
+            if state > READY and (state != RUNNING or sched.drop_sent is None):
+                continue  # started (RUNNING: maybe sent to a cluster, which may drop it)
             waiters = t.waiters
             if waiters and any(not _done(w) for w in waiters):
                 continue  # a live coroutine awaits it
@@ -219,7 +225,10 @@ class Requests(SchedulerBase):
             if deps and any(d.state < DONE for d in deps):
                 continue  # someone else's unfinished task reads it
             err = CancelledTaskError(f"{t.name} was dropped unrun: {why}")
-            t.runtime._sched._fail_locked(t, err)  # type: ignore[union-attr]
+            if state <= READY:
+                sched._fail_locked(t, err)
+            elif not sched.drop_sent(t, err):  # sent to a cluster: cancelled there
+                continue
             dropped += 1
         if dropped:
             self.dropped += dropped

@@ -142,6 +142,7 @@ class DaskBackend(Revival):
             )
         self._loop = host.key  # type: ignore[assignment]
         self._sched = self.runtime._sched
+        self._sched.drop_sent = self._drop_sent_locked  # a cancelled request's sent tasks
         self._reviving = asyncio.Lock()  # one _revive at a time
         await self._connect()
         self._clock = time.time_ns() - time.perf_counter_ns()

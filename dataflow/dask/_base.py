@@ -88,6 +88,8 @@ class BackendBase:
         self._flush_scheduled = False
         # Sent and not settled: task id -> task (to cancel them all when the body fails).
         self._remote: dict[int, Task] = {}
+        # Futures of sent tasks dropped with their cancelled request, to cancel on Dask.
+        self._dropping: list[Any] = []
         self._scattered = Scattered()
         # Failures by the name of the task whose kernel raised: one TaskError for all of them.
         self._errors: dict[str, TaskError] = {}

@@ -237,6 +237,42 @@ class Outcomes(BackendBase):
             sched.record_unrun(cancelled)
             sched.emit("task_cancelled" if cancelled else "task_failed", task)
 
+    def _drop_sent_locked(self, task: Task, err: BaseException) -> bool:
+        """Drop a task sent to the cluster that its cancelled request dispatched and nobody
+        else wants (the scheduler's ``drop_sent``, called holding the lock): failed here
+        with ``err``, with what depends on it, and cancelled on the cluster. False when it
+        is not such a task, or has ended there."""
+        rem = task.value
+        if type(rem) is not Remote or rem.future is None or rem.future.status != "pending":
+            return False
+        sched = self._sched
+        self._timed.pop(task.id, None)
+        self._settle_locked(task, rem)
+        task.state = CANCELLED
+        task.error = err
+        task.value = None
+        task.fn = task.args = task.kwargs = None
+        task.inputs = ()
+        waiters = gs.take_waiters(task)
+        if waiters is not None:
+            sched.host.wake(waiters)
+        deps, task.dependents = task.dependents, None
+        for d in deps or ():
+            d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
+        if ACTIVE or sched.watching:
+            sched.record_unrun(True)
+            sched.emit("task_cancelled", task)
+        if not self._dropping:  # (later: this holds the lock, _cancel_dropped takes it)
+            sched.host.later(self._cancel_dropped)
+        self._dropping.append(rem.future)
+        return True
+
+    def _cancel_dropped(self) -> None:
+        """Cancel on the cluster the futures of the tasks dropped since the last call."""
+        with GRAPH_LOCK:
+            futures, self._dropping = self._dropping, []
+        self._spawn(self._cancel_futures(futures))
+
     # -- values back to the client ------------------------------------------------------------
 
     def _want(self, task: Task) -> None:

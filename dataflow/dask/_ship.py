@@ -56,6 +56,9 @@ class Shipping(Outcomes):
             self._timed[task.id] = task
         task.value = Remote(f"{sig.name}-{self.token}-{task.id}", timed)
         sched = self._sched
+        # The request dispatching it (a coroutine on the loop): if it is cancelled, what it
+        # sent that nobody else wants is cancelled on the cluster (``_drop_sent_locked``).
+        owner = sched.request()
         with GRAPH_LOCK:
             sched.inflight += 1
             for t in inputs:
@@ -63,6 +66,8 @@ class Shipping(Outcomes):
                     sched._fail_locked(task, t.error)
                     self._timed.pop(task.id, None)
                     return task
+            if owner is not None:
+                owner.add(task)
             task.state = READY
             self._outbox.append(task)
             start = not self._flush_scheduled
