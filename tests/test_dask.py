@@ -746,7 +746,7 @@ class TestRequests:
             rt.add_instrument(drops)
 
             async def request() -> Any:
-                x = gate(np.ones(2), str(folder))
+                x: Any = gate(np.ones(2), str(folder))
                 for i in range(10):
                     x = add(x, 1.0)
                     if i == keep:

@@ -227,8 +227,8 @@ class Requests(SchedulerBase):
             err = CancelledTaskError(f"{t.name} was dropped unrun: {why}")
             if state <= READY:
                 sched._fail_locked(t, err)
-            elif not sched.drop_sent(t, err):  # sent to a cluster: cancelled there
-                continue
+            elif not sched.drop_sent(t, err):  # type: ignore[misc]  # (RUNNING: not None)
+                continue  # not a task sent to a cluster, or it ended there
             dropped += 1
         if dropped:
             self.dropped += dropped
