@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import gc
 import json
@@ -340,10 +341,17 @@ async def handle_trace(request: web.Request) -> web.StreamResponse:
     # On a thread, so that the loop goes on serving; one dump at a time (each is CPU-bound
     # and walks the whole buffer).
     async with app[TRACE_LOCK]:
+        job = asyncio.get_running_loop().run_in_executor(None, _trace_body, app)
         try:
-            body = await asyncio.to_thread(_trace_body, app)
+            body = await asyncio.shield(job)
         except dataflow.DataflowError as exc:  # nothing recorded yet
             return web.json_response({"error": str(exc)}, status=404)
+        except asyncio.CancelledError:
+            # The client left. The lock is kept until the thread is done, or clients that
+            # come and go would run dumps side by side (each a few seconds of CPU).
+            with contextlib.suppress(BaseException):
+                await job
+            raise
     return web.Response(body=body, content_type="application/json")
 
 

@@ -97,6 +97,12 @@ def _check_summary(summary: dict[str, Any], expected: Array) -> None:
     assert np.allclose(summary["first"], expected.reshape(-1)[:4], atol=TOL)
 
 
+async def _forward_once(model: Any, config: dict[str, int]) -> None:
+    """One eager forward (so that a recorder has something to dump)."""
+    x = np.ones((config["steps"], config["batch"], config["channels"]), dtype=np.float32)
+    await model(x)
+
+
 class TestLSTMEnsembleScript:
     """examples/lstm_ensemble.py runs from the shell and its model is importable."""
 
@@ -565,6 +571,60 @@ class TestServe:
             assert "lstm_sequence" in {e.get("name") for e in doc["traceEvents"]}
         assert len(threads) == 3
         assert threading.get_ident() not in threads
+
+    @pytest.mark.asyncio
+    async def test_trace_clients_that_leave_do_not_start_dumps_side_by_side(
+        self, examples: tuple[ModuleType, ModuleType], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A /trace client that disconnects mid-dump keeps the one-dump-at-a-time lock until
+        its thread is done: the next /trace waits for it instead of starting a second dump
+        beside it (clients coming and going could run any number at once)."""
+        from aiohttp import web
+
+        _, serve = examples
+        app = serve.create_app(serve.ServeConfig(**self.CONFIG, warm_up=False))
+        dump = serve.dump_trace
+        gate = threading.Event()
+        started: list[int] = []
+
+        def slow(app: Any, path: str) -> str:
+            started.append(1)
+            gate.wait(30)
+            return dump(app, path)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(serve, "dump_trace", slow)
+        runner = web.AppRunner(app, **serve.SERVER_OPTIONS)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            await serve.in_runtime(app, _forward_once(app[serve.MODEL], self.CONFIG))
+            request = b"GET /trace HTTP/1.1\r\nHost: test\r\n\r\n"
+            _, first = await asyncio.open_connection("127.0.0.1", port)
+            first.write(request)
+            for _ in range(1000):
+                if started:
+                    break
+                await asyncio.sleep(0.01)
+            first.close()  # the first client leaves mid-dump
+            await first.wait_closed()
+            reader, second = await asyncio.open_connection("127.0.0.1", port)
+            second.write(request)
+            lock = app[serve.TRACE_LOCK]
+            for _ in range(1000):  # the second handler waits for the lock
+                if lock._waiters:
+                    break
+                await asyncio.sleep(0.01)
+            assert lock._waiters and started == [1]
+            gate.set()
+            status = await reader.readline()
+            assert status.startswith(b"HTTP/1.1 200"), status
+            second.close()
+            assert started == [1, 1]
+        finally:
+            gate.set()
+            await runner.cleanup()
 
     @pytest.mark.asyncio
     async def test_trace_buffer_is_bounded_by_count_too(
