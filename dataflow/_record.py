@@ -209,6 +209,7 @@ class Recorder:
         # ended, and that thread's tasks then showed on the old thread's lane and label).
         self._local = threading.local()
         self._appends = 0
+        self._trimming = threading.Lock()
         self.t0 = time.perf_counter_ns()
         self.t1 = 0
 
@@ -287,11 +288,16 @@ class Recorder:
         oldest = now - self._window
         tasks = self.tasks
         assert isinstance(tasks, collections.deque)  # (windowed: never flat)
-        while tasks and tasks[0][END] < oldest:
-            tasks.popleft()
-        spans = self.spans
-        while spans and spans[0][4] < oldest:
-            spans.popleft()
+        # One trim at a time: the pool's threads trim as they record, and a dump on another
+        # thread. Two at once could both see the same old record first, and the second's
+        # popleft then took a fresh one, or (the buffer emptied) raised IndexError, which
+        # switched the recorder off.
+        with self._trimming:
+            while tasks and tasks[0][END] < oldest:
+                tasks.popleft()
+            spans = self.spans
+            while spans and spans[0][4] < oldest:
+                spans.popleft()
 
     # -- results ----------------------------------------------------------------------------
 

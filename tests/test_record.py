@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 import warnings
@@ -231,6 +232,29 @@ class TestRecorder:
         finally:
             dataflow.remove_instrument(rec)
         assert [t.op for t in rec.trace().tasks].count("old") == 0
+
+    def test_two_trims_at_once_keep_the_fresh_records(self) -> None:
+        """A trim on one thread (a dump's) and one on another (a pool thread's, as it records)
+        run one after the other: interleaved, both saw the same old record first, and the
+        second popped a fresh record (or raised IndexError once the buffer was empty)."""
+        rec = dataflow.Recorder(max_seconds=1)
+        now = rec.t0 + 10 * 10**9
+        old = (1, "old", (), 1, 0, 0, now - 5 * 10**9, 0)
+        fresh = (2, "fresh", (), 1, 0, 0, now, 0)
+        other: list[threading.Thread] = []
+
+        class Interleaved(collections.deque):  # type: ignore[type-arg]
+            def popleft(self) -> Any:
+                if not other:  # the first pop: another thread trims meanwhile
+                    other.append(threading.Thread(target=rec.trim, args=(now,)))
+                    other[0].start()
+                    other[0].join(0.2)  # (with the lock it waits for this trim to end)
+                return super().popleft()
+
+        rec.tasks = Interleaved([old, fresh])
+        rec.trim(now)
+        other[0].join()
+        assert [r[1] for r in rec.tasks] == ["fresh"]
 
     def test_dump_writes_a_trace_and_keeps_recording(self, tmp_path: Path) -> None:
         """dump(path) writes the buffer as Chrome trace JSON; the recorder goes on."""
