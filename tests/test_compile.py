@@ -880,6 +880,41 @@ class TestFailureIsolation:
         dataflow.run(main, interop_threads=2)
 
 
+def _interrupt_if_negative(x: Any) -> Any:
+    if (x < 0).any():
+        raise KeyboardInterrupt
+    return x
+
+
+_interrupting = dataflow.op(
+    "interrupt_if_negative",
+    meta=ops.spec_of,
+    handle=ops.Tensor,
+    cost=lambda x: dataflow.Cost(1.0, 8.0),
+)(_interrupt_if_negative)
+
+
+class TestInterrupts:
+    @pytest.mark.timeout(30)
+    def test_ctrl_c_in_a_plan_run_on_the_loop_stops_the_program(self) -> None:
+        """A short plan runs whole on the loop's thread: a KeyboardInterrupt its kernel raises
+        (Ctrl-C lands on the main thread) comes out of dataflow.run, not as a TaskError that
+        `except Exception` catches."""
+        forward = dataflow.compile(lambda x: ops.negative(_interrupting(x)))
+        swallowed: list[BaseException] = []
+
+        async def main() -> None:
+            np.testing.assert_array_equal(await forward(np.ones(3)), -np.ones(3))
+            try:
+                await forward(-np.ones(3))
+            except Exception as e:  # what the interrupt must not become
+                swallowed.append(e)
+
+        with pytest.raises(KeyboardInterrupt):
+            dataflow.run(main, interop_threads=2)
+        assert swallowed == []
+
+
 class TestRuntimesInThreads:
     """One compiled forward used by several runtimes at once (each thread's dataflow.run):
     a call of one runtime never waits on another runtime's loop (both cases hung)."""
