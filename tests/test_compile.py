@@ -327,8 +327,19 @@ class TestCompile:
         dataflow.run(main)
         with pytest.raises(TypeError, match="batch_axis"):
             dataflow.compile(Mlp(), batch_axis="0")  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="max_batch"):
+        with pytest.raises(dataflow.DataflowValueError, match="max_batch"):
             dataflow.compile(Mlp(), max_batch=0)
+        with pytest.raises(dataflow.DataflowValueError, match="max_wait"):
+            dataflow.compile(Mlp(), max_wait=-1)
+
+    @pytest.mark.parametrize(
+        "options",
+        [{"max_batch": 1.5}, {"max_batch": "8"}, {"max_wait": "0.01"}, {"max_wait": None}],
+    )
+    def test_options_of_another_type_are_type_errors(self, options: dict[str, Any]) -> None:
+        """A wrong type is a DataflowTypeError naming the option (docs/api.md, "Errors")."""
+        with pytest.raises(dataflow.DataflowTypeError, match=next(iter(options))):
+            dataflow.compile(Mlp(), **options)
 
 
 class TestBatching:
