@@ -106,7 +106,7 @@ def gemm_rate(m: int, k: int, n: int, threads: int, min_seconds: float = 0.2) ->
 
 def jax_missing() -> str | None:
     if importlib.util.find_spec("jax") is None:
-        return "jax not installed (pip install 'dataflow[bench]' or pip install jax jaxlib)"
+        return "jax not installed (pip install jax jaxlib, or pip install -e '.[bench]')"
     return None
 
 

@@ -157,7 +157,11 @@ def run(
         set_num_interop_threads(interop_threads)
     if intraop_threads is not None:
         set_num_threads(intraop_threads)
-    os.environ["DATAFLOW_LOOP"] = loop
+    # $DATAFLOW_LOOP chooses the loop where --loop is not given (the option's default must not
+    # override it); a --loop given on the command line wins.
+    given = click.get_current_context().get_parameter_source("loop")
+    if given is not click.core.ParameterSource.DEFAULT or "DATAFLOW_LOOP" not in os.environ:
+        os.environ["DATAFLOW_LOOP"] = loop
     if dask_address is not None:
         if not dask_address.strip():  # `--dask "$UNSET"`: it ran on the local backend, silently
             raise click.BadParameter("the scheduler's address is empty", param_hint="--dask")

@@ -84,9 +84,13 @@ def compile(
             raise DataflowTypeError(f"compile({what}=) must be True or False, got {value!r}")
     if batch_axis is not None and (type(batch_axis) is not int):
         raise DataflowTypeError(f"compile(batch_axis=) must be an int or None, got {batch_axis!r}")
-    if type(max_batch) is not int or max_batch < 1:
+    if type(max_batch) is not int:
+        raise DataflowTypeError(f"compile(max_batch=) must be a positive int, got {max_batch!r}")
+    if max_batch < 1:
         raise DataflowValueError(f"compile(max_batch=) must be a positive int, got {max_batch!r}")
-    if isinstance(max_wait, bool) or not isinstance(max_wait, int | float) or not max_wait >= 0:
+    if isinstance(max_wait, bool) or not isinstance(max_wait, int | float):
+        raise DataflowTypeError(f"compile(max_wait=) must be a number of seconds, got {max_wait!r}")
+    if not max_wait >= 0:
         raise DataflowValueError(f"compile(max_wait=) must be >= 0 seconds, got {max_wait!r}")
 
     def make(f: Callable[..., Any]) -> Compiled[Any]:

@@ -132,7 +132,12 @@ class Runtime:
                 f"{type(simulate).__name__}: {simulate!r}"
             )
         self.simulate = simulate
-        if max_pending is not None and (type(max_pending) is not int or max_pending < 1):
+        if max_pending is not None and type(max_pending) is not int:
+            raise DataflowTypeError(
+                f"max_pending must be a positive int or None, got {type(max_pending).__name__}: "
+                f"{max_pending!r}"
+            )
+        if max_pending is not None and max_pending < 1:
             raise DataflowValueError(
                 f"max_pending must be a positive int or None, got {max_pending!r}"
             )

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from . import _blas
-from ._errors import DataflowRuntimeError, DataflowValueError
+from ._errors import DataflowRuntimeError, DataflowTypeError, DataflowValueError
 from ._pool import shared_pool_size
 
 __all__ = [
@@ -47,7 +47,11 @@ def _cores() -> int:
 
 
 def _check_count(n: object, what: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    """``n`` if it is a positive int: another type is a DataflowTypeError, an int below 1 a
+    DataflowValueError (the rule of ``_errors``), both naming ``what``."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise DataflowTypeError(f"{what} must be a positive int, got {type(n).__name__}: {n!r}")
+    if n < 1:
         raise DataflowValueError(f"{what} must be a positive int, got {n!r}")
     return n
 
@@ -77,7 +81,8 @@ def set_num_interop_threads(n: int) -> None:
     Call it at start-up: the shared pool cannot be resized while a runtime uses it.
 
     Raises:
-        ValueError: ``n`` is not a positive int.
+        TypeError: ``n`` is not an int.
+        ValueError: ``n`` is below 1.
         RuntimeError: the shared pool is running with another size.
     """
     global _interop_default

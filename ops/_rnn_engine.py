@@ -65,7 +65,7 @@ def set_recurrent_engine(name: str) -> None:
     """Run small recurrent models' sequence kernels on ``name``: ``"auto"`` (the default:
     ``"numba"`` where numba is installed, else ``"numpy"``), ``"numpy"``, or ``"numba"``
     (compiled loops that release the GIL, so a model's directions run side by side: an
-    optional extra, ``pip install 'numpy-dataflow[numba]'``; see ``ops._rnn_numba``).
+    optional extra, ``pip install -e '.[numba]'`` in a checkout; see ``ops._rnn_numba``).
 
     The numba engine applies to float32 models whose step's recurrent product is at most
     NUMBA_STEP_MACS_MAX multiply-adds; others keep the numpy kernels. Process-wide: set it
@@ -83,7 +83,8 @@ def set_recurrent_engine(name: str) -> None:
         )
     if name == "numba" and not _rnn_numba.available():
         raise DataflowRuntimeError(
-            "set_recurrent_engine('numba') needs numba: pip install 'numpy-dataflow[numba]'"
+            "set_recurrent_engine('numba') needs numba, which is not installed: pip install "
+            "'numba>=0.60' (in a checkout: pip install -e '.[numba]')"
         )
     if name != _engine[0]:
         _engine[0] = name

@@ -1,6 +1,6 @@
 """Recurrent sequence kernels compiled with numba: the ``"numba"`` recurrent engine.
 
-An optional extra (``pip install 'numpy-dataflow[numba]'``): used by default where it is
+An optional extra (``pip install -e '.[numba]'`` in a checkout): used by default where it is
 installed (the ``"auto"`` engine, after :func:`check`), or chosen with
 ``ops.set_recurrent_engine("numba")``. A small model's numpy kernel spends its steps in numpy's
 per-call overhead, under the GIL: two directions on two threads only take turns. These
@@ -254,7 +254,8 @@ def _compiled() -> tuple[Any, Any, Any, Any]:
                 import numba
             except ImportError:
                 raise DataflowRuntimeError(
-                    "the 'numba' recurrent engine needs numba: pip install 'numpy-dataflow[numba]'"
+                    "the 'numba' recurrent engine needs numba, which is not installed: pip "
+                    "install 'numba>=0.60' (in a checkout: pip install -e '.[numba]')"
                 ) from None
             g = globals()
             for name, fn in _PY.items():

@@ -160,6 +160,31 @@ class TestRun:
         r = dataflow_cmd("run", str(script), "--epochs", "3", "-v")
         assert r.returncode == 0 and r.stderr == ""
 
+    @pytest.mark.parametrize(("env", "option", "expected"), [
+        ("asyncio", (), "asyncio"),
+        ("asyncio", ("--loop", "auto"), "auto"),
+        (None, (), "auto"),
+    ])  # fmt: skip
+    def test_loop_environment_variable_is_kept(
+        self, tmp_path: Path, env: str | None, option: tuple[str, ...], expected: str
+    ) -> None:
+        """$DATAFLOW_LOOP chooses the loop when --loop is not given; a given --loop wins."""
+        script = tmp_path / "s.py"
+        script.write_text("import os\nprint(os.environ.get('DATAFLOW_LOOP'))\n")
+        environ = {k: v for k, v in os.environ.items() if k != "DATAFLOW_LOOP"}
+        if env is not None:
+            environ["DATAFLOW_LOOP"] = env
+        r = subprocess.run(
+            [sys.executable, "-m", "dataflow", "run", *option, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            env=environ,
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == expected
+
     def test_help_says_options_go_first(self) -> None:
         """`dataflow run --help` says options go before the script."""
         r = dataflow_cmd("run", "--help")

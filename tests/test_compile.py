@@ -327,8 +327,19 @@ class TestCompile:
         dataflow.run(main)
         with pytest.raises(TypeError, match="batch_axis"):
             dataflow.compile(Mlp(), batch_axis="0")  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="max_batch"):
+        with pytest.raises(dataflow.DataflowValueError, match="max_batch"):
             dataflow.compile(Mlp(), max_batch=0)
+        with pytest.raises(dataflow.DataflowValueError, match="max_wait"):
+            dataflow.compile(Mlp(), max_wait=-1)
+
+    @pytest.mark.parametrize(
+        "options",
+        [{"max_batch": 1.5}, {"max_batch": "8"}, {"max_wait": "0.01"}, {"max_wait": None}],
+    )
+    def test_options_of_another_type_are_type_errors(self, options: dict[str, Any]) -> None:
+        """A wrong type is a DataflowTypeError naming the option (docs/api.md, "Errors")."""
+        with pytest.raises(dataflow.DataflowTypeError, match=next(iter(options))):
+            dataflow.compile(Mlp(), **options)
 
 
 class TestBatching:
@@ -878,6 +889,41 @@ class TestFailureIsolation:
                 await forward(-np.ones((1, 2), np.float32))
 
         dataflow.run(main, interop_threads=2)
+
+
+def _interrupt_if_negative(x: Any) -> Any:
+    if (x < 0).any():
+        raise KeyboardInterrupt
+    return x
+
+
+_interrupting = dataflow.op(
+    "interrupt_if_negative",
+    meta=ops.spec_of,
+    handle=ops.Tensor,
+    cost=lambda x: dataflow.Cost(1.0, 8.0),
+)(_interrupt_if_negative)
+
+
+class TestInterrupts:
+    @pytest.mark.timeout(30)
+    def test_ctrl_c_in_a_plan_run_on_the_loop_stops_the_program(self) -> None:
+        """A short plan runs whole on the loop's thread: a KeyboardInterrupt its kernel raises
+        (Ctrl-C lands on the main thread) comes out of dataflow.run, not as a TaskError that
+        `except Exception` catches."""
+        forward = dataflow.compile(lambda x: ops.negative(_interrupting(x)))
+        swallowed: list[BaseException] = []
+
+        async def main() -> None:
+            np.testing.assert_array_equal(await forward(np.ones(3)), -np.ones(3))
+            try:
+                await forward(-np.ones(3))
+            except Exception as e:  # what the interrupt must not become
+                swallowed.append(e)
+
+        with pytest.raises(KeyboardInterrupt):
+            dataflow.run(main, interop_threads=2)
+        assert swallowed == []
 
 
 class TestRuntimesInThreads:

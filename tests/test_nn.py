@@ -276,8 +276,10 @@ class TestLinear:
                 await fc(np.ones((2, 3)))
 
         dataflow.run(main)
-        with pytest.raises(ValueError, match="in_features must be a positive int"):
+        with pytest.raises(dataflow.DataflowValueError, match="in_features must be a positive int"):
             nn.Linear(0, 2)
+        with pytest.raises(dataflow.DataflowTypeError, match="out_features must be a positive int"):
+            nn.Linear(2, 1.5)  # type: ignore[arg-type]
 
     @pytest.mark.parametrize("dtype", ["int32", np.int64, np.bool_, np.complex64], ids=str)
     def test_non_floating_dtype_refused(self, dtype: Any) -> None:

@@ -112,12 +112,15 @@ class TestDistributionName:
         assert asked == ["numpy-dataflow"]
 
     def test_no_install_command_fetches_another_project(self) -> None:
-        """No doc or message says `pip install dataflow` / `'dataflow[...]'` / `ops`."""
+        """No doc or message says `pip install dataflow` / `'dataflow[...]'` / `ops`, nor
+        `numpy-dataflow`, which is not on PyPI (README): not the library, nor its examples and
+        benchmarks."""
         import re
 
-        bad = re.compile(r"pip install\s+['\"]?(dataflow|ops)\b(?!-)")
+        bad = re.compile(r"pip install\s+['\"]?(numpy-dataflow|dataflow|ops)\b(?!-)")
         files = [self.ROOT / "README.md", *sorted((self.ROOT / "docs").glob("*.md"))]
-        files += sorted((self.ROOT / "dataflow").rglob("*.py"))
+        for package in ("dataflow", "ops", "examples", "benchmarks"):
+            files += sorted((self.ROOT / package).rglob("*.py"))
         offenders = [
             f"{path.relative_to(self.ROOT)}:{n}"
             for path in files

@@ -449,10 +449,16 @@ class TestErrors:
         assert ops.get_recurrent_engine() == "numpy"
 
     def test_numba_missing_names_the_extra(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The fix named installs numba from PyPI, or the extra from a checkout: the
+        distribution itself is not on PyPI (README), so `pip install numpy-dataflow[numba]`
+        would fail."""
         ops.set_recurrent_engine("numpy")
         monkeypatch.setattr(_rnn_numba, "available", lambda: False)
-        with pytest.raises(dataflow.DataflowRuntimeError, match=r"numpy-dataflow\[numba\]"):
+        with pytest.raises(dataflow.DataflowRuntimeError) as info:
             ops.set_recurrent_engine("numba")
+        assert "numpy-dataflow[" not in str(info.value)
+        assert "pip install 'numba>=0.60'" in str(info.value)
+        assert "pip install -e '.[numba]'" in str(info.value)
         assert ops.get_recurrent_engine() == "numpy"
 
 

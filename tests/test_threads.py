@@ -43,11 +43,25 @@ class TestInterop:
         with pytest.raises(ValueError, match="DATAFLOW_NUM_INTEROP_THREADS"):
             dataflow.get_num_interop_threads()
 
-    @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+    @pytest.mark.parametrize("bad", [0, -1])
     def test_rejects_bad_counts(self, bad: object) -> None:
         """Counts must be positive ints."""
-        with pytest.raises(ValueError, match="positive int"):
+        with pytest.raises(dataflow.DataflowValueError, match="positive int"):
             dataflow.set_num_interop_threads(bad)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("bad", [1.5, "2", True])
+    def test_rejects_counts_of_another_type_with_a_type_error(self, bad: object) -> None:
+        """A count that is not an int is a DataflowTypeError (docs/api.md, "Errors")."""
+        with pytest.raises(dataflow.DataflowTypeError, match="positive int, got"):
+            dataflow.set_num_interop_threads(bad)  # type: ignore[arg-type]
+        with pytest.raises(dataflow.DataflowTypeError, match="set_num_threads"):
+            dataflow.set_num_threads(bad)  # type: ignore[arg-type]
+        with pytest.raises(dataflow.DataflowTypeError, match="interop_threads"):
+            dataflow.Runtime(interop_threads=bad)  # type: ignore[arg-type]
+        with pytest.raises(dataflow.DataflowTypeError, match="intraop_threads"):
+            dataflow.Runtime(intraop_threads=bad)  # type: ignore[arg-type]
+        with pytest.raises(dataflow.DataflowTypeError, match="max_pending"):
+            dataflow.Runtime(max_pending=bad)  # type: ignore[arg-type]
 
     @pytest.mark.asyncio
     async def test_cannot_resize_running_pool(self) -> None:

@@ -1,8 +1,8 @@
 """Tracing: run a program once with example inputs and record the ops it issues.
 
 :func:`trace` runs the program under a :class:`Tracer`, a runtime that *records* instead of
-running: an op call (which reaches ``Runtime.submit`` as for any runtime, so tracing costs the
-normal path nothing) becomes a node whose arguments hold references in place of values:
+running: an op call (which reaches the backend's ``submit`` as in any runtime, so tracing
+costs the normal path nothing) becomes a node whose arguments hold references in place of values:
 
 * the example inputs, by identity (an ndarray argument that *is* an input) or as the pending
   placeholders the program received (inputs given as ``ops.asarray(x)``-like handles);

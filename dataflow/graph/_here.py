@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import TaskError, task_failed
 from .._pool import GRAPH_LOCK
+from .._scheduler._base import stops_here
 from .._scheduler._placement import FIRST_RUNS, SAMPLE
 from ._ir import map_refs
 from ._slots import NODE, NODE_OUT, output_value, ref_value
@@ -87,6 +88,8 @@ def run_here(prog: Program, rt: Runtime, inputs: Sequence[Any]) -> Any:
             with GRAPH_LOCK:
                 sched.failures.append(err)
             sched.inline_run += i
+            if stops_here(exc, err):  # Ctrl-C in a kernel on this (the loop's) thread
+                raise
             raise err from exc
         values[i] = value
     sched.inline_run += n

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dataflow import DataflowValueError, OpInputError, OpTypeError
+from dataflow import DataflowTypeError, DataflowValueError, OpInputError, OpTypeError
 
 from .._checks import operand
 from .._linalg import linear
@@ -48,7 +48,11 @@ class Linear(Module):
         rng: np.random.Generator | None = None,
     ) -> None:
         for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise DataflowTypeError(
+                    f"nn.Linear: {name} must be a positive int, got {type(v).__name__}: {v!r}"
+                )
+            if v < 1:
                 raise DataflowValueError(f"nn.Linear: {name} must be a positive int, got {v!r}")
         with_bias = check_flag("nn.Linear", "bias", bias)
         dt = float_dtype("nn.Linear", dtype)

@@ -1,0 +1,134 @@
+"""The API reference states the signatures the code has, and documents every public name.
+
+docs/api.md gives each call's signature in its `### ` headings (`### \\`run(main, /, *args,
+loop="auto") -> T\\``): every backticked call there must name a public callable of `dataflow`
+with the same parameters, in the same order, of the same kinds (positional-only,
+keyword-only, `*args`, `**kwargs`) and with the same defaults as `inspect.signature` reports.
+The op tables of docs/ops.md (`| \\`sum\\` | \\`(x, axis=None, keepdims=False)\\` |`) must match
+each op's meta rule (or, for an op that is a plain function, the function). A heading that is
+not a call (`### \\`class Future[T]\\``) is not checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dataflow
+import ops
+
+ROOT = Path(__file__).resolve().parent.parent
+API = ROOT / "docs" / "api.md"
+OPS = ROOT / "docs" / "ops.md"
+
+_CODE = re.compile(r"`([^`]+)`")
+_CALL = re.compile(r"^(?:await\s+|class\s+)?(?P<name>[A-Za-z_]\w*)\((?P<params>.*)\)(?:\s*->.*)?$")
+_OPS_ROW = re.compile(r"^\|\s*(?P<names>`\w+`(?:\s*,\s*`\w+`)*)\s*\|\s*`(?P<sig>\([^`]*\))`\s*\|")
+
+_MISSING = object()
+# Pages that do not document the API: a log of measurements, and the module list.
+_NOT_REFERENCE = {"benchmarks.md", "code-map.md"}
+
+
+def _documented(params: str) -> list[tuple[str, inspect._ParameterKind, Any]]:
+    """The parameters a documented signature lists: (name, kind, default or _MISSING)."""
+    args = ast.parse(f"def _f({params}): pass").body[0].args  # type: ignore[attr-defined]
+    out: list[tuple[str, inspect._ParameterKind, Any]] = []
+    positional: list[tuple[ast.arg, inspect._ParameterKind]] = [
+        (a, inspect.Parameter.POSITIONAL_ONLY) for a in args.posonlyargs
+    ]
+    positional += [(a, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a in args.args]
+    defaults = [_MISSING] * (len(positional) - len(args.defaults))
+    defaults += [ast.literal_eval(d) for d in args.defaults]
+    for (arg, kind), default in zip(positional, defaults, strict=True):
+        out.append((arg.arg, kind, default))
+    if args.vararg is not None:
+        out.append((args.vararg.arg, inspect.Parameter.VAR_POSITIONAL, _MISSING))
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        value = _MISSING if default is None else ast.literal_eval(default)
+        out.append((arg.arg, inspect.Parameter.KEYWORD_ONLY, value))
+    if args.kwarg is not None:
+        out.append((args.kwarg.arg, inspect.Parameter.VAR_KEYWORD, _MISSING))
+    return out
+
+
+def _actual(obj: Any) -> list[tuple[str, inspect._ParameterKind, Any]]:
+    return [
+        (p.name, p.kind, _MISSING if p.default is inspect.Parameter.empty else p.default)
+        for p in inspect.signature(obj).parameters.values()
+    ]
+
+
+def _heading_calls() -> list[tuple[int, str, str]]:
+    """(line, name, parameters) of every call in a `### ` heading of docs/api.md."""
+    calls = []
+    for number, line in enumerate(API.read_text().splitlines(), 1):
+        if not line.startswith("### "):
+            continue
+        for code in _CODE.findall(line):
+            match = _CALL.match(code.strip())
+            if match is not None:
+                calls.append((number, match["name"], match["params"]))
+    return calls
+
+
+def _ops_rows() -> list[tuple[int, str, str]]:
+    """(line, op name, parameters) of every row of docs/ops.md's op tables."""
+    rows = []
+    for number, line in enumerate(OPS.read_text().splitlines(), 1):
+        match = _OPS_ROW.match(line)
+        if match is not None:
+            for name in re.findall(r"`(\w+)`", match["names"]):
+                rows.append((number, name, match["sig"][1:-1]))
+    return rows
+
+
+class TestApiHeadings:
+    def test_headings_are_found(self) -> None:
+        """The parser sees the reference's calls (a format change must not silence the test)."""
+        names = {name for _, name, _ in _heading_calls()}
+        assert {"fork", "wait", "run", "Runtime", "op", "compile", "trace", "profile"} <= names
+
+    @pytest.mark.parametrize(("line", "name", "params"), _heading_calls(), ids=lambda v: str(v))
+    def test_heading_matches_signature(self, line: int, name: str, params: str) -> None:
+        """A documented call has the code's parameters: names, kinds, order and defaults."""
+        assert name in dataflow.__all__, f"docs/api.md:{line}: {name} is not in dataflow.__all__"
+        documented = _documented(params)
+        actual = _actual(getattr(dataflow, name))
+        assert documented == actual, (
+            f"docs/api.md:{line}: {name}({params}) differs from the code's "
+            f"{name}{inspect.signature(getattr(dataflow, name))}"
+        )
+
+    def test_every_public_name_is_documented(self) -> None:
+        """Every name in dataflow.__all__ is named, in backticks, on a reference page of docs/."""
+        pages = [p for p in (ROOT / "docs").glob("*.md") if p.name not in _NOT_REFERENCE]
+        lines = [line for p in pages for line in p.read_text().splitlines()]
+        # Inline code, line by line (a fence's ``` would pair with the next span's backtick).
+        code = " ".join(c for line in lines if "```" not in line for c in _CODE.findall(line))
+        missing = [n for n in dataflow.__all__ if not re.search(rf"\b{n}\b", code)]
+        assert not missing, f"public names no page documents: {missing}"
+
+
+class TestOpsTables:
+    def test_rows_are_found(self) -> None:
+        """The parser sees the op tables."""
+        assert {"add", "sum", "matmul", "split", "softmax"} <= {n for _, n, _ in _ops_rows()}
+
+    @pytest.mark.parametrize(("line", "name", "params"), _ops_rows(), ids=lambda v: str(v))
+    def test_row_matches_op(self, line: int, name: str, params: str) -> None:
+        """An op's documented parameters are its meta rule's (names, order and defaults)."""
+        obj = getattr(ops, name)
+        target = obj.meta if isinstance(obj, dataflow.Op) else obj
+        # The tables show names and defaults; which operands are positional-only the prose says.
+        documented = [(n, d) for n, _, d in _documented(params)]
+        actual = [(n, d) for n, _, d in _actual(target)]
+        assert documented == actual, (
+            f"docs/ops.md:{line}: {name}({params}) differs from the code's "
+            f"{name}{inspect.signature(target)}"
+        )
