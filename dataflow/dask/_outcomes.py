@@ -221,21 +221,29 @@ class Outcomes(BackendBase):
             self._settle_locked(task, rem)
             if task.state >= DONE:
                 return
-            task.state = CANCELLED if cancelled else FAILED
-            task.error = err
-            task.value = None
-            task.fn = task.args = task.kwargs = None
-            if not reports:
-                task.inputs = ()
-            waiters = gs.take_waiters(task)
-            if waiters is not None:
-                sched.host.wake(waiters)
-            deps, task.dependents = task.dependents, None
-            for d in deps or ():
-                d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
+            self._end_locked(task, err, cancelled, keep_inputs=reports)
         if (ACTIVE or sched.watching) and not reports:
             sched.record_unrun(cancelled)
             sched.emit("task_cancelled" if cancelled else "task_failed", task)
+
+    def _end_locked(
+        self, task: Task, err: BaseException, cancelled: bool, keep_inputs: bool
+    ) -> None:
+        """A sent task ends here with ``err`` (CANCELLED or FAILED): its waiters are woken and
+        what depends on it fails with the same error. ``keep_inputs``: its span is still to
+        be reported (by the relay), which names them. Holds the lock."""
+        task.state = CANCELLED if cancelled else FAILED
+        task.error = err
+        task.value = None
+        task.fn = task.args = task.kwargs = None
+        if not keep_inputs:
+            task.inputs = ()
+        waiters = gs.take_waiters(task)
+        if waiters is not None:
+            self._sched.host.wake(waiters)
+        deps, task.dependents = task.dependents, None
+        for d in deps or ():
+            d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
 
     def _drop_sent_locked(self, task: Task, err: BaseException) -> bool:
         """Drop a task sent to the cluster that its cancelled request dispatched and nobody
@@ -248,17 +256,7 @@ class Outcomes(BackendBase):
         sched = self._sched
         self._timed.pop(task.id, None)
         self._settle_locked(task, rem)
-        task.state = CANCELLED
-        task.error = err
-        task.value = None
-        task.fn = task.args = task.kwargs = None
-        task.inputs = ()
-        waiters = gs.take_waiters(task)
-        if waiters is not None:
-            sched.host.wake(waiters)
-        deps, task.dependents = task.dependents, None
-        for d in deps or ():
-            d.runtime._sched._fail_locked(d, err)  # type: ignore[union-attr]
+        self._end_locked(task, err, True, keep_inputs=False)
         if ACTIVE or sched.watching:
             sched.record_unrun(True)
             sched.emit("task_cancelled", task)
