@@ -273,6 +273,18 @@ class TestInterrupt:
         assert "Traceback" not in err
 
 
+def _info(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m dataflow info` in a fresh process with ``env``."""
+    return subprocess.run(
+        [sys.executable, "-m", "dataflow", "info"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+
+
 class TestInfo:
     def test_info_and_version(self) -> None:
         """`dataflow info` prints parallel_info; --version the version."""
@@ -290,14 +302,7 @@ class TestInfo:
         # environment for its workers, and the subprocess would inherit MKL_NUM_THREADS.
         chosen = (_threads._ENV_INTEROP, *_threads._ENV_INTRAOP)
         env = {k: v for k, v in os.environ.items() if k not in chosen}
-        r = subprocess.run(
-            [sys.executable, "-m", "dataflow", "info"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            env=env,
-        )
+        r = _info(env)
         assert r.returncode == 0, r.stderr
         assert "WARNING" not in r.stdout
 
@@ -305,14 +310,7 @@ class TestInfo:
         """`dataflow info` under a bad $DATAFLOW_NUM_INTEROP_THREADS says which, in one line
         (`Type: message`), and exits 1; it printed a traceback."""
         env = {**os.environ, "DATAFLOW_NUM_INTEROP_THREADS": "abc"}
-        r = subprocess.run(
-            [sys.executable, "-m", "dataflow", "info"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-            env=env,
-        )
+        r = _info(env)
         assert r.returncode == 1, r.stderr
         assert "Traceback" not in r.stderr
         assert r.stderr.strip() == (
