@@ -162,39 +162,45 @@ class Plans:
     async def _program(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> Any:
         """The prepared plan of this signature, tracing it if it is new.
 
-        A call that finds another call tracing this signature waits for that trace. If it
-        failed, the waiting call raises the same error; if the tracing call was cancelled
-        first (a deadline, a client gone), a waiting call traces the signature itself."""
+        The trace runs in a task of its own, owned by the runtime, which every call of the
+        signature meanwhile waits for: a caller that stops waiting (a deadline, a client gone)
+        does not cancel it, so a trace longer than the callers' deadline still ends, and the
+        next call finds its plan (cancelled with each caller, it never compiled). If it
+        failed, the waiting calls raise its error; if it was cancelled (its runtime closing),
+        a waiting call traces the signature again."""
         while True:
             found = self.programs.get(key)
             if found is not None:
                 return found
             rt = get_runtime("a compiled forward")
+            host = rt.host
+            assert host is not None
             entry = self._compiling.get(key)
             if entry is None:
-                break
-            host = rt.host  # another call is tracing it: wait for that one
-            assert host is not None
+                entry = self._compiling[key] = Tracing()
+                host.spawn(self._trace_into(key, entry, arrays, statics), "compile: trace")
             waiter = host.waiter()
             entry.waiters.append((host, waiter))
             await waiter
             if entry.error is not None:
                 raise entry.error
-        entry = self._compiling[key] = Tracing()
+
+    async def _trace_into(
+        self, key: Hashable, entry: Tracing, arrays: list[Any], statics: list[Any]
+    ) -> None:
+        """Trace a signature (``_program``'s task): its plan, or ``entry.error``."""
         try:
             found = self.programs[key] = await self._trace(arrays, statics)
             graph = found.graph
             self._read[key] = {name: graph.constants[name] for name in graph.parameters}
         except Exception as exc:
             entry.error = exc
-            raise
         finally:
             del self._compiling[key]
             # Each waiter through its own loop: a call from another runtime (another thread's
             # dataflow.run) waits on its loop, which only its host may wake (it used to hang).
             for host, waiter in entry.waiters:
                 host.wake([waiter])
-        return found
 
     async def _trace(self, arrays: list[Any], statics: list[Any]) -> Any:
         from .graph import trace_async

@@ -224,6 +224,32 @@ class TestCompile:
         with pytest.warns(UserWarning, match="still seen"):
             warnings.warn("still seen", UserWarning, stacklevel=1)
 
+    def test_a_trace_outlives_a_caller_whose_deadline_struck(self, loop: str) -> None:
+        """A caller whose deadline is shorter than the trace gives up; the trace goes on (the
+        runtime's task, not the caller's), so the next call finds the plan. Cancelled with
+        each caller, a slow signature never compiled (a server's every request timed out)."""
+
+        async def slow(x: Any) -> Any:
+            await asyncio.sleep(0.05)  # the trace suspends here: the deadline strikes
+            return ops.tanh(x)
+
+        forward = dataflow.compile(slow)
+        x = _x(3)
+
+        async def main() -> Array:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(forward(x), 0.01)
+            for _ in range(200):  # the trace ends on its own
+                if forward.programs:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(forward.programs) == 1
+            out: Array = await forward(x)
+            return out
+
+        np.testing.assert_allclose(dataflow.run(main, loop=loop), np.tanh(x), rtol=1e-6)
+        assert len(forward.programs) == 1
+
     def test_a_call_waiting_for_a_failed_trace_gets_its_error(self) -> None:
         """Concurrent first calls whose trace fails all raise the trace's own error (the
         waiting ones used to get 'compiling this signature failed (see above)')."""
