@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +237,38 @@ def test_the_library_never_configures_structlog() -> None:
         and re.search(r"(?<!`)structlog\.configure\(", p.read_text(encoding="utf-8"))
     ]
     assert offenders == []
+
+
+class TestTheLibrarysOwnLog:
+    def test_unconfigured_it_writes_to_stderr_not_stdout(self, tmp_path: Path) -> None:
+        """With structlog unconfigured (a plain script), dataflow's own error lines go to
+        stderr: structlog's default printed them on stdout, into the program's output."""
+        script = tmp_path / "s.py"
+        script.write_text(
+            "import asyncio\n"
+            "import dataflow\n"
+            "def bad():\n"
+            "    raise ValueError('boom')\n"
+            "async def main():\n"
+            "    dataflow.fork(bad)\n"
+            "    await asyncio.sleep(0.1)  # bad fails meanwhile, unobserved\n"
+            "    raise KeyError('body')\n"
+            "try:\n"
+            "    dataflow.run(main)\n"
+            "except KeyError:\n"
+            "    print('the output')\n"
+        )
+        r = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "the output\n"
+        assert "task failed and was never awaited" in r.stderr
+
+    def test_configured_it_goes_where_the_application_said(self) -> None:
+        """Once structlog is configured (here by capture_logs), the events go there."""
+        from dataflow._log import logger
+
+        with capture_logs() as logs:
+            logger.error("an event", key=1)
+        assert logs == [{"event": "an event", "key": 1, "log_level": "error"}]
