@@ -583,6 +583,47 @@ class TestStateDict:
         else:
             assert _diff(got[1], expected[1].numpy()) <= TOL
 
+    class Shared(nn.Module):
+        """``b`` is ``a`` (a shared submodule), as in ``self.b = self.a`` in torch."""
+
+        def __init__(self) -> None:
+            self.a = nn.Linear(2, 3, seed=0)
+            self.b = self.a
+            self.c = nn.Linear(3, 3, seed=1)
+
+    def test_shared_submodule_is_in_the_state_dict_under_every_name(self) -> None:
+        """As torch's state dict, a shared submodule's parameters appear under each name it
+        has (so a torch model's state dict loads strictly); named_children lists it once."""
+        net = self.Shared()
+        names = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
+        assert list(net.state_dict()) == names
+        assert [k for k, _ in net.named_children()] == ["a", "c"]
+        assert [k for k, _ in net.named_parameters()] == [names[i] for i in (0, 1, 4, 5)]
+        sd = {
+            k: np.full(v.shape, i, np.float32) for i, (k, v) in enumerate(net.state_dict().items())
+        }
+        assert net.load_state_dict(sd) == ([], [])
+        assert net.b is net.a and np.all(net.a.weight == 2)  # the later name's value, as torch
+        assert "(b): Linear" in repr(net)
+
+    def test_torch_model_with_a_shared_submodule_loads(self) -> None:
+        """torch's state dict of a model with a shared submodule loads strictly."""
+        torch = pytest.importorskip("torch")
+        base: Any = torch.nn.Module
+
+        class TShared(base):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+                self.a = torch.nn.Linear(2, 3)
+                self.b = self.a
+                self.c = torch.nn.Linear(3, 3)
+
+        sd = {k: v.detach().numpy() for k, v in TShared().state_dict().items()}
+        net = self.Shared()
+        assert list(net.state_dict()) == list(sd)
+        net.load_state_dict(sd)
+        assert np.array_equal(net.a.weight, sd["a.weight"])
+
     def test_torch_ensemble_names_match(self) -> None:
         """The tutorial's torch ensemble's state dict loads into the numpy Ensemble."""
         torch = pytest.importorskip("torch")

@@ -152,7 +152,16 @@ class Module:
         return value
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
-        """The direct submodules with their attribute names (``models.0`` for list items)."""
+        """The direct submodules with their attribute names (``models.0`` for list items),
+        each once (torch's: a submodule held by two attributes is listed under the first)."""
+        seen: set[int] = set()
+        for name, child in self._every_child():
+            if id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def _every_child(self) -> Iterator[tuple[str, Module]]:
+        """The direct submodules under every name that holds one (a shared one repeated)."""
         for name, value in vars(self).items():
             if name.startswith("_"):
                 continue
@@ -202,11 +211,23 @@ class Module:
     # -- state dicts ----------------------------------------------------------------------
 
     def _slots(self) -> dict[str, tuple[Module, str]]:
-        """Dotted parameter name -> (owning module, attribute), for every name it has."""
+        """Dotted parameter name -> (owning module, attribute), for every name it has.
+
+        Like torch's state dict, a submodule held under two names (``self.b = self.a``) has
+        its parameters under both (``a.weight`` and ``b.weight``), so a torch model's state
+        dict loads; a module that holds one of its ancestors is not entered again."""
         slots: dict[str, tuple[Module, str]] = {}
-        for mod_name, module in self.named_modules():
+        stack: list[tuple[str, Module, frozenset[int]]] = [("", self, frozenset((id(self),)))]
+        while stack:
+            prefix, module, path = stack.pop()
             for name, _ in module._own_parameters():
-                slots[f"{mod_name}.{name}" if mod_name else name] = (module, name)
+                slots[prefix + name] = (module, name)
+            kids = [
+                (f"{prefix}{name}.", child, path | {id(child)})
+                for name, child in module._every_child()
+                if id(child) not in path
+            ]
+            stack.extend(reversed(kids))
         return slots
 
     def state_dict(self) -> dict[str, np.ndarray[Any, Any]]:
@@ -303,7 +324,7 @@ class Module:
 
     def __repr__(self) -> str:
         lines = []
-        for name, child in self.named_children():
+        for name, child in self._every_child():  # (torch's repr shows a shared one twice)
             text = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {text}")
         extra = self.extra_repr()
