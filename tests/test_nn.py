@@ -624,6 +624,27 @@ class TestStateDict:
         net.load_state_dict(sd)
         assert np.array_equal(net.a.weight, sd["a.weight"])
 
+    def test_tied_parameters_stay_tied_after_loading(self) -> None:
+        """Two names for one array (weight tying) name one array after load_state_dict, as
+        after torch's in-place load, also when the dict gives only one of the names."""
+
+        class Tied(nn.Module):
+            def __init__(self) -> None:
+                self.enc = nn.Linear(4, 4, seed=0)
+                self.dec = nn.Linear(4, 4, seed=1)
+                self.dec.weight = self.enc.weight
+
+        net = Tied()
+        sd = {
+            k: np.full(v.shape, i, np.float32) for i, (k, v) in enumerate(net.state_dict().items())
+        }
+        assert list(sd) == ["enc.weight", "enc.bias", "dec.weight", "dec.bias"]
+        net.load_state_dict(sd)
+        assert net.dec.weight is net.enc.weight and np.all(net.enc.weight == 2)  # the later
+        assert len(list(net.parameters())) == 3
+        net.load_state_dict({"enc.weight": np.ones((4, 4), np.float32)}, strict=False)
+        assert net.dec.weight is net.enc.weight and np.all(net.dec.weight == 1)
+
     def test_torch_ensemble_names_match(self) -> None:
         """The tutorial's torch ensemble's state dict loads into the numpy Ensemble."""
         torch = pytest.importorskip("torch")

@@ -274,7 +274,13 @@ class Module:
             problems.append(f"missing keys: {', '.join(missing)}")
         if strict and unexpected:
             problems.append(f"unexpected keys: {', '.join(map(str, unexpected))}")
-        updates: list[tuple[Module, str, np.ndarray[Any, Any]]] = []
+        # Every slot that holds each array (tied parameters: two names for one array).
+        holders: dict[int, list[tuple[Module, str]]] = {}
+        for module, attr in slots.values():
+            found = holders.setdefault(id(getattr(module, attr)), [])
+            if not any(m is module and a == attr for m, a in found):
+                found.append((module, attr))
+        loaded: dict[int, np.ndarray[Any, Any]] = {}  # id(current array) -> its replacement
         for key, (module, attr) in slots.items():
             if key not in state_dict:
                 continue
@@ -295,17 +301,23 @@ class Module:
                     f"{key}: the model has {_fmt(current)}, the state dict has {_fmt(value)}"
                 )
                 continue
+            if id(current) in loaded:  # a tied parameter's other name: the later wins, as torch
+                np.copyto(loaded[id(current)], value)
+                continue
             copy = np.array(value, order="C", copy=True)
-            updates.append((module, attr, module._parameter_layout(attr, copy)))
+            loaded[id(current)] = module._parameter_layout(attr, copy)
         if problems:
             hint = " (pass strict=False to ignore missing and unexpected keys)" if strict else ""
             raise StateDictError(
                 f"error(s) loading the state dict into {type(self).__name__}{hint}:\n  "
                 + "\n  ".join(problems)
             )
-        for module, attr, value in updates:
-            setattr(module, attr, value)
-        if updates:
+        # One new array for every name of a tied parameter (loaded under any of them), so
+        # they stay tied, as torch's in-place load keeps them.
+        for old, new in loaded.items():
+            for module, attr in holders[old]:
+                setattr(module, attr, new)
+        if loaded:
             _loads[0] += 1  # (parameter_version: compiled forwards look for replaced arrays)
         return IncompatibleKeys(missing, [str(k) for k in unexpected])
 
