@@ -447,6 +447,16 @@ class TestRecurrent:
                 await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), None))
             with pytest.raises(dataflow.OpInputError, match=r"nn.LSTM: .* got c0 alone"):
                 await m(_rand(0, 3, 2, 4), (None, _rand(0, 2, 2, 5)))
+            with pytest.raises(dataflow.OpInputError, match=r"got tuple of 3 items"):
+                await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5),) * 3)
+            with pytest.raises(
+                dataflow.OpInputError, match=r"x \(steps, batch, input_size\) has no"
+            ):
+                await m(_rand(0, 0, 2, 4))
+            with pytest.raises(
+                dataflow.OpInputError, match=r"has an empty batch, got float32\[3, 0"
+            ):
+                await m(_rand(0, 3, 0, 4))
 
         dataflow.run(main)
 

@@ -207,18 +207,24 @@ class _RNNBase(_RNNLayers):
             x = np.asarray(x)
         s = spec_of(x)
         layout = "(batch, steps, input_size)" if self.batch_first else "(steps, batch, input_size)"
-        if len(s.shape) != 3 or s.shape[2] != self.input_size or 0 in s.shape:
+        if len(s.shape) != 3 or s.shape[2] != self.input_size:
             raise OpInputError(
-                f"nn.{name}: x must have shape {layout} with input_size {self.input_size} "
-                f"and at least one step, got {s!r} (batch_first={self.batch_first}; unbatched "
-                "input: add a batch axis of 1)"
+                f"nn.{name}: x must have shape {layout} with input_size {self.input_size}, "
+                f"got {s!r} (batch_first={self.batch_first}; unbatched input: add a batch axis "
+                "of 1)"
+            )
+        steps, batch = (s.shape[1], s.shape[0]) if self.batch_first else s.shape[:2]
+        if steps == 0 or batch == 0:
+            raise OpInputError(
+                f"nn.{name}: x {layout} has {'no steps' if steps == 0 else 'an empty batch'}, "
+                f"got {s!r} (batch_first={self.batch_first}): a forward needs at least one "
+                "step and one batch row"
             )
         if s.dtype != getattr(self, "weight_ih_l0").dtype:  # noqa: B009 - set by name
             raise OpTypeError(
                 f"nn.{name}: x has dtype {s.dtype} but the parameters are {self.dtype}; "
                 f"convert x with .astype(np.{self.dtype})"
             )
-        steps, batch = (s.shape[1], s.shape[0]) if self.batch_first else s.shape[:2]
         return x, steps, batch
 
     def _split_state(self, state: Any, what: str, batch: int) -> list[State]:
@@ -286,7 +292,10 @@ class LSTM(_RNNBase):
             h0 = c0 = self._split_state(None, "h0", batch)
         else:
             if not isinstance(hx, tuple | list) or len(hx) != 2:
-                raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
+                got = type(hx).__name__
+                if isinstance(hx, tuple | list):
+                    got += f" of {len(hx)} items"
+                raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {got}")
             if (hx[0] is None) != (hx[1] is None):
                 raise OpInputError(
                     "nn.LSTM: hx must give both h0 and c0 (or pass hx=None for zero states), got "
