@@ -304,6 +304,21 @@ class TestLinear:
         with pytest.raises(dataflow.DataflowTypeError, match=r"nn.Linear: bias must be True or"):
             nn.Linear(3, 4, bias=flag)
 
+    @pytest.mark.parametrize(
+        ("kw", "match"),
+        [
+            ({"rng": 42}, r"nn.Linear: rng must be a numpy.random.Generator, got int"),
+            ({"seed": "a"}, r"nn.Linear: seed must be None or a non-negative int, got str"),
+            ({"seed": -1}, r"nn.Linear: seed must be None or a non-negative int, got int"),
+        ],
+        ids=repr,
+    )
+    def test_bad_seed_or_rng_named(self, kw: dict[str, Any], match: str) -> None:
+        """A bad seed or rng is a DataflowError naming it (was numpy's AttributeError
+        "'int' object has no attribute 'uniform'", or a SeedSequence message)."""
+        with pytest.raises(dataflow.DataflowError, match=match):
+            nn.Linear(2, 2, **kw)
+
     def test_numpy_bool_flag_accepted(self) -> None:
         """np.False_ is a real bool."""
         flag: Any = np.False_

@@ -46,7 +46,25 @@ def make_rng(seed: int | None, rng: np.random.Generator | None, where: str) -> n
     """The generator a module initialises its parameters from (``seed`` xor ``rng``)."""
     if seed is not None and rng is not None:
         raise dataflow.DataflowValueError(f"{where}: give seed or rng, not both")
-    return rng if rng is not None else np.random.default_rng(seed)
+    if rng is not None:
+        if not isinstance(rng, np.random.Generator | np.random.RandomState):  # (both draw alike)
+            raise dataflow.DataflowTypeError(
+                f"{where}: rng must be a numpy.random.Generator, got {type(rng).__name__}: "
+                f"{rng!r:.60} (make one with np.random.default_rng(seed), or pass seed=)"
+            )
+        return rng
+    try:
+        return np.random.default_rng(seed)
+    except (TypeError, ValueError) as exc:  # numpy's: "SeedSequence expects int or ..."
+        kind = (
+            dataflow.DataflowTypeError
+            if isinstance(exc, TypeError)
+            else dataflow.DataflowValueError
+        )
+        raise kind(
+            f"{where}: seed must be None or a non-negative int, got {type(seed).__name__}: "
+            f"{seed!r:.60} ({exc})"
+        ) from exc
 
 
 def check_flag(where: str, name: str, value: Any) -> bool:
