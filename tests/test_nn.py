@@ -215,6 +215,34 @@ class TestModule:
 
         assert dataflow.run(main) == 2
 
+    def test_sync_forward_returning_a_tensor_keeps_it_pending(self) -> None:
+        """A plain def forward's pending result stays pending inside another forward, as an
+        async forward's does, so the model traces and compiles (it was awaited: the trace
+        saw its value used and compile refused the model)."""
+
+        class Plain(nn.Module):
+            def forward(self, x: Any) -> Any:
+                return ops.tanh(x)
+
+        class Outer(nn.Module):
+            def __init__(self) -> None:
+                self.inner = Plain()
+
+            async def forward(self, x: Any) -> Any:
+                y = await self.inner(x)
+                assert isinstance(y, ops.Tensor)
+                return ops.multiply(y, 2.0)
+
+        x1, x2 = _rand(0, 4, 3), _rand(1, 4, 3)
+        forward = dataflow.compile(Outer())
+
+        async def main() -> tuple[Array, Array, Array]:
+            return await Outer()(x1), await forward(x1), await forward(x2)
+
+        eager, y1, y2 = dataflow.run(main)
+        assert np.allclose(eager, 2 * np.tanh(x1)) and np.allclose(y1, eager)
+        assert np.allclose(y2, 2 * np.tanh(x2))
+
     def test_missing_forward(self) -> None:
         """A module without forward says what to define."""
 

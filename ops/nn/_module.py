@@ -150,8 +150,13 @@ class Module:
         """
         with dataflow.model_code() as nested:
             result = self.forward(*args, **kwargs)
-            # A plain `def forward` works too: only await what is awaitable.
-            if type(result) is CoroutineType or inspect.isawaitable(result):
+            # A plain `def forward` works too: await the coroutine or awaitable it returns,
+            # but not a pending tensor or future, which it returns as an async forward would
+            # (awaited here, it was computed then: the model lost its overlap and could not
+            # be traced).
+            if type(result) is CoroutineType or (
+                not isinstance(result, dataflow.Future) and inspect.isawaitable(result)
+            ):
                 result = await result
         if nested:
             return result
