@@ -309,6 +309,13 @@ class TestLinear:
         with pytest.raises(dataflow.DataflowTypeError, match="out_features must be a positive int"):
             nn.Linear(2, 1.5)  # type: ignore[arg-type]
 
+    def test_numpy_integer_sizes_accepted(self) -> None:
+        """nn.Linear(np.prod(shape), n) builds, as in torch and as nn.LSTM takes numpy
+        integers (it was a DataflowTypeError); the sizes are stored as Python ints."""
+        fc = nn.Linear(np.prod((2, 3)), np.int32(4))  # type: ignore[arg-type]
+        assert fc.weight.shape == (4, 6)
+        assert type(fc.in_features) is int and type(fc.out_features) is int
+
     @pytest.mark.parametrize("dtype", ["int32", np.int64, np.bool_, np.complex64], ids=str)
     def test_non_floating_dtype_refused(self, dtype: Any) -> None:
         """dtype='int32' is refused naming the argument (its weights would all be 0)."""

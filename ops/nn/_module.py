@@ -25,6 +25,7 @@ __all__ = [
     "Module",
     "StateDictError",
     "check_flag",
+    "check_positive",
     "float_dtype",
     "make_rng",
     "uniform",
@@ -78,6 +79,18 @@ def check_flag(where: str, name: str, value: Any) -> bool:
     raise dataflow.DataflowTypeError(
         f"{where}: {name} must be True or False, got {type(value).__name__}: {value!r}"
     )
+
+
+def check_positive(where: str, name: str, v: object) -> int:
+    """``v`` as a positive int (a numpy integer too, as torch takes ``np.prod(shape)``), or a
+    DataflowTypeError / DataflowValueError naming the argument."""
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        raise dataflow.DataflowTypeError(
+            f"{where}: {name} must be a positive int, got {type(v).__name__}: {v!r}"
+        )
+    if v < 1:
+        raise dataflow.DataflowValueError(f"{where}: {name} must be a positive int, got {v!r}")
+    return int(v)
 
 
 def float_dtype(where: str, dtype: Any) -> np.dtype[Any]:

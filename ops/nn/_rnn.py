@@ -49,7 +49,7 @@ from .._recurrent import (
 from .._rnn_layout import LAYOUT_BATCH, lay_out
 from .._rnn_ops import gru_sequence, lstm_sequence
 from .._tensor import Tensor, TensorSpec, spec_of
-from ._module import check_flag, float_dtype, make_rng, uniform
+from ._module import check_flag, check_positive, float_dtype, make_rng, uniform
 from ._rnn_layers import Array, State, Value, _RNNLayers, _Weights
 
 __all__ = ["GRANULARITIES", "GRU", "LSTM", "STEP_OP_MIN_SECONDS"]
@@ -65,16 +65,6 @@ STEP_OP_MIN_SECONDS = 2e-3
 #: The single-thread GEMM rate the estimate assumes (flop/s): a conservative figure for one
 #: core of the machines we measure on (OpenBLAS float32 reaches 50-70 GFLOP/s there).
 _ASSUMED_GEMM_RATE = 50e9
-
-
-def _check_positive(where: str, name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer):
-        raise dataflow.DataflowTypeError(
-            f"{where}: {name} must be a positive int, got {type(v).__name__}: {v!r}"
-        )
-    if v < 1:
-        raise dataflow.DataflowValueError(f"{where}: {name} must be a positive int, got {v!r}")
-    return int(v)
 
 
 def _check_dropout(where: str, v: object) -> float:
@@ -121,9 +111,9 @@ class _RNNBase(_RNNLayers):
         granularity: str = "auto",
     ) -> None:
         where = f"nn.{type(self).__name__}"
-        self.input_size = _check_positive(where, "input_size", input_size)
-        self.hidden_size = _check_positive(where, "hidden_size", hidden_size)
-        self.num_layers = _check_positive(where, "num_layers", num_layers)
+        self.input_size = check_positive(where, "input_size", input_size)
+        self.hidden_size = check_positive(where, "hidden_size", hidden_size)
+        self.num_layers = check_positive(where, "num_layers", num_layers)
         self.bias = check_flag(where, "bias", bias)
         self.batch_first = check_flag(where, "batch_first", batch_first)
         # Inference only: dropout is kept for torch compatibility (torch ignores it in eval).
