@@ -497,6 +497,11 @@ class TestRecurrent:
                 await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), None))
             with pytest.raises(dataflow.OpInputError, match=r"nn.LSTM: .* got c0 alone"):
                 await m(_rand(0, 3, 2, 4), (None, _rand(0, 2, 2, 5)))
+            gru = nn.GRU(4, 5, num_layers=2)
+            with pytest.raises(dataflow.OpInputError, match=r"a GRU's hx is h0 alone"):
+                await gru(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), _rand(1, 2, 2, 5)))
+            layers = await gru(_rand(0, 3, 2, 4), [_rand(0, 2, 5), _rand(1, 2, 5)])  # still fine
+            assert layers[1].shape == (2, 2, 5)
             with pytest.raises(dataflow.OpInputError, match=r"got tuple of 3 items"):
                 await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5),) * 3)
             with pytest.raises(

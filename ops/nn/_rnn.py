@@ -223,14 +223,18 @@ class _RNNBase(_RNNLayers):
         if state is None:
             return [None] * n
         operand(f"nn.{type(self).__name__}", what, state)
+        # A GRU given an LSTM's (h0, c0): stacked by np.asarray, named below.
+        pair = isinstance(state, tuple | list) and len(state) == 2 and self._gates == 3
         if not isinstance(state, Tensor | np.ndarray):
             state = np.asarray(state)
         s = spec_of(state)
         expected = TensorSpec((n, batch, self.hidden_size), self.dtype)
         if s.shape != expected.shape:
+            hint = " (from a pair: a GRU's hx is h0 alone, it has no c0)" if pair else ""
             raise OpInputError(
                 f"nn.{type(self).__name__}: {what} must have shape "
-                f"(num_layers*num_directions, batch, hidden_size) = {expected.shape}, got {s!r}"
+                f"(num_layers*num_directions, batch, hidden_size) = {expected.shape}, got "
+                f"{s!r}{hint}"
             )
         if s.dtype != expected.dtype:
             raise OpTypeError(
