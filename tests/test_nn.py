@@ -215,6 +215,34 @@ class TestModule:
 
         assert dataflow.run(main) == 2
 
+    def test_sync_forward_returning_a_tensor_keeps_it_pending(self) -> None:
+        """A plain def forward's pending result stays pending inside another forward, as an
+        async forward's does, so the model traces and compiles (it was awaited: the trace
+        saw its value used and compile refused the model)."""
+
+        class Plain(nn.Module):
+            def forward(self, x: Any) -> Any:
+                return ops.tanh(x)
+
+        class Outer(nn.Module):
+            def __init__(self) -> None:
+                self.inner = Plain()
+
+            async def forward(self, x: Any) -> Any:
+                y = await self.inner(x)
+                assert isinstance(y, ops.Tensor)
+                return ops.multiply(y, 2.0)
+
+        x1, x2 = _rand(0, 4, 3), _rand(1, 4, 3)
+        forward = dataflow.compile(Outer())
+
+        async def main() -> tuple[Array, Array, Array]:
+            return await Outer()(x1), await forward(x1), await forward(x2)
+
+        eager, y1, y2 = dataflow.run(main)
+        assert np.allclose(eager, 2 * np.tanh(x1)) and np.allclose(y1, eager)
+        assert np.allclose(y2, 2 * np.tanh(x2))
+
     def test_missing_forward(self) -> None:
         """A module without forward says what to define."""
 
@@ -281,6 +309,13 @@ class TestLinear:
         with pytest.raises(dataflow.DataflowTypeError, match="out_features must be a positive int"):
             nn.Linear(2, 1.5)  # type: ignore[arg-type]
 
+    def test_numpy_integer_sizes_accepted(self) -> None:
+        """nn.Linear(np.prod(shape), n) builds, as in torch and as nn.LSTM takes numpy
+        integers (it was a DataflowTypeError); the sizes are stored as Python ints."""
+        fc = nn.Linear(np.prod((2, 3)), np.int32(4))  # type: ignore[arg-type]
+        assert fc.weight.shape == (4, 6)
+        assert type(fc.in_features) is int and type(fc.out_features) is int
+
     @pytest.mark.parametrize("dtype", ["int32", np.int64, np.bool_, np.complex64], ids=str)
     def test_non_floating_dtype_refused(self, dtype: Any) -> None:
         """dtype='int32' is refused naming the argument (its weights would all be 0)."""
@@ -303,6 +338,21 @@ class TestLinear:
         """bias='False' is refused rather than read as True by truthiness."""
         with pytest.raises(dataflow.DataflowTypeError, match=r"nn.Linear: bias must be True or"):
             nn.Linear(3, 4, bias=flag)
+
+    @pytest.mark.parametrize(
+        ("kw", "match"),
+        [
+            ({"rng": 42}, r"nn.Linear: rng must be a numpy.random.Generator, got int"),
+            ({"seed": "a"}, r"nn.Linear: seed must be None or a non-negative int, got str"),
+            ({"seed": -1}, r"nn.Linear: seed must be None or a non-negative int, got int"),
+        ],
+        ids=repr,
+    )
+    def test_bad_seed_or_rng_named(self, kw: dict[str, Any], match: str) -> None:
+        """A bad seed or rng is a DataflowError naming it (was numpy's AttributeError
+        "'int' object has no attribute 'uniform'", or a SeedSequence message)."""
+        with pytest.raises(dataflow.DataflowError, match=match):
+            nn.Linear(2, 2, **kw)
 
     def test_numpy_bool_flag_accepted(self) -> None:
         """np.False_ is a real bool."""
@@ -447,6 +497,21 @@ class TestRecurrent:
                 await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), None))
             with pytest.raises(dataflow.OpInputError, match=r"nn.LSTM: .* got c0 alone"):
                 await m(_rand(0, 3, 2, 4), (None, _rand(0, 2, 2, 5)))
+            gru = nn.GRU(4, 5, num_layers=2)
+            with pytest.raises(dataflow.OpInputError, match=r"a GRU's hx is h0 alone"):
+                await gru(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5), _rand(1, 2, 2, 5)))
+            layers = await gru(_rand(0, 3, 2, 4), [_rand(0, 2, 5), _rand(1, 2, 5)])  # still fine
+            assert layers[1].shape == (2, 2, 5)
+            with pytest.raises(dataflow.OpInputError, match=r"got tuple of 3 items"):
+                await m(_rand(0, 3, 2, 4), (_rand(0, 2, 2, 5),) * 3)
+            with pytest.raises(
+                dataflow.OpInputError, match=r"x \(steps, batch, input_size\) has no"
+            ):
+                await m(_rand(0, 0, 2, 4))
+            with pytest.raises(
+                dataflow.OpInputError, match=r"has an empty batch, got float32\[3, 0"
+            ):
+                await m(_rand(0, 3, 0, 4))
 
         dataflow.run(main)
 
@@ -582,6 +647,68 @@ class TestStateDict:
             assert _diff(got[1][1], expected[1][1].numpy()) <= TOL
         else:
             assert _diff(got[1], expected[1].numpy()) <= TOL
+
+    class Shared(nn.Module):
+        """``b`` is ``a`` (a shared submodule), as in ``self.b = self.a`` in torch."""
+
+        def __init__(self) -> None:
+            self.a = nn.Linear(2, 3, seed=0)
+            self.b = self.a
+            self.c = nn.Linear(3, 3, seed=1)
+
+    def test_shared_submodule_is_in_the_state_dict_under_every_name(self) -> None:
+        """As torch's state dict, a shared submodule's parameters appear under each name it
+        has (so a torch model's state dict loads strictly); named_children lists it once."""
+        net = self.Shared()
+        names = ["a.weight", "a.bias", "b.weight", "b.bias", "c.weight", "c.bias"]
+        assert list(net.state_dict()) == names
+        assert [k for k, _ in net.named_children()] == ["a", "c"]
+        assert [k for k, _ in net.named_parameters()] == [names[i] for i in (0, 1, 4, 5)]
+        sd = {
+            k: np.full(v.shape, i, np.float32) for i, (k, v) in enumerate(net.state_dict().items())
+        }
+        assert net.load_state_dict(sd) == ([], [])
+        assert net.b is net.a and np.all(net.a.weight == 2)  # the later name's value, as torch
+        assert "(b): Linear" in repr(net)
+
+    def test_torch_model_with_a_shared_submodule_loads(self) -> None:
+        """torch's state dict of a model with a shared submodule loads strictly."""
+        torch = pytest.importorskip("torch")
+        base: Any = torch.nn.Module
+
+        class TShared(base):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+                self.a = torch.nn.Linear(2, 3)
+                self.b = self.a
+                self.c = torch.nn.Linear(3, 3)
+
+        sd = {k: v.detach().numpy() for k, v in TShared().state_dict().items()}
+        net = self.Shared()
+        assert list(net.state_dict()) == list(sd)
+        net.load_state_dict(sd)
+        assert np.array_equal(net.a.weight, sd["a.weight"])
+
+    def test_tied_parameters_stay_tied_after_loading(self) -> None:
+        """Two names for one array (weight tying) name one array after load_state_dict, as
+        after torch's in-place load, also when the dict gives only one of the names."""
+
+        class Tied(nn.Module):
+            def __init__(self) -> None:
+                self.enc = nn.Linear(4, 4, seed=0)
+                self.dec = nn.Linear(4, 4, seed=1)
+                self.dec.weight = self.enc.weight
+
+        net = Tied()
+        sd = {
+            k: np.full(v.shape, i, np.float32) for i, (k, v) in enumerate(net.state_dict().items())
+        }
+        assert list(sd) == ["enc.weight", "enc.bias", "dec.weight", "dec.bias"]
+        net.load_state_dict(sd)
+        assert net.dec.weight is net.enc.weight and np.all(net.enc.weight == 2)  # the later
+        assert len(list(net.parameters())) == 3
+        net.load_state_dict({"enc.weight": np.ones((4, 4), np.float32)}, strict=False)
+        assert net.dec.weight is net.enc.weight and np.all(net.dec.weight == 1)
 
     def test_torch_ensemble_names_match(self) -> None:
         """The tutorial's torch ensemble's state dict loads into the numpy Ensemble."""

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from dataflow import DataflowTypeError, DataflowValueError, OpInputError, OpTypeError
+from dataflow import OpInputError, OpTypeError
 
 from .._checks import operand
 from .._linalg import linear
 from .._tensor import Tensor, spec_of
-from ._module import Module, check_flag, float_dtype, make_rng, uniform
+from ._module import Module, check_flag, check_positive, float_dtype, make_rng, uniform
 
 __all__ = ["Linear"]
 
@@ -47,13 +47,8 @@ class Linear(Module):
         seed: int | None = None,
         rng: np.random.Generator | None = None,
     ) -> None:
-        for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise DataflowTypeError(
-                    f"nn.Linear: {name} must be a positive int, got {type(v).__name__}: {v!r}"
-                )
-            if v < 1:
-                raise DataflowValueError(f"nn.Linear: {name} must be a positive int, got {v!r}")
+        in_features = check_positive("nn.Linear", "in_features", in_features)
+        out_features = check_positive("nn.Linear", "out_features", out_features)
         with_bias = check_flag("nn.Linear", "bias", bias)
         dt = float_dtype("nn.Linear", dtype)
         self.in_features = in_features

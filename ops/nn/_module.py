@@ -25,6 +25,7 @@ __all__ = [
     "Module",
     "StateDictError",
     "check_flag",
+    "check_positive",
     "float_dtype",
     "make_rng",
     "uniform",
@@ -46,7 +47,25 @@ def make_rng(seed: int | None, rng: np.random.Generator | None, where: str) -> n
     """The generator a module initialises its parameters from (``seed`` xor ``rng``)."""
     if seed is not None and rng is not None:
         raise dataflow.DataflowValueError(f"{where}: give seed or rng, not both")
-    return rng if rng is not None else np.random.default_rng(seed)
+    if rng is not None:
+        if not isinstance(rng, np.random.Generator | np.random.RandomState):  # (both draw alike)
+            raise dataflow.DataflowTypeError(
+                f"{where}: rng must be a numpy.random.Generator, got {type(rng).__name__}: "
+                f"{rng!r:.60} (make one with np.random.default_rng(seed), or pass seed=)"
+            )
+        return rng
+    try:
+        return np.random.default_rng(seed)
+    except (TypeError, ValueError) as exc:  # numpy's: "SeedSequence expects int or ..."
+        kind = (
+            dataflow.DataflowTypeError
+            if isinstance(exc, TypeError)
+            else dataflow.DataflowValueError
+        )
+        raise kind(
+            f"{where}: seed must be None or a non-negative int, got {type(seed).__name__}: "
+            f"{seed!r:.60} ({exc})"
+        ) from exc
 
 
 def check_flag(where: str, name: str, value: Any) -> bool:
@@ -60,6 +79,18 @@ def check_flag(where: str, name: str, value: Any) -> bool:
     raise dataflow.DataflowTypeError(
         f"{where}: {name} must be True or False, got {type(value).__name__}: {value!r}"
     )
+
+
+def check_positive(where: str, name: str, v: object) -> int:
+    """``v`` as a positive int (a numpy integer too, as torch takes ``np.prod(shape)``), or a
+    DataflowTypeError / DataflowValueError naming the argument."""
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        raise dataflow.DataflowTypeError(
+            f"{where}: {name} must be a positive int, got {type(v).__name__}: {v!r}"
+        )
+    if v < 1:
+        raise dataflow.DataflowValueError(f"{where}: {name} must be a positive int, got {v!r}")
+    return int(v)
 
 
 def float_dtype(where: str, dtype: Any) -> np.dtype[Any]:
@@ -132,8 +163,13 @@ class Module:
         """
         with dataflow.model_code() as nested:
             result = self.forward(*args, **kwargs)
-            # A plain `def forward` works too: only await what is awaitable.
-            if type(result) is CoroutineType or inspect.isawaitable(result):
+            # A plain `def forward` works too: await the coroutine or awaitable it returns,
+            # but not a pending tensor or future, which it returns as an async forward would
+            # (awaited here, it was computed then: the model lost its overlap and could not
+            # be traced).
+            if type(result) is CoroutineType or (
+                not isinstance(result, dataflow.Future) and inspect.isawaitable(result)
+            ):
                 result = await result
         if nested:
             return result
@@ -152,7 +188,16 @@ class Module:
         return value
 
     def named_children(self) -> Iterator[tuple[str, Module]]:
-        """The direct submodules with their attribute names (``models.0`` for list items)."""
+        """The direct submodules with their attribute names (``models.0`` for list items),
+        each once (torch's: a submodule held by two attributes is listed under the first)."""
+        seen: set[int] = set()
+        for name, child in self._every_child():
+            if id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def _every_child(self) -> Iterator[tuple[str, Module]]:
+        """The direct submodules under every name that holds one (a shared one repeated)."""
         for name, value in vars(self).items():
             if name.startswith("_"):
                 continue
@@ -202,11 +247,23 @@ class Module:
     # -- state dicts ----------------------------------------------------------------------
 
     def _slots(self) -> dict[str, tuple[Module, str]]:
-        """Dotted parameter name -> (owning module, attribute), for every name it has."""
+        """Dotted parameter name -> (owning module, attribute), for every name it has.
+
+        Like torch's state dict, a submodule held under two names (``self.b = self.a``) has
+        its parameters under both (``a.weight`` and ``b.weight``), so a torch model's state
+        dict loads; a module that holds one of its ancestors is not entered again."""
         slots: dict[str, tuple[Module, str]] = {}
-        for mod_name, module in self.named_modules():
+        stack: list[tuple[str, Module, frozenset[int]]] = [("", self, frozenset((id(self),)))]
+        while stack:
+            prefix, module, path = stack.pop()
             for name, _ in module._own_parameters():
-                slots[f"{mod_name}.{name}" if mod_name else name] = (module, name)
+                slots[prefix + name] = (module, name)
+            kids = [
+                (f"{prefix}{name}.", child, path | {id(child)})
+                for name, child in module._every_child()
+                if id(child) not in path
+            ]
+            stack.extend(reversed(kids))
         return slots
 
     def state_dict(self) -> dict[str, np.ndarray[Any, Any]]:
@@ -253,7 +310,13 @@ class Module:
             problems.append(f"missing keys: {', '.join(missing)}")
         if strict and unexpected:
             problems.append(f"unexpected keys: {', '.join(map(str, unexpected))}")
-        updates: list[tuple[Module, str, np.ndarray[Any, Any]]] = []
+        # Every slot that holds each array (tied parameters: two names for one array).
+        holders: dict[int, list[tuple[Module, str]]] = {}
+        for module, attr in slots.values():
+            found = holders.setdefault(id(getattr(module, attr)), [])
+            if not any(m is module and a == attr for m, a in found):
+                found.append((module, attr))
+        loaded: dict[int, np.ndarray[Any, Any]] = {}  # id(current array) -> its replacement
         for key, (module, attr) in slots.items():
             if key not in state_dict:
                 continue
@@ -274,17 +337,23 @@ class Module:
                     f"{key}: the model has {_fmt(current)}, the state dict has {_fmt(value)}"
                 )
                 continue
+            if id(current) in loaded:  # a tied parameter's other name: the later wins, as torch
+                np.copyto(loaded[id(current)], value)
+                continue
             copy = np.array(value, order="C", copy=True)
-            updates.append((module, attr, module._parameter_layout(attr, copy)))
+            loaded[id(current)] = module._parameter_layout(attr, copy)
         if problems:
             hint = " (pass strict=False to ignore missing and unexpected keys)" if strict else ""
             raise StateDictError(
                 f"error(s) loading the state dict into {type(self).__name__}{hint}:\n  "
                 + "\n  ".join(problems)
             )
-        for module, attr, value in updates:
-            setattr(module, attr, value)
-        if updates:
+        # One new array for every name of a tied parameter (loaded under any of them), so
+        # they stay tied, as torch's in-place load keeps them.
+        for old, new in loaded.items():
+            for module, attr in holders[old]:
+                setattr(module, attr, new)
+        if loaded:
             _loads[0] += 1  # (parameter_version: compiled forwards look for replaced arrays)
         return IncompatibleKeys(missing, [str(k) for k in unexpected])
 
@@ -303,7 +372,7 @@ class Module:
 
     def __repr__(self) -> str:
         lines = []
-        for name, child in self.named_children():
+        for name, child in self._every_child():  # (torch's repr shows a shared one twice)
             text = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {text}")
         extra = self.extra_repr()

@@ -49,7 +49,7 @@ from .._recurrent import (
 from .._rnn_layout import LAYOUT_BATCH, lay_out
 from .._rnn_ops import gru_sequence, lstm_sequence
 from .._tensor import Tensor, TensorSpec, spec_of
-from ._module import check_flag, float_dtype, make_rng, uniform
+from ._module import check_flag, check_positive, float_dtype, make_rng, uniform
 from ._rnn_layers import Array, State, Value, _RNNLayers, _Weights
 
 __all__ = ["GRANULARITIES", "GRU", "LSTM", "STEP_OP_MIN_SECONDS"]
@@ -65,16 +65,6 @@ STEP_OP_MIN_SECONDS = 2e-3
 #: The single-thread GEMM rate the estimate assumes (flop/s): a conservative figure for one
 #: core of the machines we measure on (OpenBLAS float32 reaches 50-70 GFLOP/s there).
 _ASSUMED_GEMM_RATE = 50e9
-
-
-def _check_positive(where: str, name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int | np.integer):
-        raise dataflow.DataflowTypeError(
-            f"{where}: {name} must be a positive int, got {type(v).__name__}: {v!r}"
-        )
-    if v < 1:
-        raise dataflow.DataflowValueError(f"{where}: {name} must be a positive int, got {v!r}")
-    return int(v)
 
 
 def _check_dropout(where: str, v: object) -> float:
@@ -121,9 +111,9 @@ class _RNNBase(_RNNLayers):
         granularity: str = "auto",
     ) -> None:
         where = f"nn.{type(self).__name__}"
-        self.input_size = _check_positive(where, "input_size", input_size)
-        self.hidden_size = _check_positive(where, "hidden_size", hidden_size)
-        self.num_layers = _check_positive(where, "num_layers", num_layers)
+        self.input_size = check_positive(where, "input_size", input_size)
+        self.hidden_size = check_positive(where, "hidden_size", hidden_size)
+        self.num_layers = check_positive(where, "num_layers", num_layers)
         self.bias = check_flag(where, "bias", bias)
         self.batch_first = check_flag(where, "batch_first", batch_first)
         # Inference only: dropout is kept for torch compatibility (torch ignores it in eval).
@@ -207,18 +197,24 @@ class _RNNBase(_RNNLayers):
             x = np.asarray(x)
         s = spec_of(x)
         layout = "(batch, steps, input_size)" if self.batch_first else "(steps, batch, input_size)"
-        if len(s.shape) != 3 or s.shape[2] != self.input_size or 0 in s.shape:
+        if len(s.shape) != 3 or s.shape[2] != self.input_size:
             raise OpInputError(
-                f"nn.{name}: x must have shape {layout} with input_size {self.input_size} "
-                f"and at least one step, got {s!r} (batch_first={self.batch_first}; unbatched "
-                "input: add a batch axis of 1)"
+                f"nn.{name}: x must have shape {layout} with input_size {self.input_size}, "
+                f"got {s!r} (batch_first={self.batch_first}; unbatched input: add a batch axis "
+                "of 1)"
+            )
+        steps, batch = (s.shape[1], s.shape[0]) if self.batch_first else s.shape[:2]
+        if steps == 0 or batch == 0:
+            raise OpInputError(
+                f"nn.{name}: x {layout} has {'no steps' if steps == 0 else 'an empty batch'}, "
+                f"got {s!r} (batch_first={self.batch_first}): a forward needs at least one "
+                "step and one batch row"
             )
         if s.dtype != getattr(self, "weight_ih_l0").dtype:  # noqa: B009 - set by name
             raise OpTypeError(
                 f"nn.{name}: x has dtype {s.dtype} but the parameters are {self.dtype}; "
                 f"convert x with .astype(np.{self.dtype})"
             )
-        steps, batch = (s.shape[1], s.shape[0]) if self.batch_first else s.shape[:2]
         return x, steps, batch
 
     def _split_state(self, state: Any, what: str, batch: int) -> list[State]:
@@ -227,14 +223,18 @@ class _RNNBase(_RNNLayers):
         if state is None:
             return [None] * n
         operand(f"nn.{type(self).__name__}", what, state)
+        # A GRU given an LSTM's (h0, c0): stacked by np.asarray, named below.
+        pair = isinstance(state, tuple | list) and len(state) == 2 and self._gates == 3
         if not isinstance(state, Tensor | np.ndarray):
             state = np.asarray(state)
         s = spec_of(state)
         expected = TensorSpec((n, batch, self.hidden_size), self.dtype)
         if s.shape != expected.shape:
+            hint = " (from a pair: a GRU's hx is h0 alone, it has no c0)" if pair else ""
             raise OpInputError(
                 f"nn.{type(self).__name__}: {what} must have shape "
-                f"(num_layers*num_directions, batch, hidden_size) = {expected.shape}, got {s!r}"
+                f"(num_layers*num_directions, batch, hidden_size) = {expected.shape}, got "
+                f"{s!r}{hint}"
             )
         if s.dtype != expected.dtype:
             raise OpTypeError(
@@ -286,7 +286,10 @@ class LSTM(_RNNBase):
             h0 = c0 = self._split_state(None, "h0", batch)
         else:
             if not isinstance(hx, tuple | list) or len(hx) != 2:
-                raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
+                got = type(hx).__name__
+                if isinstance(hx, tuple | list):
+                    got += f" of {len(hx)} items"
+                raise OpInputError(f"nn.LSTM: hx must be a tuple (h0, c0), got {got}")
             if (hx[0] is None) != (hx[1] is None):
                 raise OpInputError(
                     "nn.LSTM: hx must give both h0 and c0 (or pass hx=None for zero states), got "
