@@ -49,7 +49,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
     source = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = _parse(f.read())
     except RecursionError:  # deeper than the C parser goes: far beyond the limit
         data = None
         deep = True
@@ -64,6 +64,23 @@ def load(path: str | os.PathLike[str]) -> Trace:
             f"{source} nests arrays and objects more than {MAX_JSON_DEPTH} deep: not a trace"
         )
     return from_chrome(data, source=source)
+
+
+def _parse(text: str) -> Any:
+    """The JSON of a trace file. The array form may lack its closing ``]`` (the format allows
+    it, so that a program that dies while tracing still leaves a trace), and a comma after
+    its last event."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        tail = text.rstrip()
+        if not text.lstrip().startswith("[") or tail.endswith("]"):
+            raise
+        try:
+            return json.loads(tail.removesuffix(",") + "]")
+        except json.JSONDecodeError:
+            pass
+        raise
 
 
 def _too_deep(data: Any) -> bool:

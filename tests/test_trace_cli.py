@@ -254,6 +254,19 @@ class TestHostileTraces:
             assert line.startswith(f"dataflow trace {command}: error: TraceFormatError: ")
             assert match in line
 
+    def test_the_array_form_without_its_closing_bracket_reads(self, tmp_path: Path) -> None:
+        """The format lets the array form end without `]` (a traced program that died), also
+        after a comma; it was 'not JSON'. Another truncation is still one error line."""
+        event = '{"name": "k", "ph": "X", "ts": 0, "dur": 5, "pid": 1, "tid": 1}'
+        for text in (f"[{event},\n{event},\n", f"[{event}"):
+            path = tmp_path / "open.json"
+            path.write_text(text)
+            result = CliRunner().invoke(cli, ["trace", "summary", str(path)])
+            assert result.exit_code == 0, result.output
+            assert "k#1" in result.stdout
+        self._error(tmp_path, event[:30], "is not JSON")
+        self._error(tmp_path, f"[{event[:30]}", "is not JSON")
+
     def test_deep_json(self, tmp_path: Path) -> None:
         """JSON nested 100,000 deep: a one-line error, not a RecursionError traceback."""
         self._error(tmp_path, "[" * 100_000 + "]" * 100_000, "more than 64 deep")
