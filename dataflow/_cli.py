@@ -2,7 +2,8 @@
 
 Exit codes: the script's own ``SystemExit`` passes through; an uncaught exception prints its
 traceback and exits 1; bad usage (including a missing script) exits 2; Ctrl-C cancels the
-tasks, joins the threads and exits 130.
+tasks, joins the threads and exits 130; a script that succeeded but whose ``--trace`` could
+not be written exits 1.
 
 Design note: this module is the ``dataflow`` command group, its ``run`` command (the script
 run as ``__main__`` under dataflow's settings, with the CLI's logging configuration) and
@@ -175,7 +176,10 @@ def run(
         "progress": progress,
         "dask": dask_address,
     }
-    sys.exit(_run_main(module, script, list(args), options))
+    status = _run_main(module, script, list(args), options)
+    if status == 0 and options.get("hook_failed"):  # the trace asked for was not written
+        status = 1
+    sys.exit(status)
 
 
 def _warn_about_late_options(args: list[str], target: str) -> None:

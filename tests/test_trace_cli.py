@@ -125,6 +125,15 @@ class TestRunTrace:
         )
         assert "trace of" not in proc.stderr and not out.exists()
 
+    @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full")
+    def test_a_trace_that_cannot_be_written_exits_1(self, tmp_path: Path) -> None:
+        """The script succeeded but the trace asked for is lost: an error line and exit 1 (it
+        was exit 0 after the error line)."""
+        script = write_script(tmp_path)
+        proc = run_cli("run", "--trace", "/dev/full", str(script), cwd=tmp_path)
+        assert proc.returncode == 1
+        assert "dataflow run: error: cannot write the trace: OSError" in proc.stderr
+
     def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
         """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
         script = write_script(tmp_path)
