@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-import runpy
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
 import click
 
 from ._cli_hooks import run_hooks
+from ._cli_script import module_problem, print_user_traceback, run_target, target_problem
 from ._cli_trace import trace_group
 from ._errors import DataflowError
 from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
@@ -219,7 +218,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
     from contextlib import ExitStack
 
     if script is not None:
-        problem = _script_problem(script)
+        problem = target_problem(script)
         if problem is not None:
             message, status = problem
             click.echo(
@@ -233,20 +232,16 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         cwd = os.getcwd()
         if sys.path[:1] != [cwd]:
             sys.path.insert(0, cwd)
-        if not _module_exists(module):
-            click.echo(f"dataflow run: error: no module named {module!r}", err=True)
+        problem_line = module_problem(module)
+        if problem_line is not None:
+            click.echo(f"dataflow run: error: {problem_line}", err=True)
             return 2
     sys.argv = [script if script is not None else str(module), *args]
     try:
         with ExitStack() as stack:
             for hook in run_hooks:
                 stack.enter_context(hook(options))
-            if module is not None:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                assert script is not None
-                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-                runpy.run_path(script, run_name="__main__")
+            run_target(module, script)
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
@@ -261,7 +256,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         if module is not None and getattr(exc, "name", None) == module:
             click.echo(f"dataflow run: error: no module named {module!r}", err=True)
             return 2
-        _print_user_traceback(exc)
+        print_user_traceback(exc)
         return 1
     except BaseException as exc:
         address = options.get("dask")
@@ -269,7 +264,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
             # --dask's address is wrong, not the script: one line, as for bad usage.
             click.echo(f"dataflow run: error: {type(exc).__name__}: {exc}", err=True)
             return 1
-        _print_user_traceback(exc)
+        print_user_traceback(exc)
         return 1
     return 0
 
@@ -282,42 +277,6 @@ def _forget_keyboard_interrupt() -> None:
     with SIGINT at exit although the interrupt was caught. Each string eval resets that flag.
     """
     exec("None", {})
-
-
-def _script_problem(script: str) -> tuple[str, int] | None:
-    """Why SCRIPT cannot run, as (one line, exit code), or None when it parses."""
-    if os.path.isdir(script):
-        return f"{script!r} is a directory: give a Python file, or -m PACKAGE", 2
-    if not os.path.isfile(script):
-        return f"no such script: {script!r} (check the path; to run a module use -m MODULE)", 2
-    try:
-        with open(script, "rb") as f:
-            compile(f.read(), script, "exec")
-    except SyntaxError as exc:  # as python shows it: file, line, the source and a caret
-        return "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n"), 1
-    except (OSError, ValueError) as exc:  # unreadable, or null bytes in the source
-        return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
-    return None
-
-
-def _module_exists(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package is missing, or an empty name
-        return False
-
-
-def _print_user_traceback(exc: BaseException) -> None:
-    """Print the traceback without the CLI's and runpy's own frames, as python would."""
-    tb = exc.__traceback__
-    while tb is not None and (
-        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
-        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
-    ):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
 
 
 @cli.command()

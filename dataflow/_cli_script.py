@@ -1,0 +1,160 @@
+"""What ``dataflow run`` runs, as ``python`` would: a file, a folder or zip, stdin, a module.
+
+``python TARGET`` runs a script file, a folder or a zip archive (a ``.pyz``) that holds a
+``__main__.py``, a pipe (``python <(...)``) or stdin (``-``); ``python -m MODULE`` a module, or
+a package's ``__main__``. ``dataflow run`` takes the same targets. Before anything runs,
+:func:`target_problem` and :func:`module_problem` say in one line why a target cannot run (no
+such file, a folder or archive without ``__main__.py``, a syntax error, a package without
+``__main__``): a mistake in the command line is not a traceback. :func:`run_target` then runs
+it as ``__main__`` and :func:`print_user_traceback` prints what it raised as python would.
+
+Design note: runpy runs files, folders, zips and modules; a pipe and stdin can be read only
+once, so their source is read and compiled by :func:`target_problem` (which reports a syntax
+error) and executed here, in a fresh ``__main__`` module as runpy's. The exit codes belong to
+``_cli``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import runpy
+import stat
+import sys
+import traceback
+import types
+import zipfile
+from collections.abc import Callable
+from types import CodeType
+
+__all__ = ["module_problem", "print_user_traceback", "run_target", "target_problem"]
+
+#: The code of a target that can be read only once (a pipe, stdin), compiled by target_problem.
+_read_once: dict[str, CodeType] = {}
+
+
+def target_problem(script: str) -> tuple[str, int] | None:
+    """Why SCRIPT cannot run, as (one line, exit code), or None when it can."""
+    if script == "-":
+        return _compile_once(script, sys.stdin.buffer.read, "<stdin>")
+    if os.path.isdir(script):
+        if not os.path.exists(os.path.join(script, "__main__.py")):
+            return (
+                f"{script!r} is a folder with no __main__.py: give a Python file, a folder "
+                "or .pyz archive with a __main__.py, or -m PACKAGE",
+                2,
+            )
+        return None
+    if not os.path.exists(script):
+        return f"no such script: {script!r} (check the path; to run a module use -m MODULE)", 2
+    try:
+        if not stat.S_ISREG(os.stat(script).st_mode):  # a pipe, <(...): one read only
+            with open(script, "rb") as f:
+                return _compile_once(script, f.read, script)
+        if zipfile.is_zipfile(script):
+            with zipfile.ZipFile(script) as archive:
+                if "__main__.py" not in archive.namelist():
+                    return f"the archive {script!r} has no __main__.py: nothing to run", 2
+            return None
+        with open(script, "rb") as f:
+            compile(f.read(), script, "exec")
+    except SyntaxError as exc:
+        return _syntax_error(exc)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:  # unreadable, null bytes
+        return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
+    return None
+
+
+def _syntax_error(exc: SyntaxError) -> tuple[str, int]:
+    """As python shows it: file, line, the source and a caret."""
+    return "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n"), 1
+
+
+def _compile_once(script: str, read: Callable[[], bytes], filename: str) -> tuple[str, int] | None:
+    """Read a script that can be read only once, and keep its code for :func:`run_target`."""
+    try:
+        _read_once[script] = compile(read(), filename, "exec")
+    except SyntaxError as exc:
+        return _syntax_error(exc)
+    except (OSError, ValueError) as exc:
+        return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
+    return None
+
+
+def module_problem(module: str) -> str | None:
+    """Why ``-m MODULE`` cannot run, in one line, or None when it can (as ``python -m``)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is None:
+            return f"no module named {module!r}"
+        package = spec.submodule_search_locations is not None  # it runs its __main__
+        if package and importlib.util.find_spec(f"{module}.__main__") is None:
+            return (
+                f"{module!r} is a package with no __main__ module: it cannot be run "
+                "with -m (run one of its modules, -m PACKAGE.MODULE)"
+            )
+    except (ImportError, ValueError):  # a parent package is missing, or an empty name
+        return f"no module named {module!r}"
+    return None
+
+
+def run_target(module: str | None, script: str | None) -> None:
+    """Run the module or the script as ``__main__`` (``sys.argv`` is already set)."""
+    if module is not None:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    assert script is not None
+    code = _read_once.pop(script, None)
+    if code is not None:
+        _run_code(code, "<stdin>" if script == "-" else script)
+        return
+    if os.path.isfile(script) and not zipfile.is_zipfile(script):
+        # As python: the script's folder first on sys.path (runpy puts a folder or an
+        # archive there itself).
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+def _run_code(code: CodeType, filename: str) -> None:
+    """Execute a script read once in a fresh ``__main__`` module, as runpy runs a file."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=filename,
+        __cached__=None,
+        __loader__=None,
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    # As python: the script's folder first on sys.path ('', the current folder, for stdin).
+    sys.path.insert(0, "" if filename == "<stdin>" else os.path.dirname(os.path.abspath(filename)))
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def print_user_traceback(exc: BaseException) -> None:
+    """Report an uncaught exception as python would: through the script's ``sys.excepthook``
+    when it installed one, else the traceback without the CLI's and runpy's own frames."""
+    tb = exc.__traceback__
+    ours = (__file__, runpy.__file__, os.path.join(os.path.dirname(__file__), "_cli.py"))
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in ours
+        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
+        tb = tb.tb_next
+    if sys.excepthook is not sys.__excepthook__:
+        try:
+            sys.excepthook(type(exc), exc, tb)
+            return
+        except BaseException as hook_exc:  # as python: say so, then both tracebacks
+            sys.stderr.write("Error in sys.excepthook:\n")
+            traceback.print_exception(type(hook_exc), hook_exc, hook_exc.__traceback__)
+            sys.stderr.write("\nOriginal exception was:\n")
+    traceback.print_exception(type(exc), exc, tb)

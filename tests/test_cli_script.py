@@ -1,0 +1,103 @@
+"""What `dataflow run` runs and how it ends, as `python` would: targets, options, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ARGV = "import sys\nprint(__name__, sys.argv[1:])\n"
+
+
+def dataflow_run(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    """``python -m dataflow run ARGS`` in a fresh process, this checkout's dataflow first."""
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    environ = {**(os.environ if env is None else env), "PYTHONPATH": os.pathsep.join(paths)}
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "dataflow", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=environ,
+        **kw,
+    )
+
+
+class TestTargets:
+    def test_a_folder_with_a_main_runs(self, tmp_path: Path) -> None:
+        """A folder with a __main__.py runs it, as `python FOLDER`; it was refused."""
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__main__.py").write_text(ARGV)
+        r = dataflow_run(str(tmp_path / "app"), "x")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "__main__ ['x']\n"
+
+    def test_a_zip_archive_with_a_main_runs(self, tmp_path: Path) -> None:
+        """A .pyz archive runs its __main__.py, as `python app.pyz`; it was 'null bytes'."""
+        with zipfile.ZipFile(tmp_path / "app.pyz", "w") as archive:
+            archive.writestr("__main__.py", ARGV)
+        r = dataflow_run(str(tmp_path / "app.pyz"), "x")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "__main__ ['x']\n"
+
+    def test_a_folder_without_a_main_is_one_line(self, tmp_path: Path) -> None:
+        """A folder with nothing to run: one line, exit 2."""
+        r = dataflow_run(str(tmp_path))
+        assert r.returncode == 2
+        assert r.stderr.strip().count("\n") == 0 and "no __main__.py" in r.stderr
+
+    def test_stdin(self, tmp_path: Path) -> None:
+        """`-` reads the script from stdin, as `python -`; it was 'no such script'."""
+        r = dataflow_run("-", "x", input=ARGV)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "__main__ ['x']\n"
+        r = dataflow_run("-", input="def (:\n")
+        assert r.returncode == 1 and r.stderr.strip().endswith("SyntaxError: invalid syntax")
+        assert "Traceback" not in r.stderr
+
+    @pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="/dev/fd")
+    def test_a_pipe(self) -> None:
+        """A pipe (`dataflow run <(...)`) is read once and runs; it was 'no such script'."""
+        read, write = os.pipe()
+        os.write(write, ARGV.encode())
+        os.close(write)
+        try:
+            r = dataflow_run(f"/dev/fd/{read}", "x", pass_fds=(read,))
+        finally:
+            os.close(read)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "__main__ ['x']\n"
+
+    def test_a_package_without_a_main_is_one_line(self, tmp_path: Path) -> None:
+        """-m of a package with no __main__: one line, exit 2; it printed runpy's traceback."""
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "__init__.py").write_text("")
+        r = dataflow_run("-m", "pkg", cwd=tmp_path)
+        assert r.returncode == 2
+        assert r.stderr.strip() == (
+            "dataflow run: error: 'pkg' is a package with no __main__ module: it cannot be "
+            "run with -m (run one of its modules, -m PACKAGE.MODULE)"
+        )
+
+
+class TestErrors:
+    def test_the_scripts_excepthook_reports_its_exception(self, tmp_path: Path) -> None:
+        """A script's own sys.excepthook reports what it raised, as under python."""
+        script = tmp_path / "s.py"
+        script.write_text(
+            "import sys\n"
+            "sys.excepthook = lambda t, e, tb: print('hook:', t.__name__, e, file=sys.stderr)\n"
+            "raise ValueError('bad')\n"
+        )
+        r = dataflow_run(str(script))
+        assert r.returncode == 1
+        assert r.stderr == "hook: ValueError bad\n"
