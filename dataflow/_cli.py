@@ -78,10 +78,41 @@ def cli() -> None:
     """dataflow: run numpy model code with inter-op parallelism."""
 
 
-@cli.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+class _RunCommand(click.Command):
+    """``dataflow run``: as in ``python -m MODULE ARGS``, ``-m MODULE`` ends the options.
+
+    Everything after the module is its own argv (``-h``, ``--trace`` included), as everything
+    after a SCRIPT is (``allow_interspersed_args=False`` stops at the script).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            opt
+            for param in self.params
+            if isinstance(param, click.Option) and not param.is_flag
+            for opt in param.opts
+        }
+        args = list(args)
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
+            if args[i] == "-m":
+                if i + 1 < len(args):
+                    args.insert(i + 2, "--")
+                break
+            if args[i].startswith("-m") and not args[i].startswith("--"):  # -mMODULE
+                args.insert(i + 1, "--")
+                break
+            i += 2 if args[i] in takes_value else 1
+        return super().parse_args(ctx, args)
+
+
+@cli.command(cls=_RunCommand, context_settings={"allow_interspersed_args": False})
+@click.option(
+    "-m",
+    "module",
+    metavar="MODULE",
+    help="Run a module as a script (like python -m); what follows it is the module's argv.",
 )
-@click.option("-m", "module", metavar="MODULE", help="Run a module as a script (like python -m).")
 @click.option("--interop-threads", type=click.IntRange(min=1), help="Inter-op pool size.")
 @click.option(
     "--intraop-threads", type=click.IntRange(min=1), help="BLAS threads per op (process-wide)."

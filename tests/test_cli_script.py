@@ -89,6 +89,24 @@ class TestTargets:
         )
 
 
+class TestOptions:
+    def test_the_module_ends_the_options(self, tmp_path: Path) -> None:
+        """After -m MODULE everything is the module's argv, as `python -m`: -h printed
+        dataflow run's help, --trace went to dataflow."""
+        (tmp_path / "mod.py").write_text(ARGV)
+        r = dataflow_run("-m", "mod", "-h", "--trace", "t.json", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "__main__ ['-h', '--trace', 't.json']\n"
+        assert "--trace after mod goes to the script" in r.stderr
+        assert not (tmp_path / "t.json").exists()
+
+    def test_an_unknown_option_before_the_script_is_named(self, tmp_path: Path) -> None:
+        """A misspelt option is a usage error that names it; it was 'no such script'."""
+        r = dataflow_run("--interop-thread", "2", "s.py")
+        assert r.returncode == 2
+        assert "No such option '--interop-thread'" in r.stderr
+
+
 class TestErrors:
     def test_the_scripts_excepthook_reports_its_exception(self, tmp_path: Path) -> None:
         """A script's own sys.excepthook reports what it raised, as under python."""
