@@ -1,7 +1,8 @@
 """The ``dataflow`` command: run scripts under the runtime, report settings.
 
 Exit codes: the script's own ``SystemExit`` passes through; an uncaught exception prints its
-traceback and exits 1; bad usage (including a missing script) exits 2; Ctrl-C cancels the
+traceback and exits 1; bad usage (including a missing script, or a bad ``$DATAFLOW_LOOP``
+or ``$DATAFLOW_NUM_INTEROP_THREADS``) exits 2 before the script runs; Ctrl-C cancels the
 tasks, joins the threads and exits 130; a script that succeeded but whose ``--trace`` could
 not be written exits 1.
 
@@ -25,8 +26,15 @@ import click
 from ._cli_hooks import run_hooks
 from ._cli_script import module_problem, print_user_traceback, run_target, target_problem
 from ._cli_trace import trace_group
+from ._defaults import resolve_loop_factory
 from ._errors import DataflowError
-from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
+from ._threads import (
+    _version,
+    default_interop_threads,
+    parallel_info,
+    set_num_interop_threads,
+    set_num_threads,
+)
 from .graph._commands import graph_group
 
 __all__ = ["configure_logging", "main"]
@@ -193,6 +201,13 @@ def run(
     given = click.get_current_context().get_parameter_source("loop")
     if given is not click.core.ParameterSource.DEFAULT or "DATAFLOW_LOOP" not in os.environ:
         os.environ["DATAFLOW_LOOP"] = loop
+    try:  # a bad setting in the environment: one line before the script, not its traceback
+        if interop_threads is None:
+            default_interop_threads()  # $DATAFLOW_NUM_INTEROP_THREADS
+        resolve_loop_factory("auto")  # $DATAFLOW_LOOP, as --loop set it or not
+    except DataflowError as exc:
+        click.echo(f"dataflow run: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(2)
     if dask_address is not None:
         if not dask_address.strip():  # `--dask "$UNSET"`: it ran on the local backend, silently
             raise click.BadParameter("the scheduler's address is empty", param_hint="--dask")

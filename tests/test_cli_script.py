@@ -119,3 +119,19 @@ class TestErrors:
         r = dataflow_run(str(script))
         assert r.returncode == 1
         assert r.stderr == "hook: ValueError bad\n"
+
+    @pytest.mark.parametrize(
+        ("name", "value"), [("DATAFLOW_LOOP", "tokio"), ("DATAFLOW_NUM_INTEROP_THREADS", "abc")]
+    )
+    def test_a_bad_setting_in_the_environment_is_one_line(
+        self, tmp_path: Path, name: str, value: str
+    ) -> None:
+        """A bad dataflow variable: one line, exit 2, before the script runs; it was a
+        traceback from the script's dataflow.run."""
+        script = tmp_path / "s.py"
+        script.write_text("print('ran')\nimport dataflow\ndataflow.run(lambda: None)\n")
+        r = dataflow_run(str(script), env={**os.environ, name: value})
+        assert r.returncode == 2
+        assert r.stdout == ""
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("dataflow run: error: DataflowValueError: ") and value in line
