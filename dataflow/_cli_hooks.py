@@ -14,6 +14,7 @@ enters. The options themselves are declared with the ``run`` command.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ def _trace_hook(options: dict[str, Any]) -> Iterator[None]:
     if not path:
         yield
         return
+    target = os.path.abspath(path)  # where the user said: the script may chdir
     prof = Profiler()
     prof.start()
     try:
@@ -51,7 +53,7 @@ def _trace_hook(options: dict[str, Any]) -> Iterator[None]:
     finally:
         prof.stop()
         try:
-            prof.export_chrome_trace(path)
+            prof.export_chrome_trace(target)
         except OSError as exc:
             click.echo(
                 f"dataflow run: error: cannot write the trace: {type(exc).__name__}: {exc}",

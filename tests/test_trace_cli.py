@@ -134,6 +134,17 @@ class TestRunTrace:
         assert proc.returncode == 1
         assert "dataflow run: error: cannot write the trace: OSError" in proc.stderr
 
+    def test_written_where_given_when_the_script_changes_folder(self, tmp_path: Path) -> None:
+        """A relative --trace path is the folder's the command ran in; it was written into
+        the folder the script moved to (os.chdir), where nobody looked for it."""
+        (tmp_path / "elsewhere").mkdir()
+        script = tmp_path / "s.py"
+        script.write_text("import os\nos.chdir('elsewhere')\n")
+        proc = run_cli("run", "--trace", "t.json", str(script), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "t.json").exists()
+        assert not (tmp_path / "elsewhere" / "t.json").exists()
+
     def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
         """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
         script = write_script(tmp_path)
