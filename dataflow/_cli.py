@@ -344,4 +344,24 @@ cli.add_command(graph_group)
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``dataflow`` console script and ``python -m dataflow``."""
-    cli.main(args=list(argv) if argv is not None else None, prog_name="dataflow")
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="dataflow")
+    except OSError as exc:
+        # The commands catch what they read and write themselves; what is left is their
+        # output failing (`dataflow info > /dev/full`): one line, not a traceback. (click
+        # already ends a closed pipe, `| head`, quietly with exit 1.)
+        _drop_unwritten_output()
+        click.echo(
+            f"dataflow: error: cannot write the output: {type(exc).__name__}: {exc}", err=True
+        )
+        sys.exit(1)
+
+
+def _drop_unwritten_output() -> None:
+    """Point stdout at /dev/null, so the exit does not try the failed write again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout: nothing to flush at exit
+        pass

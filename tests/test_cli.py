@@ -306,6 +306,25 @@ class TestInfo:
         assert r.returncode == 0, r.stderr
         assert "WARNING" not in r.stdout
 
+    @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full")
+    def test_output_that_cannot_be_written_is_one_line(self) -> None:
+        """`dataflow info > /dev/full` (a full disk): one line and exit 1; it printed the
+        traceback through click's frames."""
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(
+                [sys.executable, "-m", "dataflow", "info"],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                cwd=ROOT,
+            )
+        assert r.returncode == 1
+        assert r.stderr == (
+            "dataflow: error: cannot write the output: OSError: [Errno 28] No space left on "
+            "device\n"
+        )
+
     def test_a_bad_setting_in_the_environment_is_one_line(self) -> None:
         """`dataflow info` under a bad $DATAFLOW_NUM_INTEROP_THREADS says which, in one line
         (`Type: message`), and exits 1; it printed a traceback."""
