@@ -80,7 +80,24 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The ``dataflow`` group: Ctrl-C in any command exits 130, as ``dataflow run`` does.
+
+    (click's own handling prints "Aborted!" and exits 1: `dataflow graph run` interrupted
+    looked like a failed run to a shell that tests for 130.)
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            command = " ".join(filter(None, ("dataflow", ctx.invoked_subcommand)))
+            click.echo(f"{command}: interrupted", err=True)
+            _forget_keyboard_interrupt()
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", prog_name="dataflow")
 def cli() -> None:
     """dataflow: run numpy model code with inter-op parallelism."""

@@ -272,6 +272,25 @@ class TestInterrupt:
         assert err.strip().splitlines()[-1] == "dataflow run: interrupted"
         assert "Traceback" not in err
 
+    def test_ctrl_c_in_any_command_exits_130(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Ctrl-C in `dataflow graph run` or `trace summary` exits 130 with one line, as
+        `dataflow run`; it was click's 'Aborted!' and exit 1."""
+        from click.testing import CliRunner
+
+        from dataflow import _cli_trace
+        from dataflow._cli import cli
+
+        def interrupted(path: str) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_cli_trace, "load", interrupted)
+        (tmp_path / "t.json").write_text("{}")
+        result = CliRunner().invoke(cli, ["trace", "summary", str(tmp_path / "t.json")])
+        assert result.exit_code == 130
+        assert result.stderr == "dataflow trace: interrupted\n"
+
 
 def _info(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`python -m dataflow info` in a fresh process with ``env``."""
