@@ -17,6 +17,7 @@ error) and executed here, in a fresh ``__main__`` module as runpy's. The exit co
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import os
 import runpy
 import stat
@@ -29,6 +30,9 @@ from types import CodeType
 
 __all__ = ["module_problem", "print_user_traceback", "run_target", "target_problem"]
 
+#: What python runs in a folder or a zip archive.
+_MAINS = ("__main__.py", "__main__.pyc")
+
 #: The code of a target that can be read only once (a pipe, stdin), compiled by target_problem.
 _read_once: dict[str, CodeType] = {}
 
@@ -38,7 +42,7 @@ def target_problem(script: str) -> tuple[str, int] | None:
     if script == "-":
         return _compile_once(script, sys.stdin.buffer.read, "<stdin>")
     if os.path.isdir(script):
-        if not os.path.exists(os.path.join(script, "__main__.py")):
+        if not any(os.path.exists(os.path.join(script, main)) for main in _MAINS):
             return (
                 f"{script!r} is a folder with no __main__.py: give a Python file, a folder "
                 "or .pyz archive with a __main__.py, or -m PACKAGE",
@@ -53,20 +57,25 @@ def target_problem(script: str) -> tuple[str, int] | None:
                 return _compile_once(script, f.read, script)
         if zipfile.is_zipfile(script):
             with zipfile.ZipFile(script) as archive:
-                if "__main__.py" not in archive.namelist():
+                if not set(_MAINS) & set(archive.namelist()):
                     return f"the archive {script!r} has no __main__.py: nothing to run", 2
             return None
         with open(script, "rb") as f:
-            compile(f.read(), script, "exec")
+            source = f.read()
+        if not source.startswith(importlib.util.MAGIC_NUMBER):  # (runpy runs a .pyc)
+            compile(source, script, "exec")
     except SyntaxError as exc:
-        return _syntax_error(exc)
+        return _syntax_error(exc, script)
     except (OSError, ValueError, zipfile.BadZipFile) as exc:  # unreadable, null bytes
         return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
     return None
 
 
-def _syntax_error(exc: SyntaxError) -> tuple[str, int]:
-    """As python shows it: file, line, the source and a caret."""
+def _syntax_error(exc: SyntaxError, script: str) -> tuple[str, int]:
+    """As python shows it: file, line, the source and a caret; a file that is no source at
+    all (null bytes: a binary) has no line to show, so the line names the file."""
+    if exc.lineno is None:
+        return f"cannot run {script}: not Python source ({type(exc).__name__}: {exc.msg})", 1
     return "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n"), 1
 
 
@@ -75,7 +84,7 @@ def _compile_once(script: str, read: Callable[[], bytes], filename: str) -> tupl
     try:
         _read_once[script] = compile(read(), filename, "exec")
     except SyntaxError as exc:
-        return _syntax_error(exc)
+        return _syntax_error(exc, script)
     except (OSError, ValueError) as exc:
         return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
     return None
@@ -83,8 +92,6 @@ def _compile_once(script: str, read: Callable[[], bytes], filename: str) -> tupl
 
 def module_problem(module: str) -> str | None:
     """Why ``-m MODULE`` cannot run, in one line, or None when it can (as ``python -m``)."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec(module)
         if spec is None:

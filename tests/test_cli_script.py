@@ -49,6 +49,24 @@ class TestTargets:
         assert r.returncode == 0, r.stderr
         assert r.stdout == "__main__ ['x']\n"
 
+    def test_a_compiled_script_runs(self, tmp_path: Path) -> None:
+        """A .pyc runs, as `python script.pyc`; it was 'SyntaxError: ... null bytes'."""
+        import py_compile
+
+        (tmp_path / "s.py").write_text(ARGV)
+        py_compile.compile(str(tmp_path / "s.py"), cfile=str(tmp_path / "s.pyc"))
+        r = dataflow_run(str(tmp_path / "s.pyc"), "x")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "__main__ ['x']\n"
+
+    def test_a_binary_file_is_named(self, tmp_path: Path) -> None:
+        """A file that is not Python source (null bytes): one line that names it, exit 1."""
+        (tmp_path / "blob").write_bytes(b"\x7fELF\x00\x01")
+        r = dataflow_run(str(tmp_path / "blob"))
+        assert r.returncode == 1
+        assert r.stderr.startswith(f"dataflow run: error: cannot run {tmp_path / 'blob'}: not ")
+        assert r.stderr.count("\n") == 1
+
     def test_a_folder_without_a_main_is_one_line(self, tmp_path: Path) -> None:
         """A folder with nothing to run: one line, exit 2."""
         r = dataflow_run(str(tmp_path))
