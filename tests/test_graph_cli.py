@@ -241,6 +241,22 @@ class TestRun:
         assert result.exit_code == 2
         assert "does not exist" in result.output and "Traceback" not in result.output
 
+    def test_output_in_a_read_only_folder_is_refused_before_running(
+        self, files: tuple[Path, Path, Path, Array, Array], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A usage error at once, as for `dataflow run --trace` (it ran the graph, then failed
+        to save: exit 1)."""
+        import os
+
+        model, xf, yf, _, _ = files
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: mode != os.W_OK and access(p, mode))
+        out = model.parent / "out.npz"
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf),
+                                          "-i", str(yf), "-o", str(out)])  # fmt: skip
+        assert result.exit_code == 2
+        assert "is not writable" in result.output and "Traceback" not in result.output
+
     def test_wrong_number_of_inputs(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
         """Too few inputs is a usage error naming the graph's inputs."""
         model, xf, _, _, _ = files

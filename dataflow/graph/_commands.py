@@ -92,6 +92,8 @@ def _npz_path(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         folder = os.path.dirname(os.path.abspath(value))
         if not os.path.isdir(folder):
             raise click.BadParameter(f"the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):  # (as `dataflow run --trace` checks its folder)
+            raise click.BadParameter(f"the folder {folder} is not writable")
     return value
 
 
