@@ -200,6 +200,8 @@ def run(
         args, script = (script, *args), None
     _warn_about_late_options(list(args), script or module or "")
     if trace_path is not None:  # found now, not after the whole run
+        if not trace_path.strip():  # `--trace "$UNSET"`: the run wrote no trace, silently
+            raise click.BadParameter("the path is empty", param_hint="--trace")
         folder = os.path.dirname(os.path.abspath(trace_path))
         if not os.path.isdir(folder):
             raise click.BadParameter(f"the folder {folder} does not exist", param_hint="--trace")

@@ -125,6 +125,14 @@ class TestRunTrace:
         )
         assert "trace of" not in proc.stderr and not out.exists()
 
+    def test_an_empty_trace_path_is_a_usage_error(self, tmp_path: Path) -> None:
+        """`--trace "$UNSET"`: exit 2 before the run; the script ran and no trace was written,
+        with exit 0 and not a word."""
+        script = write_script(tmp_path)
+        proc = run_cli("run", "--trace", "", str(script), cwd=tmp_path)
+        assert proc.returncode == 2
+        assert "Invalid value for --trace: the path is empty" in proc.stderr
+
     @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full")
     def test_a_trace_that_cannot_be_written_exits_1(self, tmp_path: Path) -> None:
         """The script succeeded but the trace asked for is lost: an error line and exit 1 (it
@@ -449,6 +457,15 @@ class TestTraceRender:
         assert counts == {"critical": 1, "all": 3, "none": 0}  # as TestRenderSvg finds in process
         bad = ["trace", "render", str(saved), "--arrows", "some"]
         assert CliRunner().invoke(cli, bad).exit_code == 2
+
+    def test_an_empty_output_is_a_usage_error(self, saved_trace: Path, tmp_path: Path) -> None:
+        """`-o ""` is refused: it wrote the default PATH.svg instead."""
+        trace = tmp_path / "run.json"
+        trace.write_bytes(saved_trace.read_bytes())
+        result = CliRunner().invoke(cli, ["trace", "render", str(trace), "-o", ""])
+        assert result.exit_code == 2
+        assert "the path is empty" in result.output
+        assert not trace.with_suffix(".svg").exists()
 
     def test_default_output_and_bad_suffix(self, saved_trace: Path, tmp_path: Path) -> None:
         """Without -o the SVG goes next to the trace; other suffixes are a usage error."""
