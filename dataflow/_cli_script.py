@@ -118,9 +118,9 @@ def run_target(module: str | None, script: str | None) -> None:
         _run_code(code, "<stdin>" if script == "-" else script)
         return
     if os.path.isfile(script) and not zipfile.is_zipfile(script):
-        # As python: the script's folder first on sys.path (runpy puts a folder or an
-        # archive there itself).
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        # As python: the folder of the script, symbolic links resolved, first on sys.path
+        # (runpy puts a folder or an archive there itself).
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     runpy.run_path(script, run_name="__main__")
 
 

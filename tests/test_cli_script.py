@@ -67,6 +67,18 @@ class TestTargets:
         assert r.stderr.startswith(f"dataflow run: error: cannot run {tmp_path / 'blob'}: not ")
         assert r.stderr.count("\n") == 1
 
+    def test_a_linked_script_imports_beside_its_file(self, tmp_path: Path) -> None:
+        """A script reached through a symbolic link finds the modules beside the file it
+        links to, as python puts that folder on sys.path; it got the link's folder."""
+        (tmp_path / "real").mkdir()
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "real" / "helper_mod.py").write_text("VALUE = 7\n")
+        (tmp_path / "real" / "s.py").write_text("import helper_mod\nprint(helper_mod.VALUE)\n")
+        (tmp_path / "bin" / "s.py").symlink_to(tmp_path / "real" / "s.py")
+        r = dataflow_run(str(tmp_path / "bin" / "s.py"))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "7\n"
+
     def test_a_folder_without_a_main_is_one_line(self, tmp_path: Path) -> None:
         """A folder with nothing to run: one line, exit 2."""
         r = dataflow_run(str(tmp_path))
