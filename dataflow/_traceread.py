@@ -39,7 +39,8 @@ _MAX_US = 1e15
 
 
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by ``_tracewrite.save`` (or any Chrome trace with ``X`` slices).
+    """Read a trace written by ``_tracewrite.save`` (or any Chrome trace with ``X`` slices, or
+    ``B``/``E`` pairs).
 
     Raises:
         TraceFormatError: the file is not JSON, nests deeper than :data:`MAX_JSON_DEPTH`, or an
@@ -147,6 +148,36 @@ class _Fields:
         return value
 
 
+def _pair_durations(events: list[Any], read: _Fields) -> list[Any]:
+    """``events`` with each ``B``/``E`` pair (a slice's begin and end, nested per thread, as
+    other tools write them) made the ``X`` slice it stands for, in the begin's place; a begin
+    left open (a program that died) or an end with no begin is left out, as a viewer shows no
+    slice for it."""
+    out = list(events)
+    begun: dict[tuple[Any, int], list[int]] = {}  # per thread: the open begins' indices
+    for index, ev in enumerate(events):
+        if not isinstance(ev, dict) or ev.get("ph") not in ("B", "E"):
+            continue
+        read.event, read.index = ev, index
+        key = (ev.get("pid") if type(ev.get("pid")) in (int, str) else None, read.tid())
+        end = read.time("ts")
+        if ev["ph"] == "B":
+            begun.setdefault(key, []).append(index)
+            continue
+        if not begun.get(key):
+            continue
+        end_args = read.obj("args")
+        first = begun[key].pop()
+        read.event, read.index = events[first], first
+        start, args = read.time("ts"), read.obj("args")
+        if end < start:
+            read.event, read.index = ev, index
+            raise read.bad("ts", ev.get("ts"), f"at or after its B event's (event {first})")
+        dur = ev["ts"] - events[first]["ts"]
+        out[first] = {**events[first], "ph": "X", "dur": dur, "args": {**args, **end_args}}
+    return out
+
+
 def from_chrome(data: Any, source: str = "trace") -> Trace:
     """Rebuild a :class:`Trace` from a Chrome Trace Event JSON object or array.
 
@@ -171,6 +202,7 @@ def from_chrome(data: Any, source: str = "trace") -> Trace:
     spans: list[Span] = []
     pid = 0
     read = _Fields(source)
+    events = _pair_durations(events, read)
     for index, ev in enumerate(events):
         if not isinstance(ev, dict):
             continue

@@ -295,6 +295,27 @@ class TestHostileTraces:
         self._error(tmp_path, event[:30], "is not JSON")
         self._error(tmp_path, f"[{event[:30]}", "is not JSON")
 
+    def test_begin_and_end_pairs_read_as_slices(self, tmp_path: Path) -> None:
+        """Another tool's B/E pairs (nested per thread) are the slices they stand for; they
+        were skipped: a summary of 0 tasks, exit 0. An end before its begin is one error line.
+        """
+
+        def event(ph: str, ts: int, tid: int, name: str = "") -> str:
+            return json.dumps({"name": name, "ph": ph, "ts": ts, "pid": 1, "tid": tid})
+
+        events = [event("B", 0, 1, "outer"), event("B", 2, 1, "inner"), event("E", 5, 1),
+                  event("B", 1, 2, "other"), event("E", 9, 2), event("E", 10, 1),
+                  event("B", 11, 1, "left open")]  # fmt: skip
+        path = tmp_path / "be.json"
+        path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+        trace = load(path)
+        slices = {(t.op, t.thread, (t.end - t.start) // 1000) for t in trace.tasks}
+        assert slices == {("outer", 1, 10), ("inner", 1, 3), ("other", 2, 8)}
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)])
+        assert result.exit_code == 0 and "(3 tasks;" in result.stdout
+        text = '{"traceEvents": [' + event("B", 5, 1, "x") + ", " + event("E", 1, 1) + "]}"
+        self._error(tmp_path, text, "event 1 (ph 'E'): ts must be at or after its B event's")
+
     def test_deep_json(self, tmp_path: Path) -> None:
         """JSON nested 100,000 deep: a one-line error, not a RecursionError traceback."""
         self._error(tmp_path, "[" * 100_000 + "]" * 100_000, "more than 64 deep")
