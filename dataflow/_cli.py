@@ -297,7 +297,11 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         cwd = os.getcwd()
         if sys.path[:1] != [cwd]:
             sys.path.insert(0, cwd)
-        problem_line = module_problem(module)
+        try:
+            problem_line = module_problem(module)
+        except Exception as exc:  # a parent package's own code failed as it was imported
+            print_user_traceback(exc)
+            return 1
         if problem_line is not None:
             click.echo(f"dataflow run: error: {problem_line}", err=True)
             return 2

@@ -91,20 +91,32 @@ def _compile_once(script: str, read: Callable[[], bytes], filename: str) -> tupl
 
 
 def module_problem(module: str) -> str | None:
-    """Why ``-m MODULE`` cannot run, in one line, or None when it can (as ``python -m``)."""
+    """Why ``-m MODULE`` cannot run, in one line, or None when it can (as ``python -m``).
+
+    Finding a submodule imports its parent packages: what their own code raises (a failing
+    ``__init__``, a dependency of theirs missing) is not a missing module, and propagates for
+    the caller to report as the program's error, as ``python -m`` does.
+    """
+    if not all(part.isidentifier() for part in module.split(".")):
+        return f"no module named {module!r}"
     try:
         spec = importlib.util.find_spec(module)
-        if spec is None:
-            return f"no module named {module!r}"
-        package = spec.submodule_search_locations is not None  # it runs its __main__
+        package = spec is not None and spec.submodule_search_locations is not None
         if package and importlib.util.find_spec(f"{module}.__main__") is None:
             return (
                 f"{module!r} is a package with no __main__ module: it cannot be run "
                 "with -m (run one of its modules, -m PACKAGE.MODULE)"
             )
-    except (ImportError, ValueError):  # a parent package is missing, or an empty name
-        return f"no module named {module!r}"
-    return None
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module != missing and not module.startswith(missing + "."):
+            raise  # a module the package imports, not the package
+        spec = None
+    except ValueError:
+        if module not in sys.modules:  # (find_spec: a module already run, __spec__ None)
+            raise
+        spec = None
+    return f"no module named {module!r}" if spec is None else None
 
 
 def run_target(module: str | None, script: str | None) -> None:
@@ -153,7 +165,7 @@ def print_user_traceback(exc: BaseException) -> None:
     ours = (__file__, runpy.__file__, os.path.join(os.path.dirname(__file__), "_cli.py"))
     while tb is not None and (
         tb.tb_frame.f_code.co_filename in ours
-        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+        or tb.tb_frame.f_code.co_filename.startswith(("<frozen runpy", "<frozen importlib"))
     ):
         tb = tb.tb_next
     if sys.excepthook is not sys.__excepthook__:

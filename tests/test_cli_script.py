@@ -118,6 +118,23 @@ class TestTargets:
             "run with -m (run one of its modules, -m PACKAGE.MODULE)"
         )
 
+    def test_a_package_that_fails_to_import_shows_its_error(self, tmp_path: Path) -> None:
+        """-m pkg.mod whose package's __init__ fails: its traceback, exit 1, as python -m; a
+        dependency it lacks was 'no module named pkg.mod' (exit 2), another error the CLI's
+        and click's frames."""
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "mod.py").write_text(ARGV)
+        for init, error in [
+            ("import missing_dep_xyz\n", "ModuleNotFoundError: No module named 'missing_dep_xyz'"),
+            ("raise RuntimeError('init broke')\n", "RuntimeError: init broke"),
+        ]:
+            (tmp_path / "pkg" / "__init__.py").write_text(init)
+            r = dataflow_run("-m", "pkg.mod", cwd=tmp_path)
+            assert r.returncode == 1
+            assert r.stderr.strip().endswith(error)
+            assert "__init__.py" in r.stderr and "click" not in r.stderr
+            assert "_cli" not in r.stderr
+
 
 class TestOptions:
     def test_the_module_ends_the_options(self, tmp_path: Path) -> None:
