@@ -68,7 +68,13 @@ def target_problem(script: str) -> tuple[str, int] | None:
         return _syntax_error(exc, script)
     except (OSError, ValueError, zipfile.BadZipFile) as exc:  # unreadable, null bytes
         return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
+    except (MemoryError, RecursionError) as exc:  # the compiler's stack: nested too deep
+        return _too_deep(exc, script)
     return None
+
+
+def _too_deep(exc: BaseException, script: str) -> tuple[str, int]:
+    return f"cannot compile {script}: {type(exc).__name__} (its code nests too deep)", 1
 
 
 def _syntax_error(exc: SyntaxError, script: str) -> tuple[str, int]:
@@ -87,6 +93,8 @@ def _compile_once(script: str, read: Callable[[], bytes], filename: str) -> tupl
         return _syntax_error(exc, script)
     except (OSError, ValueError) as exc:
         return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
+    except (MemoryError, RecursionError) as exc:  # the compiler's stack: nested too deep
+        return _too_deep(exc, script)
     return None
 
 

@@ -79,6 +79,16 @@ class TestTargets:
         assert r.returncode == 0, r.stderr
         assert r.stdout == "7\n"
 
+    def test_code_nested_too_deep_to_compile_is_one_line(self, tmp_path: Path) -> None:
+        """An expression nested past the compiler's stack: one line naming the file, exit 1,
+        as python's one line; it printed the CLI's and click's frames."""
+        (tmp_path / "deep.py").write_text("x = " + "-" * 200_000 + "1\n")
+        r = dataflow_run(str(tmp_path / "deep.py"))
+        assert r.returncode == 1
+        assert r.stderr == f"dataflow run: error: cannot compile {tmp_path / 'deep.py'}: " + (
+            "MemoryError (its code nests too deep)\n"
+        )
+
     def test_a_folder_without_a_main_is_one_line(self, tmp_path: Path) -> None:
         """A folder with nothing to run: one line, exit 2."""
         r = dataflow_run(str(tmp_path))
