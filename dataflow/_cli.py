@@ -370,13 +370,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="dataflow")
     except OSError as exc:
-        # The commands catch what they read and write themselves; what is left is their
-        # output failing (`dataflow info > /dev/full`): one line, not a traceback. (click
-        # already ends a closed pipe, `| head`, quietly with exit 1.)
+        # The commands catch what they read and write themselves; what is left is mostly
+        # their output failing (`dataflow info > /dev/full`): one line, not a traceback.
+        # (click already ends a closed pipe, `| head`, quietly with exit 1.)
         _drop_unwritten_output()
-        click.echo(
-            f"dataflow: error: cannot write the output: {type(exc).__name__}: {exc}", err=True
-        )
+        click.echo(f"dataflow: error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)
 
 
