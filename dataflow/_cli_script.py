@@ -8,16 +8,18 @@ such file, a folder or archive without ``__main__.py``, a syntax error, a packag
 ``__main__``): a mistake in the command line is not a traceback. :func:`run_target` then runs
 it as ``__main__`` and :func:`print_user_traceback` prints what it raised as python would.
 
-Design note: runpy runs files, folders, zips and modules; a pipe and stdin can be read only
-once, so their source is read and compiled by :func:`target_problem` (which reports a syntax
-error) and executed here, in a fresh ``__main__`` module as runpy's. The exit codes belong to
-``_cli``.
+Design note: runpy runs folders, zips and modules. A script file (or its ``.pyc``), a pipe or
+stdin is read once, by :func:`target_problem`, which compiles it and so reports a syntax error
+(a pipe can be read only once), and runs here in a fresh ``__main__`` module as runpy would
+run it, with what python gives a script and runpy does not: an absolute ``__file__`` (and
+file name in tracebacks) and ``sys.argv[0]`` as typed. The exit codes belong to ``_cli``.
 """
 
 from __future__ import annotations
 
 import builtins
 import importlib.util
+import marshal
 import os
 import runpy
 import stat
@@ -25,7 +27,6 @@ import sys
 import traceback
 import types
 import zipfile
-from collections.abc import Callable
 from types import CodeType
 
 __all__ = ["module_problem", "print_user_traceback", "run_target", "target_problem"]
@@ -33,14 +34,15 @@ __all__ = ["module_problem", "print_user_traceback", "run_target", "target_probl
 #: What python runs in a folder or a zip archive.
 _MAINS = ("__main__.py", "__main__.pyc")
 
-#: The code of a target that can be read only once (a pipe, stdin), compiled by target_problem.
-_read_once: dict[str, CodeType] = {}
+#: A script file's code, as target_problem compiled it (read once: a pipe can be read only
+#: once), with its ``__file__`` and its ``sys.path`` entry, for run_target.
+_compiled: dict[str, tuple[CodeType, str, str]] = {}
 
 
 def target_problem(script: str) -> tuple[str, int] | None:
     """Why SCRIPT cannot run, as (one line, exit code), or None when it can."""
-    if script == "-":
-        return _compile_once(script, sys.stdin.buffer.read, "<stdin>")
+    if script == "-":  # as python: __file__ '<stdin>', the current folder ('') on sys.path
+        return _compile_once(script, sys.stdin.buffer.read(), "<stdin>", "")
     if os.path.isdir(script):
         if not any(os.path.exists(os.path.join(script, main)) for main in _MAINS):
             return (
@@ -52,25 +54,20 @@ def target_problem(script: str) -> tuple[str, int] | None:
     if not os.path.exists(script):
         return f"no such script: {script!r} (check the path; to run a module use -m MODULE)", 2
     try:
-        if not stat.S_ISREG(os.stat(script).st_mode):  # a pipe, <(...): one read only
-            with open(script, "rb") as f:
-                return _compile_once(script, f.read, script)
         if zipfile.is_zipfile(script):
             with zipfile.ZipFile(script) as archive:
                 if not set(_MAINS) & set(archive.namelist()):
                     return f"the archive {script!r} has no __main__.py: nothing to run", 2
             return None
-        with open(script, "rb") as f:
+        with open(script, "rb") as f:  # once: a pipe, <(...), can be read only once
             source = f.read()
-        if not source.startswith(importlib.util.MAGIC_NUMBER):  # (runpy runs a .pyc)
-            compile(source, script, "exec")
-    except SyntaxError as exc:
-        return _syntax_error(exc, script)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:  # unreadable, null bytes
+    except (OSError, zipfile.BadZipFile) as exc:
         return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
-    except (MemoryError, RecursionError) as exc:  # the compiler's stack: nested too deep
-        return _too_deep(exc, script)
-    return None
+    # As python: __file__ (and the code's file name) absolute, and the folder of the file,
+    # symbolic links resolved, first on sys.path (a pipe's: /dev/fd).
+    regular = stat.S_ISREG(os.stat(script).st_mode)
+    folder = os.path.dirname(os.path.realpath(script) if regular else os.path.abspath(script))
+    return _compile_once(script, source, os.path.abspath(script), folder)
 
 
 def _too_deep(exc: BaseException, script: str) -> tuple[str, int]:
@@ -85,10 +82,14 @@ def _syntax_error(exc: SyntaxError, script: str) -> tuple[str, int]:
     return "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n"), 1
 
 
-def _compile_once(script: str, read: Callable[[], bytes], filename: str) -> tuple[str, int] | None:
-    """Read a script that can be read only once, and keep its code for :func:`run_target`."""
+def _compile_once(script: str, source: bytes, filename: str, folder: str) -> tuple[str, int] | None:
+    """Compile a script's source (or load its ``.pyc``) and keep it for :func:`run_target`."""
     try:
-        _read_once[script] = compile(read(), filename, "exec")
+        if source.startswith(importlib.util.MAGIC_NUMBER):  # a .pyc: its 16-byte header
+            code = marshal.loads(source[16:])
+        else:
+            code = compile(source, filename, "exec")
+        _compiled[script] = (code, filename, folder)
     except SyntaxError as exc:
         return _syntax_error(exc, script)
     except (OSError, ValueError) as exc:
@@ -133,19 +134,15 @@ def run_target(module: str | None, script: str | None) -> None:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         return
     assert script is not None
-    code = _read_once.pop(script, None)
-    if code is not None:
-        _run_code(code, "<stdin>" if script == "-" else script)
-        return
-    if os.path.isfile(script) and not zipfile.is_zipfile(script):
-        # As python: the folder of the script, symbolic links resolved, first on sys.path
-        # (runpy puts a folder or an archive there itself).
-        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
-    runpy.run_path(script, run_name="__main__")
+    compiled = _compiled.pop(script, None)
+    if compiled is None:  # a folder or an archive: runpy puts it on sys.path itself
+        runpy.run_path(script, run_name="__main__")
+    else:
+        _run_code(*compiled)
 
 
-def _run_code(code: CodeType, filename: str) -> None:
-    """Execute a script read once in a fresh ``__main__`` module, as runpy runs a file."""
+def _run_code(code: CodeType, filename: str, folder: str) -> None:
+    """Execute a script's code in a fresh ``__main__`` module, as runpy runs a file."""
     main = types.ModuleType("__main__")
     main.__dict__.update(
         __file__=filename,
@@ -157,8 +154,7 @@ def _run_code(code: CodeType, filename: str) -> None:
     )
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = main
-    # As python: the script's folder first on sys.path ('', the current folder, for stdin).
-    sys.path.insert(0, "" if filename == "<stdin>" else os.path.dirname(os.path.abspath(filename)))
+    sys.path.insert(0, folder)
     try:
         exec(code, main.__dict__)
     finally:

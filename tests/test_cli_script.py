@@ -49,6 +49,17 @@ class TestTargets:
         assert r.returncode == 0, r.stderr
         assert r.stdout == "__main__ ['x']\n"
 
+    def test_file_is_absolute_and_argv_as_typed(self, tmp_path: Path) -> None:
+        """As python 3.9+: __file__ and the tracebacks' file name absolute, sys.argv[0] as
+        typed; __file__ was relative, so a script that changed folder lost its own files."""
+        (tmp_path / "s.py").write_text(
+            "import os, sys\nos.chdir('/')\nprint(sys.argv[0], os.path.exists(__file__))\n1/0\n"
+        )
+        r = dataflow_run("s.py", cwd=tmp_path)
+        assert r.returncode == 1
+        assert r.stdout == "s.py True\n"
+        assert f'File "{tmp_path / "s.py"}", line 4' in r.stderr
+
     def test_a_compiled_script_runs(self, tmp_path: Path) -> None:
         """A .pyc runs, as `python script.pyc`; it was 'SyntaxError: ... null bytes'."""
         import py_compile
