@@ -235,6 +235,38 @@ class TestBatchedCallersUnderTrio:
 
         np.testing.assert_array_equal(run_trio(main), x)  # 50 negations
 
+    @pytest.mark.parametrize("batched", [False, True], ids=["plain", "batched"])
+    def test_a_caught_timeout_around_a_call_drops_its_plan(self, batched: bool) -> None:
+        """``trio.move_on_after`` around a compiled call: the plan's unstarted nodes are
+        dropped, as an eager chain's are (trio reports no task as cancelled, and the call's
+        wait did not tell the runtime it was interrupted: every node ran for nobody)."""
+        from tests.test_compile import Counted
+
+        gate = threading.Event()
+        forward = dataflow.compile(Counted(gate), batch_axis=0 if batched else None)
+        x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+
+        async def main() -> tuple[int, Any]:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate.set()
+                await forward(x)
+                gate.clear()
+                Counted.ran.clear()
+                before = rt._sched.dropped
+                with trio.move_on_after(0.05):
+                    await forward(x)
+                await trio.sleep(0.02)
+                gate.set()
+                await trio.sleep(0.1)
+                assert Counted.ran == []  # the nodes queued behind the gate never ran
+                with trio.fail_after(30):
+                    again = await forward(x)
+                return rt._sched.dropped - before, again
+
+        dropped, again = run_trio(main)
+        assert dropped >= 1
+        np.testing.assert_allclose(again, x + 5, rtol=1e-6)
+
 
 def _gate_kernel(x: Any, gate: threading.Event) -> Any:
     gate.wait(10)
