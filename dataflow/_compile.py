@@ -202,11 +202,11 @@ class Compiled(Batching, Generic[R]):
         gather = launch(rt, prog, arrays, None, waiter, self.batch_axis is None)
         try:
             await waiter
-        except BaseException:
+        except BaseException as exc:
             # A cancellation, perhaps caught above (a timeout scope) or not reported as one
             # (trio): the plan's unstarted nodes are dropped with its gather task, as an
             # interrupted `await handle` drops what its request dispatched (Pending.__await__).
-            rt.await_interrupted()
+            rt.await_interrupted(exc)
             raise
         return Pending(gather).result()
 

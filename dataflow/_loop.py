@@ -152,6 +152,11 @@ class HostLoop:
     def release_frames(self, task: Any) -> None:
         """Let go of the local variables of a finished, cancelled task's frames."""
 
+    def finished_code(self, task: Any) -> Any:
+        """The code object of ``task``'s coroutine once the task has finished; None while it
+        runs (or where the loop cannot tell)."""
+        return None
+
     def cancel(self, handle: Any) -> bool:
         """Cancel a spawned task (True if it was still running)."""
         raise NotImplementedError
@@ -239,6 +244,9 @@ class AsyncioLoop(HostLoop):
             traceback.clear_frames(exc.__traceback__)
         except BaseException:
             pass
+
+    def finished_code(self, task: Any) -> Any:
+        return getattr(task.get_coro(), "cr_code", None) if task.done() else None
 
     def cancel_requested(self) -> bool:
         current = asyncio.current_task()

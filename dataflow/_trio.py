@@ -79,6 +79,10 @@ class TrioLoop(HostLoop):
             self._instrument = _task_ends(self._trio, self._task_exited)
             self._trio.lowlevel.add_instrument(self._instrument)
 
+    def finished_code(self, task: Any) -> Any:
+        coro = task.coro  # (a finished coroutine has no frame)
+        return coro.cr_code if getattr(coro, "cr_frame", True) is None else None
+
     def _task_exited(self, task: Any) -> None:
         """The instrument's hook: a task of the run ended (called inside trio's scheduler).
 

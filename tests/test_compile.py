@@ -590,6 +590,46 @@ class TestRequests:
         started = [t for t in summary.tasks if t.op == "slow_neg"]
         assert dropped == 200 and started == []
 
+    @pytest.mark.parametrize("group", ["asyncio.gather", "anyio task group"])
+    def test_a_request_its_group_cancelled_drops_its_queued_ops(self, group: str) -> None:
+        """A request cancelled through asyncio.gather or an anyio task group while it awaits
+        its chain drops the chain's unstarted ops, as a task cancelled by itself does. The
+        group takes the task's CancelledError before the request's end is reported, and keeps
+        it (in its future; in a reference cycle), and with it the request's frames and their
+        handles: every op ran for nobody."""
+        import anyio
+
+        async def main() -> int:
+            gate = threading.Event()
+
+            async def request() -> Any:
+                y = gate_op(np.zeros(4), gate)
+                for _ in range(200):
+                    y = slow_neg(y)
+                return await y
+
+            if group == "asyncio.gather":
+                both = asyncio.gather(request(), asyncio.sleep(10))
+                await asyncio.sleep(0.05)
+                both.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await both
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(request)
+                    await asyncio.sleep(0.05)
+                    tg.cancel_scope.cancel()
+            await asyncio.sleep(0.01)
+            gate.set()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            return rt._sched.dropped
+
+        with dataflow.profile() as prof:
+            dropped = dataflow.run(main, interop_threads=2)
+        started = [t for t in prof.trace().tasks if t.op == "slow_neg"]
+        assert dropped == 200 and started == []
+
     @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
     def test_a_caught_timeout_drops_what_its_scope_dispatched(self, scope: str) -> None:
         """A cancellation caught inside the request (a timeout scope: the request goes on, so

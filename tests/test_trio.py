@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -307,6 +308,36 @@ class TestRequestsUnderTrio:
                     nursery.start_soon(request)
                     await trio.sleep(0.05)
                     nursery.cancel_scope.cancel()
+                await _rounds()
+                gate.set()
+                return int(rt._sched.dropped)
+
+        with dataflow.profile() as prof:
+            dropped = run_trio(main)
+        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
+        assert dropped == 200 and started == []
+
+    def test_a_request_an_anyio_task_group_cancelled_drops_its_queued_ops(self) -> None:
+        """The same request in an anyio task group (on trio): cancelled while it awaits its
+        chain, its unstarted ops are dropped. anyio keeps the request's Cancelled in a
+        reference cycle, and with it the request's frames and their handles: every op ran
+        for nobody."""
+
+        async def main() -> int:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate = threading.Event()
+
+                async def request() -> Any:
+                    y = trio_gate(np.zeros(4), gate)
+                    for _ in range(200):
+                        y = trio_neg(y)
+                    return await y
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(request)
+                    await trio.sleep(0.05)
+                    # (a past deadline: cancel() passes trio a reason older trios refuse)
+                    tg.cancel_scope.deadline = -math.inf
                 await _rounds()
                 gate.set()
                 return int(rt._sched.dropped)
