@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from typing import Any
@@ -505,3 +506,38 @@ class TestTraceUnderTrio:
             assert [n.op.name for n in graph.nodes] == ["tanh"]
 
         trio.run(main)
+
+
+class TestTrioGuestRun:
+    def test_a_runtime_in_a_trio_guest_run_on_asyncio_uses_trio(self) -> None:
+        """trio's guest mode runs trio's tasks inside an asyncio loop's callbacks: a runtime
+        entered there is trio's (sniffio says so, as anyio hears it). The running asyncio loop
+        made it asyncio's: awaiting an op handed trio an asyncio future (a TypeError), and the
+        runtime's exit failed the same way."""
+
+        async def child(x: Any) -> Any:
+            return ops.negative(x)
+
+        async def in_trio() -> tuple[str, Any, Any, str]:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                y = ops.matmul(np.ones((3, 4)), np.ones((4, 500)))  # big enough for the pool
+                f = dataflow.fork(child, np.ones(2))
+                assert rt.host is not None
+                return rt.host.library, await y, await f, dataflow.parallel_info()
+
+        async def host() -> Any:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[Any] = loop.create_future()
+            trio.lowlevel.start_guest_run(
+                in_trio,
+                run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+                done_callback=done.set_result,
+                host_uses_signal_set_wakeup_fd=True,
+            )
+            return (await done).unwrap()
+
+        library, y, negated, info = asyncio.run(host())
+        assert library == "trio"
+        np.testing.assert_array_equal(y, np.full((3, 500), 4.0))
+        np.testing.assert_array_equal(negated, [-1.0, -1.0])
+        assert "event loop: trio" in info
