@@ -216,11 +216,16 @@ async def _run_forked(
         err = task_failed(fut.name, _fn_name(fn), exc, what="forked task ")
         fut._rt.failures.append(err)
         fut._settle(_FAILED, err)
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
+        stop = _stopping(exc)
+        if stop is not None:
             # The process is being stopped: let the loop see it, as asyncio does. It is
             # reported by stopping the program, not again as a failure nobody awaited.
             err.observed = True
-            raise
+            if stop is exc:
+                raise
+            # Out of a task group's exception group: asyncio's loop lets only the interrupt
+            # itself through, and a trio system task may raise nothing else.
+            raise stop from None
     else:
         fut._settle(_DONE, value)
     finally:
@@ -229,6 +234,19 @@ async def _run_forked(
             sched.emit("fork_finished", fut.name)
             forker = _parent_name.get()
             sched.record_span("fork", fut.name, fut._started, time.perf_counter_ns(), forker)
+
+
+def _stopping(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit that ``exc`` is, or that an exception group holds
+    (a task group in the forked coroutine: Ctrl-C landed in one of its tasks)."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _stopping(inner)
+            if found is not None:
+                return found
+    return None
 
 
 @overload

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 from typing import Any
@@ -443,6 +444,24 @@ class TestStoppingTheProcess:
         with pytest.raises(exc):
             trio.run(main)
         assert seen == ["TaskError"]
+
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+    def test_a_fork_whose_nursery_was_stopped_stops_the_process(self, exc: type) -> None:
+        """The same interrupt inside an exception group (a nursery in the fork: trio groups
+        its children's exceptions) comes out of the block too: the group became the fork's
+        TaskError, and the interrupt was lost."""
+        import trio
+
+        async def stop() -> None:
+            raise BaseExceptionGroup("a nursery in the fork", [exc()])
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                with contextlib.suppress(dataflow.TaskError):
+                    await dataflow.fork(stop)
+
+        with pytest.raises(exc):
+            trio.run(main)
 
     def test_ctrl_c_in_a_kernel_on_the_trio_thread_stops_the_run(self) -> None:
         """trio raises KeyboardInterrupt in whatever unprotected code the main thread runs:
