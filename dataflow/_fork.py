@@ -362,10 +362,13 @@ def _fork_async(
             )
         )
     fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}", rt)
-    fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
+    coro = _run_forked(fut, fn, args, kwargs)
     if host.library == "asyncio":
+        fut._handle = host.spawn(coro, fut.name)
         # Cancelled before it started, the coroutine never ran to settle its future.
         fut._handle.add_done_callback(functools.partial(_task_done, fut))
+    else:  # (trio's bridge neither runs nor settles it then: ``unstarted`` does)
+        fut._handle = host.spawn(coro, fut.name, functools.partial(fut._settle, _CANCELLED, None))
     if ACTIVE or sched.watching:
         fut._started = time.perf_counter_ns()
         sched.emit("fork", fut.name, parent.name if parent is not None else None)

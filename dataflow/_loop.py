@@ -154,8 +154,18 @@ class HostLoop:
         else:
             self._post(lambda: fn(*args))
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
-        """Start ``coro`` as a task owned by the runtime; returns a handle for :meth:`cancel`."""
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        unstarted: Callable[[], None] | None = None,
+    ) -> Any:
+        """Start ``coro`` as a task owned by the runtime; returns a handle for :meth:`cancel`.
+
+        ``unstarted`` (trio's bridge): cancelled before it started, the task never runs its
+        coroutine (closed unrun) and calls ``unstarted()`` instead. An asyncio task does not
+        run either; its done callback tells (``task.cancelled()``), so asyncio ignores it.
+        """
         raise NotImplementedError
 
     def current_task(self) -> Any:
@@ -231,7 +241,12 @@ class AsyncioLoop(HostLoop):
         else:
             self.loop.call_soon_threadsafe(fn)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        unstarted: Callable[[], None] | None = None,
+    ) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro, name=name)
         self.tasks.add(task)
         task.add_done_callback(self._discard)

@@ -117,6 +117,44 @@ class TestTrio:
 
         assert run_trio(main) == "other"
 
+    def test_a_fork_cancelled_before_it_started_never_runs(self) -> None:
+        """Cancelled before its first step, a fork never runs and its future raises
+        CancelledTaskError, as under asyncio. trio ran it up to its first checkpoint: one
+        without any ran whole, and its future gave its value though cancel() said True."""
+        ran: list[str] = []
+
+        async def child() -> int:
+            ran.append("child")
+            return 42
+
+        async def main() -> bool:
+            async with dataflow.Runtime():
+                f = dataflow.fork(child)
+                said = f.cancel()
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await f
+                return said
+
+        assert run_trio(main) is True
+        assert ran == []
+
+    def test_a_failing_body_cancels_forks_that_have_not_started(self) -> None:
+        """A body that fails right after forking: the forks never run (they ran up to their
+        first checkpoint, after the block had failed)."""
+        ran: list[str] = []
+
+        async def child() -> None:
+            ran.append("child")
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                dataflow.fork(child)
+                raise KeyError("the body failed")
+
+        with pytest.raises(KeyError):
+            run_trio(main)
+        assert ran == []
+
     def test_context_variables_reach_forks(self) -> None:
         """A forked coroutine sees the context variables of the code that forked it."""
         import contextvars
