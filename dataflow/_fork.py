@@ -69,9 +69,13 @@ _RUNNING, _DONE, _FAILED, _CANCELLED = range(4)
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's)."""
+    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's), or an exception
+    group of nothing else (a nursery cancelled with the fork: trio groups its children's
+    exceptions, by default from trio 0.25 on)."""
     if isinstance(exc, asyncio.CancelledError):
         return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancellation(inner) for inner in exc.exceptions)
     return type(exc).__name__ == "Cancelled" and type(exc).__module__.startswith("trio")
 
 

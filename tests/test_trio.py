@@ -155,6 +155,29 @@ class TestTrio:
             run_trio(main)
         assert ran == []
 
+    def test_a_cancelled_fork_with_a_nursery_is_cancelled_not_failed(self) -> None:
+        """With strict exception groups (trio's default from 0.25), a fork cancelled while
+        its nursery's children sleep ends with a group of Cancelled: it is cancelled
+        (CancelledTaskError), not failed. It was a TaskError, and a fork nobody awaited made
+        the block raise UnobservedTaskError."""
+
+        async def with_nursery() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep, 10)
+                nursery.start_soon(trio.sleep, 10)
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                awaited = dataflow.fork(with_nursery)
+                dropped = dataflow.fork(with_nursery)
+                await trio.sleep(0.05)
+                awaited.cancel()
+                dropped.cancel()
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await awaited
+
+        trio.run(main, strict_exception_groups=True)
+
     def test_context_variables_reach_forks(self) -> None:
         """A forked coroutine sees the context variables of the code that forked it."""
         import contextvars
