@@ -156,13 +156,13 @@ def _chosen(interop: int, cores: int) -> list[str]:
 def _loop_name() -> str:
     import asyncio
 
+    from ._loop import running_library
+
+    if running_library() == "trio":  # (first: a trio guest run has an asyncio loop too)
+        return "trio"
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from ._loop import running_library
-
-        if running_library() == "trio":
-            return "trio"
         from ._defaults import resolve_loop_factory
 
         factory = resolve_loop_factory("auto")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -408,6 +409,26 @@ class TestErrors:
         gc.collect()  # (the finished task's finalizer, where asyncio logs what was left)
         assert logs == []
         assert "never retrieved" not in caplog.text
+
+    @pytest.mark.parametrize("exc", [SystemExit(5), KeyboardInterrupt()], ids=repr)
+    def test_a_fork_whose_task_group_was_stopped_stops_the_program(
+        self, exc: BaseException, loop: str
+    ) -> None:
+        """Ctrl-C (or SystemExit) in a task of a task group inside a fork: the group raises
+        an exception group holding it, and the program stops with the interrupt itself. The
+        group became the fork's TaskError, which an `except Exception` could catch, and
+        nothing stopped the program."""
+
+        async def stop() -> None:
+            raise BaseExceptionGroup("a task group in the fork", [ValueError("other"), exc])
+
+        async def main() -> None:
+            with contextlib.suppress(Exception):
+                await dataflow.fork(stop)
+            await asyncio.sleep(0.5)
+
+        with pytest.raises(type(exc)):
+            dataflow.run(main, loop=loop)
 
     def test_unawaited_task_runs_to_end(self, loop: str) -> None:
         """A forked task nobody waits for still runs to the end before run() returns."""

@@ -148,10 +148,13 @@
   task too, but trio does not say how a task ended: its work is dropped when a cancellation
   interrupted one of its awaits on a pending value (the usual case: the request awaited its
   model's output), and runs to completion when it was cancelled while waiting for
-  something else (``TrioLoop``). The bookkeeping costs no object per op for the garbage
-  collector to track: a request keeps its unstarted tasks in a dict by id (each leaves it
-  when it starts), and an unstarted task keeps its handles, so whether anyone else holds one
-  is whether it has more references than the task's own (``Requests``' ``handles_held``).
+  something else (``TrioLoop``). So does a request that ``asyncio.gather`` or an anyio task
+  group cancels: they take its CancelledError first and keep it, and its frames with it (the
+  interrupted await's cancellation releases them: ``Requests.await_interrupted``). The
+  bookkeeping costs no object per op for the garbage collector to track: a request keeps its
+  unstarted tasks in a dict by id (each leaves it when it starts), and an unstarted task
+  keeps its handles, so whether anyone else holds one is whether it has more references
+  than the task's own (``Requests``' ``handles_held``).
 * **Failures propagate, never hang.** A kernel that raises fails its task with a
   :class:`~dataflow.TaskError` chained to the original exception, and every task that depends
   on it fails with that same error, whatever runtime owns it; independent tasks are not

@@ -6,10 +6,11 @@ wants it").
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import threading
+import traceback
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -51,15 +52,17 @@ class _Owner:
     pending task is held by the graph until it starts anyway.
     """
 
-    __slots__ = ("base", "dropped", "interrupted", "limit", "live")
+    __slots__ = ("base", "dropped", "exc", "interrupted", "limit", "live")
 
     def __init__(self, base: float) -> None:
         self.base = base
         self.live: dict[int, Task] = {}
         self.limit = 1024
         self.dropped = False
-        # A cancellation reached one of its awaits (see Requests.await_interrupted).
+        # A cancellation reached one of its awaits (see Requests.await_interrupted), and
+        # that cancellation, until the drop it posted runs (Requests.drop_unwanted).
         self.interrupted = False
+        self.exc: BaseException | None = None
 
     def add(self, task: Task) -> None:
         """``task`` was dispatched for this request. Holds the lock."""
@@ -125,6 +128,17 @@ def handles_held(task: Task) -> bool:
     return bool(counts > _ALONE)
 
 
+def _release_frames(tb: types.TracebackType | None, root: Any) -> None:
+    """Clear the variables of the frames of ``tb``, a cancellation's traceback, in a
+    request that has finished, whose coroutine's code is ``root``: every frame but the first
+    (the exception left each of them), and the first too when it is the request's own
+    coroutine (it left the request; otherwise the first caught it: the loop's own frame, or
+    one that may live on, such as an async generator's)."""
+    if tb is not None and tb.tb_frame.f_code is not root:
+        tb = tb.tb_next
+    traceback.clear_frames(tb)
+
+
 class Requests(SchedulerBase):
     """The request layer of :class:`~dataflow._scheduler.Scheduler`."""
 
@@ -157,7 +171,7 @@ class Requests(SchedulerBase):
         elif owner.interrupted:  # a caught cancellation left work behind (await_interrupted)
             self.drop_unwanted(owner)
 
-    def await_interrupted(self) -> None:
+    def await_interrupted(self, exc: BaseException | None = None) -> None:
         """A coroutine on the loop stopped awaiting a pending value: a cancellation reached
         the await, and may be caught above it, the request going on (``asyncio.timeout``,
         ``asyncio.wait_for`` from Python 3.12, which no longer runs its awaitable in a task of
@@ -169,6 +183,14 @@ class Requests(SchedulerBase):
         (the frames are gone by then), and again when the request ends, drop what the request
         dispatched that nobody holds, awaits or reads any more (:meth:`drop_locked_tasks`).
         The request is not marked dropped: it may go on and dispatch more.
+
+        ``exc``, the cancellation, is kept until that drop: if it ended the request, the
+        frames it went through are released there. Their variables would otherwise keep
+        the request's handles alive wherever the cancellation itself is kept: asyncio's
+        ``gather`` and anyio's task groups (on asyncio and on trio) take a cancelled
+        task's CancelledError before the request's end is reported (``release_frames``
+        then finds it gone), and hold it in their future or in a reference cycle, so the
+        work of a request they cancelled was never dropped.
         """
         if threading.get_ident() != self.host.thread_id:
             return  # (a coroutine closed elsewhere, by the garbage collector)
@@ -177,13 +199,24 @@ class Requests(SchedulerBase):
         if owner is None or owner.dropped:
             return
         owner.interrupted = True
-        # A closed loop refuses the callback: the request's end (if any) drops instead.
-        # (Raising here would replace the cancellation this await is passing on.)
-        with contextlib.suppress(RuntimeError):
-            self.host.later(functools.partial(self.drop_unwanted, owner))
+        owner.exc = exc
+        try:
+            self.host.later(functools.partial(self.drop_unwanted, owner, current))
+        except RuntimeError:
+            # A closed loop refuses the callback: the request's end (if any) drops instead.
+            # (Raising here would replace the cancellation this await is passing on.)
+            owner.exc = None
 
-    def drop_unwanted(self, owner: _Owner) -> None:
-        """Drop the request's unstarted tasks that nobody wants any more."""
+    def drop_unwanted(self, owner: _Owner, task: Any = None) -> None:
+        """Drop the request's unstarted tasks that nobody wants any more; first, if the
+        request (``task``) has ended, release the frames the cancellation that interrupted
+        one of its awaits went through (``await_interrupted``)."""
+        exc, owner.exc = owner.exc, None
+        if exc is not None and task is not None:
+            code = self.host.finished_code(task)
+            if code is not None:
+                _release_frames(exc.__traceback__, code)
+        del exc
         with GRAPH_LOCK:
             self.drop_locked_tasks(owner.tasks())
 
