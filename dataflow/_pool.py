@@ -24,11 +24,17 @@ so the pool keeps its size.
 The process shares one pool by default (as torch shares its inter-op pool between inference
 requests); it is created when the first runtime opens and its threads are joined when the last
 one closes, so nothing outlives a ``dataflow.run``. A runtime may ask for a private pool.
+
+A child process made by ``os.fork()`` has only the thread that forked: no worker of any pool,
+and a lock a worker held at that moment would stay held. It starts as a process no runtime
+ran in (:func:`_after_fork_in_child`): no shared pool, the locks free. A runtime open in the
+parent at the fork is the parent's (its kernels run there); the child opens its own.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -306,6 +312,22 @@ def release_shared_pool() -> None:
             return
         pool, _shared = _shared, None
     pool.close()
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``os.fork()``: forget the parent's pools (their threads do not
+    exist here: a runtime queuing work for them hung) and free the locks (one a worker held
+    at the fork would be held for good: the child's first op hung)."""
+    global _shared, _shared_users
+    GRAPH_LOCK._at_fork_reinit()  # type: ignore[attr-defined]
+    _shared_lock._at_fork_reinit()  # type: ignore[attr-defined]
+    _shared = None
+    _shared_users = 0
+    _local.pool = None  # the forking thread, if it was a worker, is none here
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_pool() -> InteropPool | None:
