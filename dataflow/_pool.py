@@ -91,8 +91,20 @@ class InteropPool:
         self.measuring = 0
         self.busy_integral = 0.0
         self._busy_since = time.perf_counter()
-        for i in range(num_threads):
-            self._start_worker(i)
+        try:
+            for i in range(num_threads):
+                self._start_worker(i)
+        except BaseException as exc:
+            # The threads started so far stop (they were left parked for good), and a
+            # thread the system refused is named as such, not as a bare RuntimeError.
+            self.close()
+            if isinstance(exc, RuntimeError) and not isinstance(exc, DataflowError):
+                raise DataflowRuntimeError(
+                    f"cannot start inter-op thread {len(self._threads) + 1} of {num_threads} "
+                    f"({type(exc).__name__}: {exc}): the process may be at its thread limit; "
+                    "use fewer interop_threads"
+                ) from exc
+            raise
 
     def _start_worker(self, index: int) -> None:
         wake = threading.Lock()
@@ -100,8 +112,8 @@ class InteropPool:
         t = threading.Thread(
             target=self._work, args=(wake,), name=f"{self._name}-{index}", daemon=True
         )
+        t.start()  # (listed once started: close joins the listed threads)
         self._threads.append(t)
-        t.start()
 
     def __repr__(self) -> str:
         return (

@@ -615,6 +615,59 @@ class TestPools:
                     pass
 
     @pytest.mark.asyncio
+    @pytest.mark.parametrize("private", [False, True])
+    async def test_a_thread_the_system_refuses_leaves_no_pool_behind(
+        self, private: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The pool's third thread cannot start (the process's thread limit): the two
+        started stop, and the error says what failed. They stayed parked for good, the
+        shared pool's bookkeeping kept the half-made pool, and the error was a bare
+        RuntimeError."""
+        from dataflow import _pool
+
+        start = threading.Thread.start
+        started = 0
+
+        def refuse_third(thread: threading.Thread) -> None:
+            nonlocal started
+            if thread.name.startswith("interop"):
+                started += 1
+                if started == 3:
+                    raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", refuse_third)
+        with pytest.raises(dataflow.DataflowRuntimeError, match=r"thread 3 of 4 .*can't start"):
+            async with dataflow.Runtime(interop_threads=4, private_pool=private):
+                pass
+        assert _pool._shared is None and _pool._shared_users == 0
+        monkeypatch.undo()
+        async with dataflow.Runtime(interop_threads=2) as rt:  # the next one opens as usual
+            assert (await where_run(np.ones(1))).startswith("interop-")
+        assert "closed" in repr(rt)
+
+    @pytest.mark.asyncio
+    async def test_a_failure_while_opening_releases_the_shared_pool(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Whatever raises once the runtime holds the shared pool (Ctrl-C under trio lands
+        anywhere) releases it: its threads ran on, and a later runtime of another size was
+        refused as if the pool were in use."""
+        from dataflow import _pool, _runtime
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_runtime, "Scheduler", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            async with dataflow.Runtime(interop_threads=2):
+                pass
+        assert _pool._shared is None and _pool._shared_users == 0
+        monkeypatch.undo()
+        async with dataflow.Runtime(interop_threads=3):  # another size: no pool is running
+            assert (await where_run(np.ones(1))).startswith("interop-")
+
+    @pytest.mark.asyncio
     async def test_repr(self) -> None:
         """The runtime's repr shows its settings and counters."""
         async with dataflow.Runtime(interop_threads=2, intraop_threads=1) as rt:
