@@ -780,6 +780,38 @@ class TestFailuresKept:
         assert len(info.value.errors) == 100
         assert all(not e.observed for e in info.value.errors)  # type: ignore[attr-defined]
 
+    def test_unobserved_failures_let_go_of_their_inputs(self, loop: str) -> None:
+        """Fire-and-forget ops that fail: each failure is kept for the exit's report, but not
+        the arrays its kernel was given. Their frames kept every input to the end (1 MiB
+        more per failed op of 1 MiB)."""
+        import gc
+        import traceback
+        import weakref
+
+        from dataflow._scheduler._base import Failures
+
+        refs: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            for _ in range(200):
+                x = np.ones(1 << 14)  # 128 KiB: frozen, not copied (the kernel gets x)
+                refs.append(weakref.ref(x))
+                boom(x)  # never awaited
+                del x
+            while rt._inflight:
+                await anyio.sleep(0.001)
+            gc.collect()
+            alive = sum(r() is not None for r in refs)
+            assert alive <= Failures.DROP_EVERY + 1, alive
+
+        with pytest.raises(UnobservedTaskError) as info:
+            dataflow.run(main, loop=loop)
+        assert len(info.value.errors) == 200
+        report = "".join(traceback.format_exception(info.value))
+        assert "_boom_kernel" in report  # the chained traceback is whole
+
 
 class TestChildrenKept:
     def test_a_long_lived_fork_lets_go_of_finished_children(self, loop: str) -> None:
