@@ -101,7 +101,7 @@ class InteropPool:
             if isinstance(exc, RuntimeError) and not isinstance(exc, DataflowError):
                 raise DataflowRuntimeError(
                     f"cannot start inter-op thread {len(self._threads) + 1} of {num_threads} "
-                    f"({type(exc).__name__}: {exc}): the process may be at its thread limit; "
+                    f"({type(exc).__name__}: {exc}): if the process is at its thread limit, "
                     "use fewer interop_threads"
                 ) from exc
             raise
