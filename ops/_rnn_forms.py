@@ -30,6 +30,7 @@ does not measure again. The kernels are called through their modules
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -109,6 +110,8 @@ Form: TypeAlias = "str | int | tuple[str, int]"
 
 _forms: dict[tuple[int, int, int, Any, int, bool, int], Form] = {}
 _forms_lock = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a child made by os.fork(): a measuring thread is gone
+    os.register_at_fork(after_in_child=_forms_lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 
 def _kernel_form(

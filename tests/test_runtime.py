@@ -636,6 +636,59 @@ class TestPools:
                     pass
 
     @pytest.mark.asyncio
+    @pytest.mark.parametrize("private", [False, True])
+    async def test_a_thread_the_system_refuses_leaves_no_pool_behind(
+        self, private: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The pool's third thread cannot start (the process's thread limit): the two
+        started stop, and the error says what failed. They stayed parked for good, the
+        shared pool's bookkeeping kept the half-made pool, and the error was a bare
+        RuntimeError."""
+        from dataflow import _pool
+
+        start = threading.Thread.start
+        started = 0
+
+        def refuse_third(thread: threading.Thread) -> None:
+            nonlocal started
+            if thread.name.startswith("interop"):
+                started += 1
+                if started == 3:
+                    raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", refuse_third)
+        with pytest.raises(dataflow.DataflowRuntimeError, match=r"thread 3 of 4 .*can't start"):
+            async with dataflow.Runtime(interop_threads=4, private_pool=private):
+                pass
+        assert _pool._shared is None and _pool._shared_users == 0
+        monkeypatch.undo()
+        async with dataflow.Runtime(interop_threads=2) as rt:  # the next one opens as usual
+            assert (await where_run(np.ones(1))).startswith("interop-")
+        assert "closed" in repr(rt)
+
+    @pytest.mark.asyncio
+    async def test_a_failure_while_opening_releases_the_shared_pool(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Whatever raises once the runtime holds the shared pool (Ctrl-C under trio lands
+        anywhere) releases it: its threads ran on, and a later runtime of another size was
+        refused as if the pool were in use."""
+        from dataflow import _pool, _runtime
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_runtime, "Scheduler", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            async with dataflow.Runtime(interop_threads=2):
+                pass
+        assert _pool._shared is None and _pool._shared_users == 0
+        monkeypatch.undo()
+        async with dataflow.Runtime(interop_threads=3):  # another size: no pool is running
+            assert (await where_run(np.ones(1))).startswith("interop-")
+
+    @pytest.mark.asyncio
     async def test_repr(self) -> None:
         """The runtime's repr shows its settings and counters."""
         async with dataflow.Runtime(interop_threads=2, intraop_threads=1) as rt:
@@ -747,6 +800,38 @@ class TestFailuresKept:
             dataflow.run(main, loop=loop)
         assert len(info.value.errors) == 100
         assert all(not e.observed for e in info.value.errors)  # type: ignore[attr-defined]
+
+    def test_unobserved_failures_let_go_of_their_inputs(self, loop: str) -> None:
+        """Fire-and-forget ops that fail: each failure is kept for the exit's report, but not
+        the arrays its kernel was given. Their frames kept every input to the end (1 MiB
+        more per failed op of 1 MiB)."""
+        import gc
+        import traceback
+        import weakref
+
+        from dataflow._scheduler._base import Failures
+
+        refs: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            for _ in range(200):
+                x = np.ones(1 << 14)  # 128 KiB: frozen, not copied (the kernel gets x)
+                refs.append(weakref.ref(x))
+                boom(x)  # never awaited
+                del x
+            while rt._inflight:
+                await anyio.sleep(0.001)
+            gc.collect()
+            alive = sum(r() is not None for r in refs)
+            assert alive <= Failures.DROP_EVERY + 1, alive
+
+        with pytest.raises(UnobservedTaskError) as info:
+            dataflow.run(main, loop=loop)
+        assert len(info.value.errors) == 200
+        report = "".join(traceback.format_exception(info.value))
+        assert "_boom_kernel" in report  # the chained traceback is whole
 
 
 class TestChildrenKept:
