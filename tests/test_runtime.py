@@ -729,6 +729,43 @@ class TestMemory:
 
         assert dataflow.run(main, loop=loop) == 1
 
+    @pytest.mark.parametrize("interop", [1, 2])
+    def test_a_chain_on_a_worker_frees_each_value_after_its_last_reader(
+        self, loop: str, interop: int
+    ) -> None:
+        """A worker goes on with the op its task made ready; the first op's output is freed
+        once the second has run, before the third starts (the worker's own frame kept it to
+        the chain's end: one array more than numpy at the peak of ``tanh(x * y + 1)``)."""
+        import weakref
+
+        refs: list[weakref.ref[np.ndarray]] = []
+        alive: list[bool] = []
+
+        def first(x: Any) -> Any:
+            out = np.asarray(x) + 1.0
+            refs.append(weakref.ref(out))
+            return out
+
+        def second(x: Any) -> Any:
+            return x + 1.0
+
+        def third(x: Any) -> Any:
+            alive.append(refs[-1]() is not None)
+            return x + 1.0
+
+        spec = lambda x: Spec(np.shape(x), np.dtype(np.float64))  # noqa: E731
+        ops_ = [
+            dataflow.op(f.__name__, meta=spec, handle=Arr, inline=False)(f)
+            for f in (first, second, third)
+        ]
+
+        async def main() -> float:
+            y = ops_[2](ops_[1](ops_[0](np.zeros(3))))
+            return float((await y)[0])
+
+        assert dataflow.run(main, loop=loop, interop_threads=interop) == 3.0
+        assert alive == [False]
+
     def test_a_finished_fork_keeps_its_outcome_not_its_task(self, loop: str) -> None:
         """A forked async function's future, kept after it finished, holds its value and lets
         go of what ran it (the loop's task, and with it the context the task ran in and

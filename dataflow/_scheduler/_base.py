@@ -163,6 +163,10 @@ class SchedulerBase:
         # the first of them was (perf_counter_ns).
         self._wake_posted = False
         self._quiet_since = 0
+        # The loop runs the ancestors of a task it awaits (``Awaiting._help``): what they make
+        # ready is queued quietly but for one task (the loop's next), and whether any was.
+        self.helping = False
+        self.help_queued = False
         # When the loop last dispatched a task that waits for inputs (perf_counter_ns), and
         # the small ready tasks workers handed back to it meanwhile (``_placement``,
         # HANDBACK_SECONDS: the loop runs them, in ``submit`` or a posted drain).
