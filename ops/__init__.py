@@ -37,10 +37,12 @@ from ._elementwise import minimum as minimum
 from ._elementwise import multiply as multiply
 from ._elementwise import negative as negative
 from ._elementwise import not_equal as not_equal
+from ._elementwise import power as power
 from ._elementwise import relu as relu
 from ._elementwise import sigmoid as sigmoid
 from ._elementwise import sin as sin
 from ._elementwise import sqrt as sqrt
+from ._elementwise import square as square
 from ._elementwise import subtract as subtract
 from ._elementwise import tanh as tanh
 from ._elementwise import where as where
@@ -98,8 +100,10 @@ __all__ = (
     "subtract",
     "multiply",
     "divide",
+    "power",
     "negative",
     "abs",
+    "square",
     "sqrt",
     "exp",
     "log",

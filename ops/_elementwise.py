@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dataflow import Cost, Op, OpTypeError
+from dataflow import Cost, Op, OpInputError, OpTypeError
 
 from ._checks import (
     WEAK_VALUE,
@@ -55,10 +55,12 @@ __all__ = [
     "multiply",
     "negative",
     "not_equal",
+    "power",
     "relu",
     "sigmoid",
     "sin",
     "sqrt",
+    "square",
     "subtract",
     "tanh",
     "where",
@@ -89,8 +91,11 @@ def _out_size(sx: tuple[int, ...], sy: tuple[int, ...]) -> int:
 # -- binary ------------------------------------------------------------------------------
 
 
-def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> Op[..., Tensor]:
-    """Declare ``name(x, y)``: the ufunc with broadcasting and numpy's dtype rules."""
+def _binary(
+    name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False, factor: float = 1.0
+) -> Op[..., Tensor]:
+    """Declare ``name(x, y)``: the ufunc with broadcasting and numpy's dtype rules
+    (``factor``: flops per output element)."""
 
     # Positional-only, like the ufunc: ops.add(x, y=1) fails here, at the call (the kernel,
     # the ufunc itself, would refuse the keyword only when it runs).
@@ -105,6 +110,8 @@ def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> O
             if ky is int:
                 check_int_scalar(name, 2, y, dtypes[1])
         out = dtypes[-1]
+        if ufunc is np.power and out.kind in "iu":
+            _check_int_exponent(y)
         # Equal shapes or a scalar operand: no broadcasting work, and no bigger output.
         if sx == sy or not sy:
             return TensorSpec(sx, out)
@@ -119,7 +126,7 @@ def _binary(name: str, ufunc: np.ufunc, doc: str, *, compare: bool = False) -> O
         sy, by, iy = _info(y)
         n = _out_size(sx, sy)
         itemsize = 1 if compare else (ix if ix > iy else iy)
-        return Cost(float(n), float(bx + by + n * itemsize))
+        return Cost(factor * n, float(bx + by + n * itemsize))
 
     kernel = ufunc if compare else quiet(ufunc)
     op = declare(name, kernel, meta, cost)
@@ -139,6 +146,28 @@ multiply: Op[..., Tensor] = _binary(
 divide: Op[..., Tensor] = _binary(
     "divide", np.true_divide, "``x / y`` elementwise; integers divide to float64 (``np.divide``)."
 )
+power: Op[..., Tensor] = _binary(
+    "power",
+    np.power,
+    "``x ** y`` elementwise (``np.power``). Integers to a negative integer power are refused "
+    "as numpy refuses them: at the call for a Python int exponent, when the kernel runs for "
+    "an array's entries.",
+    factor=8.0,
+)
+
+
+def _check_int_exponent(y: Any) -> None:
+    """An integer power's Python int exponent must not be negative (numpy raises ValueError
+    in the kernel). An array's entries are data: a negative one fails the kernel, as in numpy
+    (the meta rule runs once per signature, which keys arrays by shape and dtype alone)."""
+    if type(y) is int and y < 0:
+        raise OpInputError(
+            f"power: integers to negative integer powers are not allowed (as in numpy); got "
+            f"exponent {y}: make the base a float (ops.astype(x, np.float64)) for negative "
+            "powers"
+        )
+
+
 maximum: Op[..., Tensor] = _binary(
     "maximum", np.maximum, "Elementwise maximum; NaN wins (``np.maximum``)."
 )
@@ -197,6 +226,9 @@ log: Op[..., Tensor] = _unary(
     "log", np.log, 4, "Natural log; ``log(0) = -inf``, negative -> NaN, like numpy."
 )
 tanh: Op[..., Tensor] = _unary("tanh", np.tanh, 6, "Hyperbolic tangent elementwise.")
+square: Op[..., Tensor] = _unary(
+    "square", np.square, 1, "``x * x`` elementwise, dtype kept (``np.square``)."
+)
 sqrt: Op[..., Tensor] = _unary(
     "sqrt", np.sqrt, 2, "Square root; negative -> NaN, like numpy (``np.sqrt``)."
 )

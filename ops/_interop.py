@@ -34,6 +34,8 @@ UFUNCS: dict[np.ufunc, Op[..., Tensor]] = {
     np.negative: e.negative,
     np.absolute: e.abs,  # np.abs is np.absolute
     np.sqrt: e.sqrt,
+    np.square: e.square,
+    np.power: e.power,
     np.exp: e.exp,
     np.log: e.log,
     np.sin: e.sin,

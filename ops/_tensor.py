@@ -177,6 +177,12 @@ class Tensor(Pending[np.ndarray]):
     def __rtruediv__(self, other: Any) -> Tensor:
         return _binary(_elementwise.divide, other, self)
 
+    def __pow__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.power, self, other)
+
+    def __rpow__(self, other: Any) -> Tensor:
+        return _binary(_elementwise.power, other, self)
+
     def __matmul__(self, other: Any) -> Tensor:
         return _binary(_linalg.matmul, self, other)
 

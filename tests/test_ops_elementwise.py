@@ -436,3 +436,62 @@ class TestTorch:
         expected = (torch.from_numpy(x) * torch.from_numpy(y) - 1.5).numpy()
         for got in both(lambda: ops.subtract(ops.multiply(x, y), 1.5)):
             assert_like(got, expected)
+
+
+class TestPower:
+    """power (``**``) and square, against numpy and torch."""
+
+    @pytest.mark.parametrize("shapes", SHAPES, ids=str)
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+    def test_matches_numpy(self, dtype: Any, shapes: Any) -> None:
+        """Positive bases to random real exponents, broadcasting and zero-size included."""
+        x = np.abs(rand(shapes[0], dtype, 1)) + dtype(0.1)
+        y = rand(shapes[1], dtype, 2)
+        check(lambda: ops.power(x, y), np.power(x, y))
+
+    def test_scalars_operators_and_ufuncs(self) -> None:
+        """``t ** 2``, ``2.0 ** t``, ``np.power(t, 3)`` and ``np.square(t)`` are the ops,
+        dtype kept (NEP 50: a Python scalar is weak)."""
+        x = rand((3, 5), np.float32, 3)
+        t = ops.asarray(x)
+        check(lambda: t**2, x**2)
+        check(lambda: 2.0**t, 2.0**x)
+        check(lambda: np.power(t, 3), np.power(x, 3))
+        check(lambda: np.square(t), np.square(x))
+        check(lambda: ops.square(x), np.square(x))
+        i = rand((6,), np.int8, 4)
+        check(lambda: ops.power(i, 2), np.power(i, 2))
+        check(lambda: ops.square(i), np.square(i))
+
+    def test_integers_to_a_negative_python_int_are_refused_at_the_call(self) -> None:
+        """numpy raises ValueError in the kernel; a Python int exponent is known at the call."""
+        i = ops.asarray(np.arange(1, 5))
+        with pytest.raises(OpInputError, match=r"power: integers to negative integer powers"):
+            i**-1
+        with pytest.raises(OpInputError, match="exponent -2"):
+            ops.power(np.arange(3, dtype=np.int16), -2)
+
+        async def main() -> Any:
+            ok = await ops.power(np.arange(1.0, 4.0), -1)  # a float base may
+            return ok, await ops.power(np.arange(3), np.array([1, -1, 2]))
+
+        with pytest.raises(dataflow.TaskError, match="negative integer powers"):
+            dataflow.run(main)  # an array's entries are data: the kernel fails, as numpy
+
+    def test_special_values_like_numpy(self) -> None:
+        x = np.array([0.0, -0.0, -2.0, np.inf, np.nan, 1.0], dtype=np.float64)
+        y = np.array([-1.0, 0.5, 0.5, -np.inf, 0.0, np.nan], dtype=np.float64)
+        with np.errstate(all="ignore"):
+            want = np.power(x, y)
+        check(lambda: ops.power(x, y), want)
+
+    def test_matches_torch(self) -> None:
+        torch = pytest.importorskip("torch")
+        x = np.abs(rand((4, 6), np.float32, 5)) + np.float32(0.5)
+        y = rand((6,), np.float32, 6)
+        expected = torch.pow(torch.from_numpy(x), torch.from_numpy(y)).numpy()
+        for got in both(lambda: ops.power(x, y)):
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
+        expected = torch.square(torch.from_numpy(x)).numpy()
+        for got in both(lambda: ops.square(x)):
+            np.testing.assert_allclose(got, expected, rtol=1e-6)
