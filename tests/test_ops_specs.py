@@ -49,6 +49,12 @@ def _positive(x: np.ndarray) -> np.ndarray:
     return np.abs(x) + 1 if x.dtype.kind in "fc" else x
 
 
+def _exponent(x: np.ndarray) -> np.ndarray:
+    """A second operand of x's shape and dtype that numpy's power takes (integers: 0-3)."""
+    other = _other(x)
+    return np.abs(other) % 4 if x.dtype.kind in "iu" else _positive(other)
+
+
 def _mask(x: np.ndarray) -> np.ndarray:
     return rand(x.shape, np.bool_, 3)
 
@@ -73,6 +79,12 @@ CASES: dict[str, Case] = {
     "not_equal": (lambda x: ops.not_equal(x, 1), lambda x: np.not_equal(x, 1)),
     "greater_equal": (lambda x: ops.greater_equal(x, 1), lambda x: np.greater_equal(x, 1)),
     "less_equal": (lambda x: ops.less_equal(x, 1), lambda x: np.less_equal(x, 1)),
+    "power": (lambda x: ops.power(_positive(x), 2), lambda x: np.power(_positive(x), 2)),
+    "power:arrays": (
+        lambda x: ops.power(_positive(x), _exponent(x)),
+        lambda x: np.power(_positive(x), _exponent(x)),
+    ),
+    "square": (ops.square, np.square),
     "negative": (ops.negative, np.negative),
     "abs": (ops.abs, np.abs),
     "sqrt": (lambda x: ops.sqrt(_positive(x)), lambda x: np.sqrt(_positive(x))),
