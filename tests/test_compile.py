@@ -649,6 +649,37 @@ class TestRequests:
 
         np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [-1.0] * 3)
 
+    @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
+    def test_what_the_request_dispatches_after_a_caught_timeout_is_not_dropped(
+        self, scope: str
+    ) -> None:
+        """After a caught timeout the request goes on: a fork it fires and forgets once the
+        scope is over is its own as usual, so it runs (still queued when the request ends)
+        and its failure is reported; it was dropped unrun, and the failure lost."""
+        import anyio
+
+        ran: list[int] = []
+
+        def boom(x: Any) -> Any:
+            ran.append(1)
+            raise ValueError("boom after the scope")
+
+        async def main() -> None:
+            gate = threading.Event()
+            if scope == "asyncio.timeout":
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.01):
+                        await slow_neg(gate_op(np.zeros(4), gate))
+            else:
+                with anyio.move_on_after(0.01):
+                    await slow_neg(gate_op(np.zeros(4), gate))
+            dataflow.fork(boom, gate_op(np.ones(4), gate))  # its future dropped at once
+            threading.Timer(0.05, gate.set).start()  # after the request has ended
+
+        with pytest.raises(dataflow.UnobservedTaskError, match="boom"):
+            dataflow.run(main, interop_threads=2)
+        assert ran == [1]
+
     def test_a_cancelled_fork_drops_what_nobody_wants(self) -> None:
         """A forked coroutine is a request too: cancelling its future drops the ops it queued
         that nobody wants any more, and keeps the one it handed out (docs/hardening.md)."""

@@ -58,8 +58,10 @@ class _Owner:
         self.live: dict[int, Task] = {}
         self.limit = 1024
         self.dropped = False
-        # A cancellation reached one of its awaits (see Requests.await_interrupted).
-        self.interrupted = False
+        # A cancellation reached one of its awaits (see Requests.await_interrupted): an id
+        # above every task the request had dispatched then (0: never). Only those may be
+        # dropped for it; what the request dispatches after the scope is its own as usual.
+        self.interrupted = 0
 
     def add(self, task: Task) -> None:
         """``task`` was dispatched for this request. Holds the lock."""
@@ -155,7 +157,7 @@ class Requests(SchedulerBase):
             self.host.release_frames(current)
             self.drop(owner)
         elif owner.interrupted:  # a caught cancellation left work behind (await_interrupted)
-            self.drop_unwanted(owner)
+            self.drop_unwanted(owner, owner.interrupted)
 
     def await_interrupted(self) -> None:
         """A coroutine on the loop stopped awaiting a pending value: a cancellation reached
@@ -168,7 +170,10 @@ class Requests(SchedulerBase):
         ran for them: they ran to the end for nothing. Once the loop's current step is over
         (the frames are gone by then), and again when the request ends, drop what the request
         dispatched that nobody holds, awaits or reads any more (:meth:`drop_locked_tasks`).
-        The request is not marked dropped: it may go on and dispatch more.
+        The request is not marked dropped: it may go on and dispatch more, and what it
+        dispatches after this await is not dropped for it (a fork it fires and forgets once
+        the scope is over still runs, and its failure is reported), only what it had
+        dispatched up to here.
         """
         if threading.get_ident() != self.host.thread_id:
             return  # (a coroutine closed elsewhere, by the garbage collector)
@@ -176,16 +181,17 @@ class Requests(SchedulerBase):
         owner = self._owners.get(current) if current is not None else None
         if owner is None or owner.dropped:
             return
-        owner.interrupted = True
+        owner.interrupted = mark = _next_id()  # above the id of every task dispatched so far
         # A closed loop refuses the callback: the request's end (if any) drops instead.
         # (Raising here would replace the cancellation this await is passing on.)
         with contextlib.suppress(RuntimeError):
-            self.host.later(functools.partial(self.drop_unwanted, owner))
+            self.host.later(functools.partial(self.drop_unwanted, owner, mark))
 
-    def drop_unwanted(self, owner: _Owner) -> None:
-        """Drop the request's unstarted tasks that nobody wants any more."""
+    def drop_unwanted(self, owner: _Owner, before: int) -> None:
+        """Drop the request's unstarted tasks dispatched before id ``before`` that nobody
+        wants any more."""
         with GRAPH_LOCK:
-            self.drop_locked_tasks(owner.tasks())
+            self.drop_locked_tasks([t for t in owner.tasks() if t.id < before])
 
     def drop(self, owner: _Owner) -> int:
         """A request was cancelled: drop what it dispatched that nobody else needs.
