@@ -69,9 +69,13 @@ _RUNNING, _DONE, _FAILED, _CANCELLED = range(4)
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's)."""
+    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's), also as it
+    leaves a nursery or task group that was cancelled with it: a group of cancellations
+    (trio's ``MultiError`` of ``Cancelled``, a ``BaseExceptionGroup`` under strict groups)."""
     if isinstance(exc, asyncio.CancelledError):
         return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancellation(e) for e in exc.exceptions)
     return type(exc).__name__ == "Cancelled" and type(exc).__module__.startswith("trio")
 
 

@@ -114,6 +114,30 @@ class TestTrio:
 
         assert run_trio(main) == "other"
 
+    @pytest.mark.parametrize("awaited", [True, False])
+    def test_cancel_a_fork_inside_a_nursery(self, awaited: bool) -> None:
+        """A fork cancelled while it runs a nursery of its own (the cancellation leaves it
+        as a group of Cancelled) is cancelled: waiting gives CancelledTaskError, and left
+        alone it is no failure at exit. It was a TaskError 'MultiError: Cancelled(), ...',
+        reported as unobserved when nobody awaited it."""
+
+        async def with_children() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep_forever)
+                nursery.start_soon(trio.sleep_forever)
+
+        async def main() -> str:
+            async with dataflow.Runtime():
+                f = dataflow.fork(with_children)
+                await trio.sleep(0.01)
+                assert f.cancel()
+                if awaited:
+                    with pytest.raises(dataflow.CancelledTaskError):
+                        await f
+                return "cancelled"
+
+        assert run_trio(main) == "cancelled"
+
     def test_context_variables_reach_forks(self) -> None:
         """A forked coroutine sees the context variables of the code that forked it."""
         import contextvars
