@@ -230,6 +230,7 @@ class Program:
     result_vars: list[int]
     expected_result: Any
     optional: set[int]  # observations a cancellation may prevent
+    op_timeout: float | None = None  # the runtime's default op timeout (never reached)
 
 
 class _Ordered(set[F]):
@@ -306,7 +307,7 @@ class Gen:
         for _ in range(size):
             choices = ["op"] * 6 + ["fail"] + ["fork"] * 2 + ["pfork"] * 2 + ["await"] * 2
             choices += ["drop", "two", "compiled", "scope", "abandon", "cancel", "stuck"]
-            choices += ["batch", "taskcancel", "gather", "racecancel", "pcancel"]
+            choices += ["batch", "taskcancel", "gather", "racecancel", "pcancel", "mcawait"]
             if in_fork:
                 choices += ["await_raise"]
             c = choices[self.pick(len(choices))]
@@ -412,8 +413,11 @@ class Gen:
             elif c == "pfork":
                 if quiet:
                     continue
-                kind = ["np", "raise", "ops", "sleep"][self.pick(4)]
+                kind = ["np", "raise", "ops", "sleep", "nested"][self.pick(5)]
                 args = [a[self.pick(len(a))] for _ in range(2)]
+                futs = [i for i, (k, _) in enumerate(env) if k == "pfut"]
+                if futs and self.chance(0.3):  # it gets another plain fork's value
+                    args[1] = futs[self.pick(len(futs))]
                 outs = [env[j][1] for j in args]
                 f = first_fail(tuple(outs))
                 code = self.next_uid()
@@ -421,7 +425,7 @@ class Gen:
                     o = f
                 elif kind == "raise":
                     o = self.new_fail("FuzzError", f"pfork {code}")
-                elif kind == "np" or kind == "ops":
+                elif kind in ("np", "ops", "nested"):
                     o = np.tanh(outs[0]) + outs[1]
                 else:
                     o = outs[0] * 2.0
@@ -461,6 +465,21 @@ class Gen:
                 args = [ok[self.pick(len(ok))] for _ in range(1 + self.pick(4))]
                 st.append(("batch", args))
                 env.extend(("arr", _batch_ref(env[j][1])) for j in args)
+            elif c == "mcawait":
+                # In model code, awaiting a fork gives its pending outputs, not arrays.
+                futs = [i for i, (k, o) in enumerate(env) if k == "fut"]
+                if not futs:
+                    continue
+                i = futs[self.pick(len(futs))]
+                o = env[i][1]
+                uid = self.next_uid()
+                st.append(("mcawait", i, uid))
+                if isinstance(o, F):
+                    self.obs[uid] = o
+                    self.observed.add(o)
+                else:
+                    self.obs[uid] = len(o)
+                    env.extend(("arr", x) for x in o)
             elif c == "gather":
                 # Two coroutines await the same future at once: both get its outcome.
                 cands = [i for i, (k, o) in enumerate(env) if k is not None]
@@ -618,4 +637,5 @@ def generate(seed: int) -> Program:
         main.returns,
         o,
         g.optional,
+        30.0 if g.chance(0.15) and not g.sync else None,
     )

@@ -215,6 +215,16 @@ class Interp:
             elif k == "batch":
                 futs = [dataflow.fork(BATCHED, env[i]) for i in s[1]]
                 env.extend([await f for f in futs])
+            elif k == "mcawait":
+                _, i, uid = s
+                try:
+                    with dataflow.model_code():
+                        got = await env[i]
+                except Exception as exc:
+                    self.log[uid] = exc
+                else:
+                    self.log[uid] = len(got)
+                    env.extend(got)
             elif k == "gather":
                 _, i, uid, uid2 = s
                 self.log[uid], self.log[uid2] = await self.lib.both(_outcome, env[i])
@@ -307,7 +317,11 @@ def _p_sleep(a: Any, b: Any, code: int) -> Any:
     return a * 2.0
 
 
-PLAIN = {"np": _p_np, "raise": _p_raise, "ops": _p_ops, "sleep": _p_sleep}
+def _p_nested(a: Any, b: Any, code: int) -> Any:
+    return dataflow.fork(_p_np, a, b, code)  # from a pool thread; its future is the value
+
+
+PLAIN = {"np": _p_np, "raise": _p_raise, "ops": _p_ops, "sleep": _p_sleep, "nested": _p_nested}
 
 
 # --------------------------------------------------------------------------- checking
@@ -337,6 +351,9 @@ def _check_outcome(what: str, got: Any, want: Any) -> None:
         for j, (g2, w2) in enumerate(zip(got, want, strict=True)):
             _check_outcome(f"{what}[{j}]", g2, w2)
         return
+    if isinstance(want, int):  # (how many pending values an await in model code gave)
+        assert got == want, f"{what}: want {want} values, got {got!r}"
+        return
     assert isinstance(got, np.ndarray), f"{what}: want an array, got {type(got)}"
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=what)
 
@@ -352,6 +369,7 @@ def execute(prog: Program) -> tuple[Any, Interp, Any]:
 
     async def body() -> Any:
         kw: dict[str, Any] = {"interop_threads": prog.interop, "max_pending": prog.max_pending}
+        kw["op_timeout"] = prog.op_timeout
         async with dataflow.Runtime(inline_threshold=prog.inline, **kw) as rt:
             box.append(rt)
             return await dataflow.materialize(await interp.main())
@@ -407,7 +425,7 @@ def _check_threads(before: set[int], wait: float = 2.0) -> None:
 def describe(prog: Program) -> str:
     lines = [
         f"seed={prog.seed} loop={prog.loop} interop={prog.interop} inline={prog.inline} "
-        f"max_pending={prog.max_pending} inputs={len(prog.inputs)}"
+        f"max_pending={prog.max_pending} op_timeout={prog.op_timeout} inputs={len(prog.inputs)}"
     ]
 
     def blk(b: Block, ind: str) -> None:
