@@ -368,10 +368,10 @@ class Runtime:
         """An awaitable that completes when ``task`` is done (used by ``await handle``)."""
         return self._backend.completion(task)
 
-    def await_interrupted(self) -> None:
-        """``await handle`` was interrupted (a cancellation reached it): see
+    def await_interrupted(self, task: Task) -> None:
+        """``await handle`` on ``task`` was interrupted (a cancellation reached it): see
         ``Requests.await_interrupted``."""
-        self._sched.await_interrupted()
+        self._sched.await_interrupted(task)
 
     def cancel_task(self, task: Task) -> bool:
         """Cancel a task that has not started; its dependents fail with CancelledTaskError."""

@@ -411,7 +411,7 @@ class Pending(Future[T]):
             except BaseException:
                 # A cancellation (perhaps caught above: a timeout scope): what the request
                 # dispatched and nobody wants any more is dropped (Requests.await_interrupted).
-                rt.await_interrupted()
+                rt.await_interrupted(task)
                 raise
         return self.result()
 

@@ -58,10 +58,11 @@ class _Owner:
         self.live: dict[int, Task] = {}
         self.limit = 1024
         self.dropped = False
-        # A cancellation reached one of its awaits (see Requests.await_interrupted): an id
-        # above every task the request had dispatched then (0: never). Only those may be
-        # dropped for it; what the request dispatches after the scope is its own as usual.
-        self.interrupted = 0
+        # The windows of task ids a cancellation that reached one of its awaits may drop
+        # (see Requests.await_interrupted): from the first unfinished task the await waited
+        # for, to the last the request had dispatched then. Work outside them (a fork fired
+        # and forgotten before the scope, or after it) is the request's own as usual.
+        self.interrupted: list[tuple[int, int]] = []
 
     def add(self, task: Task) -> None:
         """``task`` was dispatched for this request. Holds the lock."""
@@ -127,6 +128,21 @@ def handles_held(task: Task) -> bool:
     return bool(counts > _ALONE)
 
 
+def _first_unfinished(task: Task) -> int:
+    """The smallest id among ``task`` and the unfinished tasks it waits for, however
+    indirectly: where the work an await waited for began. Holds the lock."""
+    low = task.id
+    todo = [task]
+    seen = {id(task)}
+    while todo:
+        for t in todo.pop().inputs:
+            if t.state < DONE and id(t) not in seen:
+                seen.add(id(t))
+                todo.append(t)
+                low = min(low, t.id)
+    return low
+
+
 class Requests(SchedulerBase):
     """The request layer of :class:`~dataflow._scheduler.Scheduler`."""
 
@@ -159,7 +175,7 @@ class Requests(SchedulerBase):
         elif owner.interrupted:  # a caught cancellation left work behind (await_interrupted)
             self.drop_unwanted(owner, owner.interrupted)
 
-    def await_interrupted(self) -> None:
+    def await_interrupted(self, task: Task) -> None:
         """A coroutine on the loop stopped awaiting a pending value: a cancellation reached
         the await, and may be caught above it, the request going on (``asyncio.timeout``,
         ``asyncio.wait_for`` from Python 3.12, which no longer runs its awaitable in a task of
@@ -170,10 +186,13 @@ class Requests(SchedulerBase):
         ran for them: they ran to the end for nothing. Once the loop's current step is over
         (the frames are gone by then), and again when the request ends, drop what the request
         dispatched that nobody holds, awaits or reads any more (:meth:`drop_locked_tasks`).
-        The request is not marked dropped: it may go on and dispatch more, and what it
-        dispatches after this await is not dropped for it (a fork it fires and forgets once
-        the scope is over still runs, and its failure is reported), only what it had
-        dispatched up to here.
+        The request is not marked dropped: it may go on and dispatch more.
+
+        The scope's start is not known, so the drop is bounded by what the await shows: from
+        the first unfinished task that ``task`` (the awaited one) waits for, itself included,
+        up to the last task the request had dispatched. Work the request fired and forgot
+        before that (a fork whose future it dropped) or after the await is its own, as in a
+        request that no cancellation reached: it runs, and its failure is reported.
         """
         if threading.get_ident() != self.host.thread_id:
             return  # (a coroutine closed elsewhere, by the garbage collector)
@@ -181,17 +200,23 @@ class Requests(SchedulerBase):
         owner = self._owners.get(current) if current is not None else None
         if owner is None or owner.dropped:
             return
-        owner.interrupted = mark = _next_id()  # above the id of every task dispatched so far
+        with GRAPH_LOCK:
+            window = (_first_unfinished(task), _next_id())  # (the id above all dispatched)
+        windows = owner.interrupted
+        windows.append(window)
+        if len(windows) > 16:  # a long-lived request that catches many: one wider window
+            windows[:] = [(min(w[0] for w in windows), window[1])]
         # A closed loop refuses the callback: the request's end (if any) drops instead.
         # (Raising here would replace the cancellation this await is passing on.)
         with contextlib.suppress(RuntimeError):
-            self.host.later(functools.partial(self.drop_unwanted, owner, mark))
+            self.host.later(functools.partial(self.drop_unwanted, owner, [window]))
 
-    def drop_unwanted(self, owner: _Owner, before: int) -> None:
-        """Drop the request's unstarted tasks dispatched before id ``before`` that nobody
-        wants any more."""
+    def drop_unwanted(self, owner: _Owner, windows: list[tuple[int, int]]) -> None:
+        """Drop the request's unstarted tasks with ids in ``windows`` that nobody wants."""
         with GRAPH_LOCK:
-            self.drop_locked_tasks([t for t in owner.tasks() if t.id < before])
+            self.drop_locked_tasks(
+                [t for t in owner.tasks() if any(low <= t.id < high for low, high in windows)]
+            )
 
     def drop(self, owner: _Owner) -> int:
         """A request was cancelled: drop what it dispatched that nobody else needs.
