@@ -370,7 +370,7 @@ class Gen:
                 st.append(("drop", i))
                 env[i] = (None, None)
             elif c == "await" or c == "await_raise":
-                cands = [i for i, (k, _) in enumerate(env) if k in ("arr", "fut", "pfut")]
+                cands = [i for i, (k, _) in enumerate(env) if k is not None]
                 i = cands[self.pick(len(cands))]
                 k, o = env[i]
                 f = first_fail(o) if o is not CANCELLED else None
@@ -415,8 +415,10 @@ class Gen:
                     continue
                 kind = ["np", "raise", "ops", "sleep", "nested"][self.pick(5)]
                 args = [a[self.pick(len(a))] for _ in range(2)]
+                # It may get another plain fork's array. (Not the value of one that returned a
+                # pending value: a plain function gets that as it was returned, not its array.)
                 futs = [i for i, (k, _) in enumerate(env) if k == "pfut"]
-                if futs and self.chance(0.3):  # it gets another plain fork's value
+                if futs and self.chance(0.3):
                     args[1] = futs[self.pick(len(futs))]
                 outs = [env[j][1] for j in args]
                 f = first_fail(tuple(outs))
@@ -430,7 +432,7 @@ class Gen:
                 else:
                     o = outs[0] * 2.0
                 st.append(("pfork", kind, args, code))
-                env.append(("pfut", o))
+                env.append(("pfut" if kind in ("np", "raise", "sleep") else "pfut-pending", o))
             elif c == "compiled":
                 ok = arrs(ok_only=True)
                 if not ok:
@@ -610,12 +612,15 @@ def _batch_ref(x: np.ndarray) -> np.ndarray:
 SHARED = [dataflow.compile(f) for f in COMPILED_FNS]
 
 
-def generate(seed: int) -> Program:
+def generate(seed: int, loop: str | None = None, interop: int | None = None) -> Program:
+    """The program of ``seed`` (on ``loop`` with ``interop`` threads, when given)."""
     g = Gen(seed)
     rng = g.rng
     loops = ["asyncio", "uvloop"] + (["trio"] if trio is not None else [])
-    loop = loops[g.pick(len(loops))]
-    interop = 1 + g.pick(4) if g.chance(0.9) else 0  # 0: the synchronous mode
+    drawn = loops[g.pick(len(loops))]
+    loop = drawn if loop is None else loop
+    drawn_interop = 1 + g.pick(4) if g.chance(0.9) else 0  # 0: the synchronous mode
+    interop = drawn_interop if interop is None else interop
     g.loop, g.sync = loop, interop == 0
     inline = [None, 0.0, 1.0][g.pick(3)]
     max_pending = [None, 100_000, 3][g.pick(3)]

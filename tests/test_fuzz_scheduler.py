@@ -362,36 +362,48 @@ def _fid(f: F) -> F:
     return F(f.depth, "OpTimeoutError", "") if f.etype == "OpTimeoutError" else f
 
 
-def execute(prog: Program) -> tuple[Any, Interp, Any]:
-    """Run ``prog`` under dataflow: (its result or exception, the interpreter, the runtime)."""
-    interp = Interp(prog, Lib(prog.loop))
-    box: list[Any] = []
+def execute(progs: list[Program]) -> list[tuple[Any, Interp, Any]]:
+    """Run ``progs`` under dataflow, side by side on one event loop, each in a runtime of its
+    own (on the same shared pool): for each, its result or exception, its interpreter and
+    its runtime."""
+    loop = progs[0].loop
+    interps = [Interp(prog, Lib(loop)) for prog in progs]
+    runtimes: list[Any] = [None] * len(progs)
+    results: list[Any] = [None] * len(progs)
 
-    async def body() -> Any:
+    async def body(k: int) -> None:
+        prog = progs[k]
         kw: dict[str, Any] = {"interop_threads": prog.interop, "max_pending": prog.max_pending}
-        kw["op_timeout"] = prog.op_timeout
-        async with dataflow.Runtime(inline_threshold=prog.inline, **kw) as rt:
-            box.append(rt)
-            return await dataflow.materialize(await interp.main())
+        try:
+            async with dataflow.Runtime(
+                inline_threshold=prog.inline, op_timeout=prog.op_timeout, **kw
+            ) as rt:
+                runtimes[k] = rt
+                results[k] = await dataflow.materialize(await interps[k].main())
+        except Exception as exc:
+            results[k] = exc
 
-    result: Any
-    try:
-        if prog.loop == "trio":
-            result = trio.run(body)
-        elif prog.loop == "uvloop":
-            import uvloop
+    async def asyncio_main() -> None:
+        await asyncio.gather(*(body(k) for k in range(len(progs))))
 
-            result = uvloop.run(body())
-        else:
-            result = asyncio.run(body())
-    except BaseException as exc:
-        result = exc
-    return result, interp, box[0] if box else None
+    async def trio_main() -> None:
+        async with trio.open_nursery() as nursery:
+            for k in range(len(progs)):
+                nursery.start_soon(body, k)
+
+    if loop == "trio":
+        trio.run(trio_main)
+    elif loop == "uvloop":
+        import uvloop
+
+        uvloop.run(asyncio_main())
+    else:
+        asyncio.run(asyncio_main())
+    return list(zip(results, interps, runtimes, strict=True))
 
 
-def check(prog: Program) -> None:
-    """Run ``prog`` under dataflow and compare with its numpy outcome."""
-    result, interp, rt = execute(prog)
+def check(prog: Program, result: Any, interp: Interp, rt: Any) -> None:
+    """Compare what running ``prog`` under dataflow gave with its numpy outcome."""
     for uid, want in prog.expected_obs.items():
         if uid not in interp.log and uid in prog.optional:
             continue
@@ -410,6 +422,15 @@ def check(prog: Program) -> None:
         assert not required, f"want an UnobservedTaskError for {required}, the run returned"
         _check_outcome("result", result, prog.expected_result)
     assert rt is not None and rt._inflight == 0, f"in flight after exit: {rt!r}"
+
+
+def programs(seed: int) -> list[Program]:
+    """The seed's program, and now and then a second one that runs beside it on the same
+    loop and pool, in a runtime of its own."""
+    first = generate(seed)
+    if first.interop and np.random.default_rng(seed + 7**9).random() < 0.2:
+        return [first, generate(seed + 1_000_003, first.loop, first.interop)]
+    return [first]
 
 
 def _check_threads(before: set[int], wait: float = 2.0) -> None:
@@ -476,18 +497,20 @@ def _quiet() -> Iterator[list[str]]:
 
 def run_seed(seed: int) -> None:
     """Check the program of ``seed``; a failure names the seed and shows the program."""
-    prog = generate(seed)
+    progs = programs(seed)
     before = {t.ident for t in threading.enumerate() if t.ident is not None}
     faulthandler.dump_traceback_later(60)  # a hang: every thread's stack, then the timeout
     try:
         try:
             with _quiet() as noise:
-                check(prog)
+                for prog, (result, interp, rt) in zip(progs, execute(progs), strict=True):
+                    check(prog, result, interp, rt)
             assert not noise, f"log noise: {noise}"
         finally:
             _check_threads(before)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{describe(prog)}") from None
+        shown = "\n".join(describe(prog) for prog in progs)
+        raise AssertionError(f"{exc}\n{shown}") from None
     finally:
         faulthandler.cancel_dump_traceback_later()
 
