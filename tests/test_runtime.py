@@ -499,6 +499,30 @@ class TestCancellation:
         assert cancelled == ["child"]
 
     @pytest.mark.asyncio
+    async def test_a_deadline_that_expires_while_the_exit_waits_for_forks(self) -> None:
+        """An asyncio.timeout around the block that expires after the body ended, while the
+        exit waits for a fork, cancels the fork and waits for it: the runtime closes with
+        nothing left running, and TimeoutError comes out. The exit stopped waiting and the
+        runtime closed with the fork still running (anyio's shield does not stop asyncio's
+        own cancellation), and it ran on afterwards."""
+        states: list[str] = []
+
+        async def child() -> None:
+            try:
+                await asyncio.sleep(10)
+                states.append("finished")
+            except asyncio.CancelledError:
+                states.append("cancelled")
+                raise
+
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                async with dataflow.Runtime(interop_threads=1) as rt:
+                    dataflow.fork(child)  # the body ends at once: the exit waits for it
+        assert rt._closed and states == ["cancelled"]
+        assert not rt.host.tasks  # type: ignore[union-attr]
+
+    @pytest.mark.asyncio
     async def test_runtime_exit_on_error_cancels_everything(self) -> None:
         """When the body raises, forked tasks are cancelled and queued kernels never run."""
         ran: list[int] = []
