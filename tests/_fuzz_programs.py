@@ -231,6 +231,7 @@ class Program:
     expected_result: Any
     optional: set[int]  # observations a cancellation may prevent
     op_timeout: float | None = None  # the runtime's default op timeout (never reached)
+    deadline: float | None = None  # a timeout around the whole runtime block (seconds)
 
 
 class _Ordered(set[F]):
