@@ -1009,6 +1009,38 @@ class TestExitWhileOthersDispatch:
         # ("closing" while it drains; "closed" for a worker that dispatches again only after)
         assert all("this runtime is clos" in e for e in errors), errors
 
+    def test_a_plain_fork_the_loop_runs_while_its_runtime_drains_may_dispatch(self) -> None:
+        """A forked plain function of a draining runtime, run on the loop's thread (the loop
+        helps another runtime on the shared pool under backpressure), dispatches as it would
+        on a worker: its fork was refused as if a coroutine on the loop had made it."""
+        gate = threading.Event()
+        got: list[str] = []
+
+        def plain(x: Any) -> None:
+            try:
+                dataflow.fork(np.negative, x)  # deferred: a task of the draining runtime
+                got.append(threading.current_thread().name)
+            except dataflow.DataflowError as exc:
+                got.append(str(exc))
+
+        async def draining() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                gated(np.ones(2), gate)  # the one worker waits on the gate
+                dataflow.fork(plain, np.ones(2))  # queued behind it while the block exits
+
+        async def helping() -> Any:
+            async with dataflow.Runtime(interop_threads=1, max_pending=2, inline_threshold=0):
+                await asyncio.sleep(0.02)  # the other runtime's block has ended: it drains
+                threading.Timer(0.2, gate.set).start()
+                ys = [neg_pool(np.ones(2)) for _ in range(5)]  # over max_pending: loop helps
+                return [await y for y in ys]
+
+        async def main() -> None:
+            await asyncio.gather(draining(), helping())
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+        assert got == [threading.current_thread().name]  # run by the loop's thread, and ok
+
     @pytest.mark.timeout(30)
     @pytest.mark.timeout(30)
     def test_a_fork_from_such_a_task_is_refused_as_its_ops_are(self) -> None:
