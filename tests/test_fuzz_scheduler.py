@@ -1,20 +1,28 @@
 """A randomized differential fuzzer of the scheduler: random programs (tests/_fuzz_programs.py)
 run under dataflow and as sequential numpy must agree.
 
-Each seed draws a program (random DAGs of ``ops`` ops and user ops whose kernels sleep, raise or
-call numpy, nested forks of async and plain functions, awaits in random orders, handles never
-awaited or dropped, compiled sub-forwards, timeout scopes that expire, callers that abandon an
-await, cancelled forks) and runtime settings (asyncio, uvloop or trio; 1 to 4 inter-op threads;
-inline threshold 0, default or 1 s; ``max_pending`` unlimited, default or 3). It checks: every
-awaited value equals numpy's (``assert_allclose``), every awaited failure is the original
-exception's type and message inside dataflow's ``TaskError`` (or ``CancelledTaskError`` for a
-cancelled fork), the failures nobody observed come back in ``UnobservedTaskError``, nothing
-is in flight after the runtime closes, no thread is left, and nothing is logged or warned
-(asyncio's "never retrieved", "destroyed but it is pending", dataflow's own lines, unraisable
-exceptions). A hang fails through pytest-timeout; all threads' stacks are dumped first.
+Each seed draws a program: random DAGs of ``ops`` ops and user ops whose kernels sleep, raise,
+call numpy or outlive their timeout; nested forks of async and plain functions (plain ones
+that call ops or fork again, from a pool thread); awaits in random orders, two at once, in
+model code; handles never awaited or dropped; compiled sub-forwards, shared across runs or
+fresh, and a batched one called concurrently; timeout scopes that expire (``asyncio.timeout``,
+``asyncio.wait_for``, trio's ``move_on_after``) around sleeps, pending values and compiled
+calls; callers that abandon an await; forks and plain tasks of the loop cancelled once they
+handed values out, or at a random point; plain forks cancelled at once. And runtime settings:
+asyncio, uvloop or trio; 0 (synchronous) to 4 inter-op threads; inline threshold 0, default
+or 1 s; ``max_pending`` unlimited, default or 3; a default ``op_timeout``; now and then a
+second program beside it on the same loop and pool, and a deadline around the whole runtime.
 
-A fixed set of seeds runs by default (a few seconds); ``DATAFLOW_FUZZ_SEEDS=N`` runs seeds 0 to
-N-1, ``DATAFLOW_FUZZ_SEEDS=A:B`` seeds A to B-1. A failure prints the program.
+It checks: every awaited value equals numpy's (``assert_allclose``); every awaited failure is
+the original exception's type and message inside dataflow's ``TaskError`` (nested once per
+fork it went through), or ``CancelledTaskError`` for what was cancelled; the failures nobody
+observed come back in ``UnobservedTaskError`` (those of work a cancellation may drop, may);
+nothing is in flight after the runtime closes; no thread is left; nothing is logged or
+warned (asyncio's "never retrieved", "destroyed but it is pending", dataflow's own lines,
+unraisable exceptions). A hang fails through pytest-timeout, every thread's stack dumped first.
+
+200 fixed seeds run by default (about 10 s); ``DATAFLOW_FUZZ_SEEDS=N`` runs seeds 0 to N-1,
+``DATAFLOW_FUZZ_SEEDS=A:B`` seeds A to B-1. A failure prints the program(s).
 """
 
 from __future__ import annotations
@@ -548,7 +556,7 @@ def run_seed(seed: int) -> None:
         faulthandler.cancel_dump_traceback_later()
 
 
-DEFAULT_SEEDS = 100
+DEFAULT_SEEDS = 200
 
 
 def _seeds() -> list[int]:
