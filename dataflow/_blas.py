@@ -39,11 +39,13 @@ The governor is off (BLAS keeps one count) when the program chose the count itse
 count set otherwise while a governed runtime runs, with threadpoolctl say, is found at the
 governor's next change, and it steps aside), when the pool has one thread,
 and for BLAS builds without the serialization (OpenMP builds, MKL): see
-:func:`dataflow.parallel_info`.
+:func:`dataflow.parallel_info`. A child made by ``os.fork()`` starts ungoverned, with BLAS's
+own count (no runtime is open there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -284,6 +286,22 @@ def stop() -> None:
 
     with _lock, GRAPH_LOCK:
         GOVERNOR = None
+
+
+def _after_fork_in_child() -> None:
+    """In a child made by ``os.fork()``: no runtime is open here (the parent's are the
+    parent's), so none governs BLAS: its own count back, the lock free (the child kept
+    the governor, and BLAS's governed count of 1, for good)."""
+    global GOVERNOR, _users
+    _lock._at_fork_reinit()  # type: ignore[attr-defined]
+    gov, GOVERNOR, _users = GOVERNOR, None, 0
+    if gov is not None:
+        with contextlib.suppress(Exception):  # a BLAS that cannot be set: leave it
+            gov.restore()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def governed() -> int | None:

@@ -1,8 +1,10 @@
 """The ``dataflow`` command: run scripts under the runtime, report settings.
 
 Exit codes: the script's own ``SystemExit`` passes through; an uncaught exception prints its
-traceback and exits 1; bad usage (including a missing script) exits 2; Ctrl-C cancels the
-tasks, joins the threads and exits 130.
+traceback and exits 1; bad usage (including a missing script, or a bad ``$DATAFLOW_LOOP``
+or ``$DATAFLOW_NUM_INTEROP_THREADS``) exits 2 before the script runs; Ctrl-C cancels the
+tasks, joins the threads and exits 130; a script that succeeded but whose ``--trace`` could
+not be written exits 1.
 
 Design note: this module is the ``dataflow`` command group, its ``run`` command (the script
 run as ``__main__`` under dataflow's settings, with the CLI's logging configuration) and
@@ -15,18 +17,24 @@ from __future__ import annotations
 
 import logging
 import os
-import runpy
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
 import click
 
 from ._cli_hooks import run_hooks
+from ._cli_script import module_problem, print_user_traceback, run_target, target_problem
 from ._cli_trace import trace_group
+from ._defaults import resolve_loop_factory
 from ._errors import DataflowError
-from ._threads import _version, parallel_info, set_num_interop_threads, set_num_threads
+from ._threads import (
+    _version,
+    default_interop_threads,
+    parallel_info,
+    set_num_interop_threads,
+    set_num_threads,
+)
 from .graph._commands import graph_group
 
 __all__ = ["configure_logging", "main"]
@@ -72,16 +80,64 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The ``dataflow`` group: Ctrl-C in any command exits 130, as ``dataflow run`` does.
+
+    (click's own handling prints "Aborted!" and exits 1: `dataflow graph run` interrupted
+    looked like a failed run to a shell that tests for 130.)
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            command = " ".join(filter(None, ("dataflow", ctx.invoked_subcommand)))
+            click.echo(f"{command}: interrupted", err=True)
+            _forget_keyboard_interrupt()
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(_version(), "--version", prog_name="dataflow")
 def cli() -> None:
     """dataflow: run numpy model code with inter-op parallelism."""
 
 
-@cli.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+class _RunCommand(click.Command):
+    """``dataflow run``: as in ``python -m MODULE ARGS``, ``-m MODULE`` ends the options.
+
+    Everything after the module is its own argv (``-h``, ``--trace`` included), as everything
+    after a SCRIPT is (``allow_interspersed_args=False`` stops at the script).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            opt
+            for param in self.params
+            if isinstance(param, click.Option) and not param.is_flag
+            for opt in param.opts
+        }
+        args = list(args)
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
+            if args[i] == "-m":
+                if i + 1 < len(args):
+                    args.insert(i + 2, "--")
+                break
+            if args[i].startswith("-m") and not args[i].startswith("--"):  # -mMODULE
+                args.insert(i + 1, "--")
+                break
+            i += 2 if args[i] in takes_value else 1
+        return super().parse_args(ctx, args)
+
+
+@cli.command(cls=_RunCommand, context_settings={"allow_interspersed_args": False})
+@click.option(
+    "-m",
+    "module",
+    metavar="MODULE",
+    help="Run a module as a script (like python -m); what follows it is the module's argv.",
 )
-@click.option("-m", "module", metavar="MODULE", help="Run a module as a script (like python -m).")
 @click.option("--interop-threads", type=click.IntRange(min=1), help="Inter-op pool size.")
 @click.option(
     "--intraop-threads", type=click.IntRange(min=1), help="BLAS threads per op (process-wide)."
@@ -144,6 +200,8 @@ def run(
         args, script = (script, *args), None
     _warn_about_late_options(list(args), script or module or "")
     if trace_path is not None:  # found now, not after the whole run
+        if not trace_path.strip():  # `--trace "$UNSET"`: the run wrote no trace, silently
+            raise click.BadParameter("the path is empty", param_hint="--trace")
         folder = os.path.dirname(os.path.abspath(trace_path))
         if not os.path.isdir(folder):
             raise click.BadParameter(f"the folder {folder} does not exist", param_hint="--trace")
@@ -162,6 +220,13 @@ def run(
     given = click.get_current_context().get_parameter_source("loop")
     if given is not click.core.ParameterSource.DEFAULT or "DATAFLOW_LOOP" not in os.environ:
         os.environ["DATAFLOW_LOOP"] = loop
+    try:  # a bad setting in the environment: one line before the script, not its traceback
+        if interop_threads is None:
+            default_interop_threads()  # $DATAFLOW_NUM_INTEROP_THREADS
+        resolve_loop_factory("auto")  # $DATAFLOW_LOOP, as --loop set it or not
+    except DataflowError as exc:
+        click.echo(f"dataflow run: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(2)
     if dask_address is not None:
         if not dask_address.strip():  # `--dask "$UNSET"`: it ran on the local backend, silently
             raise click.BadParameter("the scheduler's address is empty", param_hint="--dask")
@@ -175,7 +240,10 @@ def run(
         "progress": progress,
         "dask": dask_address,
     }
-    sys.exit(_run_main(module, script, list(args), options))
+    status = _run_main(module, script, list(args), options)
+    if status == 0 and options.get("hook_failed"):  # the trace asked for was not written
+        status = 1
+    sys.exit(status)
 
 
 def _warn_about_late_options(args: list[str], target: str) -> None:
@@ -215,7 +283,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
     from contextlib import ExitStack
 
     if script is not None:
-        problem = _script_problem(script)
+        problem = target_problem(script)
         if problem is not None:
             message, status = problem
             click.echo(
@@ -229,20 +297,20 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         cwd = os.getcwd()
         if sys.path[:1] != [cwd]:
             sys.path.insert(0, cwd)
-        if not _module_exists(module):
-            click.echo(f"dataflow run: error: no module named {module!r}", err=True)
+        try:
+            problem_line = module_problem(module)
+        except Exception as exc:  # a parent package's own code failed as it was imported
+            print_user_traceback(exc)
+            return 1
+        if problem_line is not None:
+            click.echo(f"dataflow run: error: {problem_line}", err=True)
             return 2
     sys.argv = [script if script is not None else str(module), *args]
     try:
         with ExitStack() as stack:
             for hook in run_hooks:
                 stack.enter_context(hook(options))
-            if module is not None:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                assert script is not None
-                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-                runpy.run_path(script, run_name="__main__")
+            run_target(module, script)
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
@@ -257,7 +325,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         if module is not None and getattr(exc, "name", None) == module:
             click.echo(f"dataflow run: error: no module named {module!r}", err=True)
             return 2
-        _print_user_traceback(exc)
+        print_user_traceback(exc)
         return 1
     except BaseException as exc:
         address = options.get("dask")
@@ -265,7 +333,7 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
             # --dask's address is wrong, not the script: one line, as for bad usage.
             click.echo(f"dataflow run: error: {type(exc).__name__}: {exc}", err=True)
             return 1
-        _print_user_traceback(exc)
+        print_user_traceback(exc)
         return 1
     return 0
 
@@ -278,42 +346,6 @@ def _forget_keyboard_interrupt() -> None:
     with SIGINT at exit although the interrupt was caught. Each string eval resets that flag.
     """
     exec("None", {})
-
-
-def _script_problem(script: str) -> tuple[str, int] | None:
-    """Why SCRIPT cannot run, as (one line, exit code), or None when it parses."""
-    if os.path.isdir(script):
-        return f"{script!r} is a directory: give a Python file, or -m PACKAGE", 2
-    if not os.path.isfile(script):
-        return f"no such script: {script!r} (check the path; to run a module use -m MODULE)", 2
-    try:
-        with open(script, "rb") as f:
-            compile(f.read(), script, "exec")
-    except SyntaxError as exc:  # as python shows it: file, line, the source and a caret
-        return "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n"), 1
-    except (OSError, ValueError) as exc:  # unreadable, or null bytes in the source
-        return f"cannot read {script}: {type(exc).__name__}: {exc}", 1
-    return None
-
-
-def _module_exists(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package is missing, or an empty name
-        return False
-
-
-def _print_user_traceback(exc: BaseException) -> None:
-    """Print the traceback without the CLI's and runpy's own frames, as python would."""
-    tb = exc.__traceback__
-    while tb is not None and (
-        tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
-        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
-    ):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
 
 
 @cli.command()
@@ -335,4 +367,22 @@ cli.add_command(graph_group)
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``dataflow`` console script and ``python -m dataflow``."""
-    cli.main(args=list(argv) if argv is not None else None, prog_name="dataflow")
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="dataflow")
+    except OSError as exc:
+        # The commands catch what they read and write themselves; what is left is mostly
+        # their output failing (`dataflow info > /dev/full`): one line, not a traceback.
+        # (click already ends a closed pipe, `| head`, quietly with exit 1.)
+        _drop_unwritten_output()
+        click.echo(f"dataflow: error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+
+
+def _drop_unwritten_output() -> None:
+    """Point stdout at /dev/null, so the exit does not try the failed write again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout: nothing to flush at exit
+        pass

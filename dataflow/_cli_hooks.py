@@ -2,7 +2,9 @@
 
 Each hook is a context manager factory taking the ``run`` command's options (a ``RunHook``);
 the run command (``_cli``) enters every hook in ``run_hooks`` around the script, so a hook
-sees the script end however it ends (the trace is written also when the script fails).
+sees the script end however it ends (the trace is written also when the script fails). A hook
+that could not do its work (a trace that cannot be written) sets ``options["hook_failed"]``:
+the command then exits 1 where the script succeeded.
 
 Design note: these are the CLI's features built on the instruments (a Profiler, a
 TaskLogger, a Progress line, and the terminal handling a status line needs), kept apart from
@@ -12,6 +14,7 @@ enters. The options themselves are declared with the ``run`` command.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -42,6 +45,7 @@ def _trace_hook(options: dict[str, Any]) -> Iterator[None]:
     if not path:
         yield
         return
+    target = os.path.abspath(path)  # where the user said: the script may chdir
     prof = Profiler()
     prof.start()
     try:
@@ -49,12 +53,13 @@ def _trace_hook(options: dict[str, Any]) -> Iterator[None]:
     finally:
         prof.stop()
         try:
-            prof.export_chrome_trace(path)
+            prof.export_chrome_trace(target)
         except OSError as exc:
             click.echo(
                 f"dataflow run: error: cannot write the trace: {type(exc).__name__}: {exc}",
                 err=True,
             )
+            options["hook_failed"] = True  # a run that asked for a trace and got none: exit 1
         else:
             click.echo(
                 f"dataflow run: trace of {len(prof.trace().tasks)} tasks written to {path} "

@@ -80,6 +80,8 @@ def printable(text: str) -> str:
 )
 def trace_render(path: str, output: str | None, width: int, arrows: str) -> None:
     """Draw PATH as a per-thread timeline: a bar per task, the critical path outlined."""
+    if output is not None and not output.strip():  # `-o "$UNSET"`: not the default
+        raise click.BadParameter("the path is empty", param_hint="-o")
     out = output or os.path.splitext(path)[0] + ".svg"
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".svg", ".html", ".htm"):

@@ -200,7 +200,14 @@ class Compiled(Batching, Generic[R]):
         waiter = host.waiter()
         # A batch must run elsewhere: the next batch gathers the calls made meanwhile.
         gather = launch(rt, prog, arrays, None, waiter, self.batch_axis is None)
-        await waiter
+        try:
+            await waiter
+        except BaseException as exc:
+            # A cancellation, perhaps caught above (a timeout scope) or not reported as one
+            # (trio): the plan's unstarted nodes are dropped with its gather task, as an
+            # interrupted `await handle` drops what its request dispatched (Pending.__await__).
+            rt.await_interrupted(exc, gather)  # (its work: from the gather task on)
+            raise
         return Pending(gather).result()
 
     async def warm_up(self, *args: Any) -> int:

@@ -24,6 +24,8 @@ break, naming the file and line):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = [
     "CancelledTaskError",
     "DataflowError",
@@ -40,6 +42,7 @@ __all__ = [
     "TaskError",
     "UnobservedTaskError",
     "describe",
+    "task_error",
     "task_error_type",
     "task_failed",
 ]
@@ -136,8 +139,19 @@ def task_failed(name: str, op: str, exc: BaseException, what: str = "") -> TaskE
     concurrent.futures re-raise the original. ``what`` prefixes the task's name (``"forked
     task "``). The message stays printable even when ``str(exc)`` raises (:func:`describe`).
     """
+    return task_error(exc, f"{what}{name} failed: {describe(exc)}", task=name, op=op)
+
+
+def task_error(exc: BaseException, message: str, *, task: str, op: str) -> TaskError:
+    """The TaskError of ``exc``'s type (:func:`task_error_type`) saying ``message``, chained
+    to ``exc``; an exception group's holds the group's exceptions too, so ``except*`` around
+    an ``await`` splits it as it would the group itself."""
     cls = task_error_type(type(exc))
-    err = cls(f"{what}{name} failed: {describe(exc)}", task=name, op=op)
+    make: Callable[..., TaskError] = cls  # (a group's constructor takes its exceptions too)
+    if isinstance(exc, BaseExceptionGroup) and issubclass(cls, BaseExceptionGroup):
+        err = make(message, exc.exceptions, task=task, op=op)
+    else:
+        err = make(message, task=task, op=op)
     err.__cause__ = exc
     return err
 
@@ -150,10 +164,14 @@ def task_error_type(cls: type[BaseException]) -> type[TaskError]:
     """``TaskError[cls]``: a subclass of both :class:`TaskError` and ``cls``, made once.
 
     A TaskError subclass stands for itself (a forked task that let an op's error through
-    keeps its type). Exceptions that are not ``Exception`` subclasses (KeyboardInterrupt,
-    SystemExit, ...), StopIteration (PEP 479 would turn it into a RuntimeError inside the
-    awaiting coroutine), and the few types that cannot be combined with another base (a C
-    layout conflict, a constructor that refuses a message) give plain TaskError.
+    keeps its type). An ``ExceptionGroup`` (what a task group inside a forked coroutine
+    raises) gives a TaskError that is an exception group too, of the same exceptions
+    (:func:`task_error` builds it), so ``except*`` sees them; one of a subclass whose
+    constructor cannot take that gives ``TaskError[ExceptionGroup]``. Exceptions that are
+    not ``Exception`` subclasses (KeyboardInterrupt, SystemExit, ...), StopIteration (PEP 479
+    would turn it into a RuntimeError inside the awaiting coroutine), and the few types that
+    cannot be combined with another base (a C layout conflict, a constructor that refuses a
+    message) give plain TaskError.
     """
     if issubclass(cls, TaskError):
         return cls
@@ -163,28 +181,64 @@ def task_error_type(cls: type[BaseException]) -> type[TaskError]:
     found = _dual_types.get(cls)
     if found is not None:
         return found
+    group = issubclass(cls, BaseExceptionGroup)
+    space: dict[str, object] = {
+        "__module__": "dataflow",
+        "__reduce__": _reduce_dual,
+        "__str__": TaskError.__str__,
+    }
+    if group:  # (a group's constructor takes its exceptions)
+        space["__new__"] = _group_new
+        space["__init__"] = _group_init
     try:
-        made: type[TaskError] = type(
-            f"TaskError[{cls.__qualname__}]",
-            (TaskError, cls),
-            {"__module__": "dataflow", "__reduce__": _reduce_dual, "__str__": TaskError.__str__},
-        )
-        made("probe", task="probe#0", op="probe")  # some types' constructors refuse this
+        made: type[TaskError] = type(f"TaskError[{cls.__qualname__}]", (TaskError, cls), space)
+        probe = ((Exception("probe"),),) if group else ()  # (a group's: its exceptions)
+        made("probe", *probe, task="probe#0", op="probe")  # some types' constructors refuse this
     except Exception:
         made = TaskError
+    if made is TaskError and group and cls is not ExceptionGroup:
+        made = task_error_type(ExceptionGroup)
     if len(_dual_types) < 1024:
         _dual_types[cls] = made
     return made
 
 
+def _group_new(
+    cls: type[BaseExceptionGroup[Exception]],
+    message: str,
+    exceptions: tuple[Exception, ...],
+    *,
+    task: str,
+    op: str,
+) -> BaseExceptionGroup[Exception]:
+    return BaseExceptionGroup.__new__(cls, message, exceptions)
+
+
+def _group_init(
+    self: TaskError, message: str, exceptions: tuple[Exception, ...], *, task: str, op: str
+) -> None:
+    TaskError.__init__(self, message, task=task, op=op)
+    self.args = (message,)  # (a group type's own __init__ may have kept its exceptions there)
+
+
 def _reduce_dual(self: TaskError) -> tuple[object, ...]:
     # Dual types are made at run time, so they pickle as "the TaskError for that type".
     base = next(b for b in type(self).__bases__ if b is not TaskError)
-    return (_rebuild, (base, str(self), self.task, self.op))
+    exceptions = getattr(self, "exceptions", None)
+    return (_rebuild, (base, str(self), self.task, self.op, exceptions))
 
 
-def _rebuild(base: type[BaseException], message: str, task: str, op: str) -> TaskError:
-    return task_error_type(base)(message, task=task, op=op)
+def _rebuild(
+    base: type[BaseException],
+    message: str,
+    task: str,
+    op: str,
+    exceptions: tuple[Exception, ...] | None = None,
+) -> TaskError:
+    make: Callable[..., TaskError] = task_error_type(base)
+    if exceptions is not None:  # (a group's constructor takes its exceptions too)
+        return make(message, exceptions, task=task, op=op)
+    return make(message, task=task, op=op)
 
 
 class OpTimeoutError(TaskError, TimeoutError):

@@ -69,13 +69,13 @@ _RUNNING, _DONE, _FAILED, _CANCELLED = range(4)
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's), also as it
-    leaves a nursery or task group that was cancelled with it: a group of cancellations
-    (trio's ``MultiError`` of ``Cancelled``, a ``BaseExceptionGroup`` under strict groups)."""
+    """Whether ``exc`` is the event loop's cancellation (asyncio's or trio's), or an exception
+    group of nothing else (a nursery cancelled with the fork: trio groups its children's
+    exceptions, by default from trio 0.25 on)."""
     if isinstance(exc, asyncio.CancelledError):
         return True
     if isinstance(exc, BaseExceptionGroup):
-        return all(_is_cancellation(e) for e in exc.exceptions)
+        return all(_is_cancellation(inner) for inner in exc.exceptions)
     return type(exc).__name__ == "Cancelled" and type(exc).__module__.startswith("trio")
 
 
@@ -220,11 +220,16 @@ async def _run_forked(
         err = task_failed(fut.name, _fn_name(fn), exc, what="forked task ")
         fut._rt.failures.append(err)
         fut._settle(_FAILED, err)
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
+        stop = _stopping(exc)
+        if stop is not None:
             # The process is being stopped: let the loop see it, as asyncio does. It is
             # reported by stopping the program, not again as a failure nobody awaited.
             err.observed = True
-            raise
+            if stop is exc:
+                raise
+            # Out of a task group's exception group: asyncio's loop lets only the interrupt
+            # itself through, and a trio system task may raise nothing else.
+            raise stop from None
     else:
         fut._settle(_DONE, value)
     finally:
@@ -233,6 +238,19 @@ async def _run_forked(
             sched.emit("fork_finished", fut.name)
             forker = _parent_name.get()
             sched.record_span("fork", fut.name, fut._started, time.perf_counter_ns(), forker)
+
+
+def _stopping(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or SystemExit that ``exc`` is, or that an exception group holds
+    (a task group in the forked coroutine: Ctrl-C landed in one of its tasks)."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _stopping(inner)
+            if found is not None:
+                return found
+    return None
 
 
 @overload
@@ -348,10 +366,13 @@ def _fork_async(
             )
         )
     fut: TaskFuture[Any] = TaskFuture(f"{_fn_name(fn)}#{_next_id()}", rt)
-    fut._handle = host.spawn(_run_forked(fut, fn, args, kwargs), fut.name)
+    coro = _run_forked(fut, fn, args, kwargs)
     if host.library == "asyncio":
+        fut._handle = host.spawn(coro, fut.name)
         # Cancelled before it started, the coroutine never ran to settle its future.
         fut._handle.add_done_callback(functools.partial(_task_done, fut))
+    else:  # (trio's bridge neither runs nor settles it then: ``unstarted`` does)
+        fut._handle = host.spawn(coro, fut.name, functools.partial(fut._settle, _CANCELLED, None))
     if ACTIVE or sched.watching:
         fut._started = time.perf_counter_ns()
         sched.emit("fork", fut.name, parent.name if parent is not None else None)

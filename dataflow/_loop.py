@@ -20,6 +20,11 @@ through a :class:`HostLoop`:
 ``current()`` makes the bridge for the running loop; ``loop_key()`` names the running loop
 (to find the runtimes open on it) at the cost of one attribute lookup under asyncio. The
 asyncio bridge is here; trio's is in ``_trio`` (imported only under trio).
+
+A trio task is asked about first (sniffio's answer, as anyio's): in a trio *guest run* on an
+asyncio loop (``trio.lowlevel.start_guest_run``) trio's tasks run inside that loop's
+callbacks, so a running asyncio loop does not make the calling code asyncio's. Once a
+runtime was entered in such a run, ``loop_key`` asks too (``_guests``).
 """
 
 from __future__ import annotations
@@ -37,33 +42,49 @@ from ._errors import DataflowError
 
 __all__ = ["AsyncioLoop", "HostLoop", "current", "loop_key", "running_library"]
 
+# Whether a runtime was entered in a trio guest run on an asyncio loop (module docstring):
+# from then on ``loop_key`` asks whether a trio task runs before it names the asyncio loop.
+_guests = False
+
+
+def _in_trio() -> bool:
+    """Whether a trio task of a run on this thread is the caller (what sniffio says first)."""
+    if "trio" not in sys.modules:
+        return False
+    import sniffio
+
+    lib = sniffio.thread_local.name or sniffio.current_async_library_cvar.get()
+    if lib != "trio":
+        return False
+    import trio
+
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:  # the variable was copied out of a run: no trio task is the caller
+        return False
+    return True
+
 
 def running_library() -> str | None:
     """``"asyncio"`` or ``"trio"`` when called from a coroutine of that library, else None."""
+    if _in_trio():
+        return "trio"
     if asyncio._get_running_loop() is not None:
         return "asyncio"
-    if "trio" in sys.modules:
-        import sniffio
-
-        try:
-            lib = sniffio.current_async_library()
-        except sniffio.AsyncLibraryNotFoundError:
-            return None
-        return lib if lib == "trio" else None
     return None
 
 
 def loop_key() -> object | None:
     """An identity of the running event loop (None off any loop): asyncio's loop, trio's token."""
     loop = asyncio._get_running_loop()
-    if loop is not None:
+    if loop is not None and not _guests:
         return loop
-    if "trio" in sys.modules and running_library() == "trio":
+    if _in_trio():
         import trio
 
         token: object = trio.lowlevel.current_trio_token()
         return token
-    return None
+    return loop
 
 
 class HostLoop:
@@ -133,8 +154,18 @@ class HostLoop:
         else:
             self._post(lambda: fn(*args))
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
-        """Start ``coro`` as a task owned by the runtime; returns a handle for :meth:`cancel`."""
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        unstarted: Callable[[], None] | None = None,
+    ) -> Any:
+        """Start ``coro`` as a task owned by the runtime; returns a handle for :meth:`cancel`.
+
+        ``unstarted`` (trio's bridge): cancelled before it started, the task never runs its
+        coroutine (closed unrun) and calls ``unstarted()`` instead. An asyncio task does not
+        run either; its done callback tells (``task.cancelled()``), so asyncio ignores it.
+        """
         raise NotImplementedError
 
     def current_task(self) -> Any:
@@ -151,6 +182,11 @@ class HostLoop:
 
     def release_frames(self, task: Any) -> None:
         """Let go of the local variables of a finished, cancelled task's frames."""
+
+    def finished_code(self, task: Any) -> Any:
+        """The code object of ``task``'s coroutine once the task has finished; None while it
+        runs (or where the loop cannot tell)."""
+        return None
 
     def cancel(self, handle: Any) -> bool:
         """Cancel a spawned task (True if it was still running)."""
@@ -205,7 +241,12 @@ class AsyncioLoop(HostLoop):
         else:
             self.loop.call_soon_threadsafe(fn)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        unstarted: Callable[[], None] | None = None,
+    ) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro, name=name)
         self.tasks.add(task)
         task.add_done_callback(self._discard)
@@ -240,6 +281,9 @@ class AsyncioLoop(HostLoop):
         except BaseException:
             pass
 
+    def finished_code(self, task: Any) -> Any:
+        return getattr(task.get_coro(), "cr_code", None) if task.done() else None
+
     def cancel_requested(self) -> bool:
         current = asyncio.current_task()
         return current is not None and current.cancelling() > 0
@@ -259,15 +303,18 @@ class AsyncioLoop(HostLoop):
 
 def current(what: str) -> HostLoop:
     """The bridge for the running event loop, or a DataflowError saying where to call from."""
-    loop = asyncio._get_running_loop()
-    if loop is not None:
-        return AsyncioLoop(loop)
-    if running_library() == "trio":
+    if _in_trio():
         import trio
 
         from ._trio import TrioLoop
 
+        if asyncio._get_running_loop() is not None:  # a guest run (module docstring)
+            global _guests
+            _guests = True
         return TrioLoop(trio.lowlevel.current_trio_token())
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return AsyncioLoop(loop)
     raise DataflowError(
         f"{what} must run inside a coroutine on an asyncio (or uvloop) or trio event loop: "
         "use `dataflow.run(main)` in a script, or `async with dataflow.Runtime(): ...` inside "

@@ -18,10 +18,15 @@ view made *before* the call keeps its own flag, so writing through such a view i
 as they are, which is what this protects. Kernels that run at dispatch on the calling thread
 (tiny ones, and short GIL-bound ones through the pool's GIL lane) read their inputs right away
 and need none of this.
+
+In a child made by ``os.fork()`` no task of the parent ever runs, so every array frozen at the
+fork is writeable again there (:func:`_thaw_all_in_child`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -181,6 +186,26 @@ def _restore(arr: np.ndarray[Any, Any]) -> None:
         _waiting[id(arr)] = arr
     else:
         _waiting.pop(id(arr), None)
+
+
+def _thaw_all_in_child() -> None:
+    """In a child made by ``os.fork()``: the tasks that froze arrays run in the parent only,
+    so nothing would ever make those arrays writeable again here (the child's copy of a
+    module's parameters stayed read-only). Bases first: a view can be made writeable only
+    once its base is."""
+    _lock._at_fork_reinit()  # type: ignore[attr-defined]
+    arrays = [entry[0] for entry in _frozen.values()]
+    arrays.extend(_waiting.values())
+    _frozen.clear()
+    _waiting.clear()
+    for arr in sorted(arrays, key=lambda a: len(_chain(a))):  # (a view's chain is longer)
+        # (ValueError: its base was read-only before the parent froze anything)
+        with contextlib.suppress(ValueError):
+            arr.flags.writeable = True
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_thaw_all_in_child)
 
 
 def frozen_by(array: np.ndarray[Any, Any]) -> list[str]:

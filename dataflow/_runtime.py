@@ -229,24 +229,27 @@ class Runtime:
             )
         self._entered = True
         self.host = host
-        if self.interop_threads == 0:
-            self._pool = None
-        elif self.private_pool:
-            self._pool = InteropPool(self.interop_threads, name=f"interop-p{id(self) & 0xFFFF:x}")
-        else:
-            self._pool = acquire_shared_pool(self.interop_threads)
-        threshold = self._inline_threshold
-        self._sched = Scheduler(
-            self,
-            self._pool,
-            host,
-            inline_threshold=get_inline_threshold() if threshold is None else threshold,
-            max_pending=self.max_pending,
-            simulate=self.simulate,
-        )
-        for observer in self._observers:
-            self._sched.observe(observer, True)
+        # From the pool on, whatever raises (Ctrl-C under trio, which lands anywhere) closes
+        # what was started: the shared pool's user was never released, its threads ran on.
         try:
+            if self.interop_threads == 0:
+                self._pool = None
+            elif self.private_pool:
+                name = f"interop-p{id(self) & 0xFFFF:x}"
+                self._pool = InteropPool(self.interop_threads, name=name)
+            else:
+                self._pool = acquire_shared_pool(self.interop_threads)
+            threshold = self._inline_threshold
+            self._sched = Scheduler(
+                self,
+                self._pool,
+                host,
+                inline_threshold=get_inline_threshold() if threshold is None else threshold,
+                max_pending=self.max_pending,
+                simulate=self.simulate,
+            )
+            for observer in self._observers:
+                self._sched.observe(observer, True)
             if self.intraop_threads is not None:
                 from threadpoolctl import threadpool_limits
 
@@ -390,10 +393,10 @@ class Runtime:
         """An awaitable that completes when ``task`` is done (used by ``await handle``)."""
         return self._backend.completion(task)
 
-    def await_interrupted(self, task: Task) -> None:
-        """``await handle`` on ``task`` was interrupted (a cancellation reached it): see
-        ``Requests.await_interrupted``."""
-        self._sched.await_interrupted(task)
+    def await_interrupted(self, exc: BaseException | None = None, task: Task | None = None) -> None:
+        """``await handle`` (on ``task``) was interrupted (a cancellation ``exc`` reached it):
+        see ``Requests.await_interrupted``."""
+        self._sched.await_interrupted(exc, task)
 
     def cancel_task(self, task: Task) -> bool:
         """Cancel a task that has not started; its dependents fail with CancelledTaskError."""

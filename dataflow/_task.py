@@ -408,10 +408,10 @@ class Pending(Future[T]):
             assert rt is not None
             try:
                 yield from rt.completion(task).__await__()
-            except BaseException:
+            except BaseException as exc:
                 # A cancellation (perhaps caught above: a timeout scope): what the request
                 # dispatched and nobody wants any more is dropped (Requests.await_interrupted).
-                rt.await_interrupted(task)
+                rt.await_interrupted(exc, task)
                 raise
         return self.result()
 

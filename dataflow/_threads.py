@@ -156,13 +156,13 @@ def _chosen(interop: int, cores: int) -> list[str]:
 def _loop_name() -> str:
     import asyncio
 
+    from ._loop import running_library
+
+    if running_library() == "trio":  # (first: a trio guest run has an asyncio loop too)
+        return "trio"
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from ._loop import running_library
-
-        if running_library() == "trio":
-            return "trio"
         from ._defaults import resolve_loop_factory
 
         factory = resolve_loop_factory("auto")
@@ -238,10 +238,16 @@ def parallel_info() -> str:
             "side)."
         )
     if interop * intra > cores and chosen:
+        # A fix that fits: fewer BLAS threads while the inter-op threads fit the cores; past
+        # them, no intra-op count can (3 x 1 on 2 cores), so fewer inter-op threads.
+        fix = (
+            f"set_num_threads({cores // interop})"
+            if interop <= cores
+            else f"set_num_interop_threads({max(1, cores // intra)})"
+        )
         lines.append(
             f"WARNING: inter-op x intra-op threads = {interop} x {intra} = {interop * intra} "
-            f"exceeds the {cores} cores: threads will compete. Lower one of them, e.g. "
-            f"set_num_threads({max(1, cores // interop)})."
+            f"exceeds the {cores} cores: threads will compete. Lower one of them, e.g. {fix}."
         )
     return "\n".join(lines)
 

@@ -39,7 +39,8 @@ _MAX_US = 1e15
 
 
 def load(path: str | os.PathLike[str]) -> Trace:
-    """Read a trace written by ``_tracewrite.save`` (or any Chrome trace with ``X`` slices).
+    """Read a trace written by ``_tracewrite.save`` (or any Chrome trace with ``X`` slices, or
+    ``B``/``E`` pairs).
 
     Raises:
         TraceFormatError: the file is not JSON, nests deeper than :data:`MAX_JSON_DEPTH`, or an
@@ -49,7 +50,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
     source = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = _parse(f.read())
     except RecursionError:  # deeper than the C parser goes: far beyond the limit
         data = None
         deep = True
@@ -64,6 +65,23 @@ def load(path: str | os.PathLike[str]) -> Trace:
             f"{source} nests arrays and objects more than {MAX_JSON_DEPTH} deep: not a trace"
         )
     return from_chrome(data, source=source)
+
+
+def _parse(text: str) -> Any:
+    """The JSON of a trace file. The array form may lack its closing ``]`` (the format allows
+    it, so that a program that dies while tracing still leaves a trace), and a comma after
+    its last event."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        tail = text.rstrip()
+        if not text.lstrip().startswith("[") or tail.endswith("]"):
+            raise
+        try:
+            return json.loads(tail.removesuffix(",") + "]")
+        except json.JSONDecodeError:
+            pass
+        raise
 
 
 def _too_deep(data: Any) -> bool:
@@ -130,6 +148,36 @@ class _Fields:
         return value
 
 
+def _pair_durations(events: list[Any], read: _Fields) -> list[Any]:
+    """``events`` with each ``B``/``E`` pair (a slice's begin and end, nested per thread, as
+    other tools write them) made the ``X`` slice it stands for, in the begin's place; a begin
+    left open (a program that died) or an end with no begin is left out, as a viewer shows no
+    slice for it."""
+    out = list(events)
+    begun: dict[tuple[Any, int], list[int]] = {}  # per thread: the open begins' indices
+    for index, ev in enumerate(events):
+        if not isinstance(ev, dict) or ev.get("ph") not in ("B", "E"):
+            continue
+        read.event, read.index = ev, index
+        key = (ev.get("pid") if type(ev.get("pid")) in (int, str) else None, read.tid())
+        end = read.time("ts")
+        if ev["ph"] == "B":
+            begun.setdefault(key, []).append(index)
+            continue
+        if not begun.get(key):
+            continue
+        end_args = read.obj("args")
+        first = begun[key].pop()
+        read.event, read.index = events[first], first
+        start, args = read.time("ts"), read.obj("args")
+        if end < start:
+            read.event, read.index = ev, index
+            raise read.bad("ts", ev.get("ts"), f"at or after its B event's (event {first})")
+        dur = ev["ts"] - events[first]["ts"]
+        out[first] = {**events[first], "ph": "X", "dur": dur, "args": {**args, **end_args}}
+    return out
+
+
 def from_chrome(data: Any, source: str = "trace") -> Trace:
     """Rebuild a :class:`Trace` from a Chrome Trace Event JSON object or array.
 
@@ -154,6 +202,7 @@ def from_chrome(data: Any, source: str = "trace") -> Trace:
     spans: list[Span] = []
     pid = 0
     read = _Fields(source)
+    events = _pair_durations(events, read)
     for index, ev in enumerate(events):
         if not isinstance(ev, dict):
             continue

@@ -79,6 +79,10 @@ class TrioLoop(HostLoop):
             self._instrument = _task_ends(self._trio, self._task_exited)
             self._trio.lowlevel.add_instrument(self._instrument)
 
+    def finished_code(self, task: Any) -> Any:
+        coro = task.coro  # (a finished coroutine has no frame)
+        return coro.cr_code if getattr(coro, "cr_frame", True) is None else None
+
     def _task_exited(self, task: Any) -> None:
         """The instrument's hook: a task of the run ended (called inside trio's scheduler).
 
@@ -115,13 +119,25 @@ class TrioLoop(HostLoop):
         except self._trio.RunFinishedError:
             raise RuntimeError("the trio run has finished") from None
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> Any:
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        name: str,
+        unstarted: Callable[[], None] | None = None,
+    ) -> Any:
         scope = self._trio.CancelScope()
         self.scopes.add(scope)
 
         async def owned() -> None:
             try:
                 with scope:
+                    if unstarted is not None and scope.cancel_called:
+                        # Cancelled before it started: it never runs, as an asyncio task
+                        # cancelled before its first step (trio would run it up to its
+                        # first checkpoint, all of it if it has none).
+                        coro.close()
+                        unstarted()
+                        return
                     await coro
             except (KeyboardInterrupt, SystemExit) as exc:
                 # (a system task may not raise: trio would make it TrioInternalError)

@@ -194,20 +194,50 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
     return tuple(out), norm, view
 
 
-def _take(x: Any, key: Any, spec: TensorSpec, cost: Cost) -> Any:
+def _take(x: Any, key: Any, spec: Any = None, cost: Any = None) -> Any:
     return x[key]
 
 
-def _given_spec(x: Any, key: Any, spec: TensorSpec, cost: Cost) -> TensorSpec:
-    return spec
+_NO_COST = Cost(0.0, 0.0)
+# The index items that select a view (numpy's basic indexing), by exact type.
+_BASIC = frozenset({int, slice, type(None), type(Ellipsis)})
 
 
-def _given_cost(x: Any, key: Any, spec: TensorSpec, cost: Cost) -> Cost:
-    return cost
+# Basic indexes' output shapes by (shape, index), slices as tuples: Python 3.11's slices are
+# unhashable, so the op's signature cache misses a call with one and runs the meta rule.
+_SHAPES: dict[tuple[Any, ...], Shape] = {}
+_BOUNDS = frozenset({int, type(None)})  # (other bounds are checked by index_spec, every time)
 
 
-# The public getitem works the index out once and hands the op its spec and cost.
-_getitem: Op[..., Tensor] = declare("getitem", _take, _given_spec, _given_cost)
+def _getitem_spec(x: Any, key: Any, spec: Any = None, cost: Any = None) -> TensorSpec:
+    if spec is not None:  # worked out by getitem (an advanced index)
+        return spec  # type: ignore[no-any-return]
+    memo: list[Any] = [x.shape]
+    for k in key if type(key) is tuple else (key,):
+        if type(k) is slice:
+            a, b, c = k.start, k.stop, k.step
+            if type(a) not in _BOUNDS or type(b) not in _BOUNDS or type(c) not in _BOUNDS:
+                return TensorSpec(index_spec(x.shape, key)[0], x.dtype)
+            k = (a, b, c)
+        memo.append(k)
+    full = tuple(memo)
+    shape = _SHAPES.get(full)
+    if shape is None:
+        shape = index_spec(x.shape, key)[0]
+        if len(_SHAPES) >= 4096:
+            _SHAPES.clear()
+        _SHAPES[full] = shape
+    return TensorSpec(shape, x.dtype)
+
+
+def _getitem_cost(x: Any, key: Any, spec: Any = None, cost: Any = None) -> Cost:
+    return _NO_COST if cost is None else cost  # (a basic index: a view, no bytes moved)
+
+
+# A basic index (``t[3]``, ``t[:, 1:5]``) is the op's own arguments, so the op's signature cache
+# keys it (the meta rule runs once per shape and index); an advanced one is worked out once by
+# ``getitem`` (converting its arrays) and hands the op its spec and cost as well.
+_getitem: Op[..., Tensor] = declare("getitem", _take, _getitem_spec, _getitem_cost)
 
 
 def getitem(x: Any, key: Any) -> Tensor:
@@ -220,10 +250,14 @@ def getitem(x: Any, key: Any) -> Tensor:
         from ._shape import asarray
 
         x = asarray(x)
+    tk = type(key)
+    if tk is int or tk is slice or (tk is tuple and all(type(k) in _BASIC for k in key)):
+        basic: Tensor = _getitem(x, key)
+        return basic
     shape, norm, view = index_spec(x.shape, key)
     spec = TensorSpec(shape, x.dtype)
     if view:
-        cost = Cost(0.0, 0.0)
+        cost = _NO_COST
     else:
         check_output_size("getitem", shape, x.dtype)
         cost = Cost(0.0, 2.0 * shape_nbytes(shape, x.dtype))

@@ -11,14 +11,17 @@ plain and blocked forms. Which is fastest depends on the shape, the BLAS library
 (AVX-512 or AVX2), the BLAS thread count and the weight's memory order, so
 :func:`_kernel_form` times the whole kernels (:func:`_form_runs`) on a short sequence of
 :data:`_FORM_STEPS` steps, interleaved (:func:`ops._rnn_measure._best_times`), once per
-(batch, hidden, gates, dtype, BLAS threads, weight order, input size) in a process, each with
-the weight in the order the call has: the fastest form that copies no weight wins, or one
+(batch's bucket, hidden, gates, dtype, BLAS threads, weight order, input size) in a
+process, each with the weight in the order the call has: the fastest form that copies no
+weight wins, or one
 that copies them where it is faster than that by :data:`ops._rnn_measure._FORM_MARGIN`
 (:func:`_pick_form`). Timing the GEMMs alone was not enough (:func:`_measure_form` says
 why). Hidden sizes under :data:`_FORM_MIN_HIDDEN` and batches under :data:`_FORM_MIN_BATCH`
 keep the plain form without measuring (:func:`_candidate_forms`).
 
-State kept here alone: ``_forms`` (each key's answer) and ``_forms_lock``, under which one
+State kept here alone: ``_forms`` (each key's answer), ``_buckets`` (the answers by the
+batch's bucket, :func:`ops._rnn_measure._size_bucket`: a batch first seen in a bucket that
+has one takes it without measuring) and ``_forms_lock``, under which one
 thread at a time measures (the first calls of an ensemble's directions come on several
 threads at once; the others wait for the answer). :mod:`ops._rnn_layout` reads and fills
 them through this module: its measurement of a weight's memory order runs the same forms
@@ -30,6 +33,7 @@ does not measure again. The kernels are called through their modules
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -108,7 +112,12 @@ Form: TypeAlias = "str | int | tuple[str, int]"
 
 
 _forms: dict[tuple[int, int, int, Any, int, bool, int], Form] = {}
+# The same answers by the batch's bucket (``ops._rnn_measure._size_bucket``): a batch first
+# seen in a bucket that has one takes it without measuring.
+_buckets: dict[tuple[int, int, int, Any, int, bool, int], Form] = {}
 _forms_lock = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a child made by os.fork(): a measuring thread is gone
+    os.register_at_fork(after_in_child=_forms_lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 
 def _kernel_form(
@@ -130,8 +139,19 @@ def _kernel_form(
         with _forms_lock:
             form = _forms.get(key)
             if form is None:
-                form = _forms[key] = _measure_form(*key)
+                bucket = (_rnn_measure._size_bucket(batch), *key[1:])
+                form = _buckets.get(bucket)
+                if form is None:  # the first batch of its bucket: measured as it is
+                    form = _buckets[bucket] = _measure_form(*key)
+                _forms[key] = form
     return form
+
+
+def _remember(key: tuple[int, int, int, Any, int, bool, int], form: Form) -> None:
+    """Keep ``form`` as the answer for ``key`` and, if its bucket has none yet, for the
+    bucket (a measurement made elsewhere: :mod:`ops._rnn_layout`). Holds ``_forms_lock``."""
+    _forms.setdefault(key, form)
+    _buckets.setdefault((_rnn_measure._size_bucket(key[0]), *key[1:]), form)
 
 
 def _measure_form(
@@ -167,6 +187,8 @@ def _measure_form(
     small to matter (hidden under :data:`_FORM_MIN_HIDDEN`) and batches under
     :data:`_FORM_MIN_BATCH` keep the plain form without measuring; so does any gate count
     other than the LSTM's four and the GRU's three.
+
+    Called once per bucket of batches (:func:`_kernel_form`), with the first batch seen in it.
 
     ``fortran``: the weight is stored in Fortran order (:func:`lay_out` found the plain form
     fastest with it when the model was built, perhaps under another BLAS thread count). The

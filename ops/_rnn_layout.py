@@ -150,7 +150,7 @@ def _layout_is_fortran(hidden: int, gates: int, dtype: np.dtype[Any], threads: i
             runs = _rnn_forms._form_runs(LAYOUT_BATCH, hidden, gates, dtype, hidden, candidates)
             times = _rnn_measure._best_times(runs, *_FORM_REPEATS, _FORM_BUDGET)
             form = (LAYOUT_BATCH, hidden, gates, dtype, threads, False, hidden)
-            _rnn_forms._forms.setdefault(form, _rnn_forms._pick_form(forms, times[1:]))
+            _rnn_forms._remember(form, _rnn_forms._pick_form(forms, times[1:]))
             fortran = _layouts[key] = times[0] < _FORM_MARGIN * min(times[1:])
     return fortran
 
@@ -161,6 +161,8 @@ def _layout_is_fortran(hidden: int, gates: int, dtype: np.dtype[Any], threads: i
 STEP_PRODUCT_MEASURED_MIN = 1 << 18
 
 _products: dict[tuple[int, int, int, Any, int], bool] = {}
+# The same answers by the batch's bucket (``ops._rnn_measure._size_bucket``).
+_product_buckets: dict[tuple[int, int, int, Any, int], bool] = {}
 
 
 def recurrent_product(h: Array, w: Array) -> Array:
@@ -170,7 +172,7 @@ def recurrent_product(h: Array, w: Array) -> Array:
 
     The sequence kernels choose among whole-kernel forms
     (:func:`ops._rnn_forms._kernel_form`); a step op has one GEMM, whose form is measured
-    alone here, once per (batch, rows, cols, dtype, BLAS threads), for a row-major ``w``
+    alone here, once per (batch's bucket, rows, cols, dtype, BLAS threads), for a row-major ``w``
     (:func:`lay_out` keeps it so where the sequence kernels' other forms win): OpenBLAS's
     AVX-512 kernels compute ``W @ h.T`` about 20% faster than ``h @ W.T`` at (50, 1024) x
     (1024, 4096) on one thread (5.5 against 6.9 ms) and at (50, 256) x (256, 1024). A
@@ -202,12 +204,16 @@ def _product_is_transposed(
     if found is None:
         with _rnn_forms._forms_lock:
             found = _products.get(key)
-            if found is None:
-                rng = np.random.default_rng(0)
-                h = rng.random((batch, cols), dtype=np.float32).astype(dtype, copy=False)
-                w = rng.random((rows, cols), dtype=np.float32).astype(dtype, copy=False)
-                plain, transposed = _rnn_measure._best_times(
-                    (lambda: np.matmul(h, w.T), lambda: np.matmul(w, h.T)), 5, 200, 0.005
-                )
-                found = _products[key] = transposed < _FORM_MARGIN * plain
+            if found is None:  # the first batch of its bucket is measured (_size_bucket)
+                bucket = (_rnn_measure._size_bucket(batch), rows, cols, dtype, blas_threads)
+                found = _product_buckets.get(bucket)
+                if found is None:
+                    rng = np.random.default_rng(0)
+                    h = rng.random((batch, cols), dtype=np.float32).astype(dtype, copy=False)
+                    w = rng.random((rows, cols), dtype=np.float32).astype(dtype, copy=False)
+                    plain, transposed = _rnn_measure._best_times(
+                        (lambda: np.matmul(h, w.T), lambda: np.matmul(w, h.T)), 5, 200, 0.005
+                    )
+                    found = _product_buckets[bucket] = transposed < _FORM_MARGIN * plain
+                _products[key] = found
     return found

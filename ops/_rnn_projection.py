@@ -67,10 +67,16 @@ PROJECTION_VIEW_WIDTHS = (16, 32)
 PLAIN, TRANSPOSED = 0, 1
 
 
+# The measured forms by the rows' bucket (``ops._rnn_measure._size_bucket``), inputs,
+# outputs and dtype: a row count first seen in a bucket that has one takes it unmeasured.
+_buckets: dict[tuple[int, int, int, Any], int] = {}
+
+
 @functools.lru_cache(maxsize=256)
 def _projection_form(rows: int, inputs: int, outputs: int, dtype: Any) -> int:
     """The fastest form of a small input projection, ``x (rows, inputs) @ w.T`` with ``w``
-    (outputs, inputs) row-major, measured once per shape and dtype (:func:`_project`):
+    (outputs, inputs) row-major, measured once per bucket of row counts (the first count seen
+    in it: :func:`ops._rnn_measure._size_bucket`), shape and dtype (:func:`_project`):
     :data:`PLAIN`; :data:`TRANSPOSED`, ``(w @ x.T).T`` (a transposed GEMM and a transposing
     copy); or a width from :data:`PROJECTION_VIEW_WIDTHS`, ``x @ w[k*width : (k+1)*width].T``
     for each block of ``w``'s rows read in place (one stacked GEMM: products small enough for
@@ -84,6 +90,15 @@ def _projection_form(rows: int, inputs: int, outputs: int, dtype: Any) -> int:
     """
     if rows * inputs * outputs > PROJECTION_MEASURED_MAX:
         return PLAIN
+    bucket = (_rnn_measure._size_bucket(rows), inputs, outputs, dtype)
+    form = _buckets.get(bucket)
+    if form is None:
+        form = _buckets[bucket] = _measure_projection(rows, inputs, outputs, dtype)
+    return form
+
+
+def _measure_projection(rows: int, inputs: int, outputs: int, dtype: Any) -> int:
+    """:func:`_projection_form`'s measurement."""
     rng = np.random.default_rng(0)
     x = rng.random((rows, inputs), dtype=np.float32).astype(dtype, copy=False)
     w = rng.random((outputs, inputs), dtype=np.float32).astype(dtype, copy=False)

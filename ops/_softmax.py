@@ -58,7 +58,7 @@ def _shifted(a: np.ndarray, axis: Any) -> tuple[np.ndarray, np.dtype[Any]]:
     if dtype.itemsize < 4:
         a = a.astype(_FLOAT32)
     # A slice of only -inf has max -inf, and -inf - -inf is NaN: the NaN torch gives too.
-    out: np.ndarray = np.subtract(a, np.max(a, axis=axis, keepdims=True))
+    out: np.ndarray = np.subtract(a, a.max(axis=axis, keepdims=True))
     return out, dtype
 
 
@@ -70,7 +70,7 @@ def _softmax_kernel(x: Any, axis: Any = -1) -> Any:
         return np.empty(a.shape, a.dtype)
     out, dtype = _shifted(a, axis)
     np.exp(out, out=out)
-    out /= np.sum(out, axis=axis, keepdims=True)
+    out /= out.sum(axis=axis, keepdims=True)
     return out if out.dtype == dtype else out.astype(dtype)
 
 
@@ -81,7 +81,7 @@ def _log_softmax_kernel(x: Any, axis: Any = -1) -> Any:
     if not a.size:
         return np.empty(a.shape, a.dtype)
     out, dtype = _shifted(a, axis)
-    out -= np.log(np.sum(np.exp(out), axis=axis, keepdims=True))
+    out -= np.log(np.exp(out).sum(axis=axis, keepdims=True))
     return out if out.dtype == dtype else out.astype(dtype)
 
 

@@ -272,6 +272,25 @@ class TestInterrupt:
         assert err.strip().splitlines()[-1] == "dataflow run: interrupted"
         assert "Traceback" not in err
 
+    def test_ctrl_c_in_any_command_exits_130(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Ctrl-C in `dataflow graph run` or `trace summary` exits 130 with one line, as
+        `dataflow run`; it was click's 'Aborted!' and exit 1."""
+        from click.testing import CliRunner
+
+        from dataflow import _cli_trace
+        from dataflow._cli import cli
+
+        def interrupted(path: str) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_cli_trace, "load", interrupted)
+        (tmp_path / "t.json").write_text("{}")
+        result = CliRunner().invoke(cli, ["trace", "summary", str(tmp_path / "t.json")])
+        assert result.exit_code == 130
+        assert result.stderr == "dataflow trace: interrupted\n"
+
 
 def _info(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`python -m dataflow info` in a fresh process with ``env``."""
@@ -305,6 +324,22 @@ class TestInfo:
         r = _info(env)
         assert r.returncode == 0, r.stderr
         assert "WARNING" not in r.stdout
+
+    @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full")
+    def test_output_that_cannot_be_written_is_one_line(self) -> None:
+        """`dataflow info > /dev/full` (a full disk): one line and exit 1; it printed the
+        traceback through click's frames."""
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(
+                [sys.executable, "-m", "dataflow", "info"],
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                cwd=ROOT,
+            )
+        assert r.returncode == 1
+        assert r.stderr == "dataflow: error: OSError: [Errno 28] No space left on device\n"
 
     def test_a_bad_setting_in_the_environment_is_one_line(self) -> None:
         """`dataflow info` under a bad $DATAFLOW_NUM_INTEROP_THREADS says which, in one line

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -590,6 +590,46 @@ class TestRequests:
         started = [t for t in summary.tasks if t.op == "slow_neg"]
         assert dropped == 200 and started == []
 
+    @pytest.mark.parametrize("group", ["asyncio.gather", "anyio task group"])
+    def test_a_request_its_group_cancelled_drops_its_queued_ops(self, group: str) -> None:
+        """A request cancelled through asyncio.gather or an anyio task group while it awaits
+        its chain drops the chain's unstarted ops, as a task cancelled by itself does. The
+        group takes the task's CancelledError before the request's end is reported, and keeps
+        it (in its future; in a reference cycle), and with it the request's frames and their
+        handles: every op ran for nobody."""
+        import anyio
+
+        async def main() -> int:
+            gate = threading.Event()
+
+            async def request() -> Any:
+                y = gate_op(np.zeros(4), gate)
+                for _ in range(200):
+                    y = slow_neg(y)
+                return await y
+
+            if group == "asyncio.gather":
+                both = asyncio.gather(request(), asyncio.sleep(10))
+                await asyncio.sleep(0.05)
+                both.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await both
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(request)
+                    await asyncio.sleep(0.05)
+                    tg.cancel_scope.cancel()
+            await asyncio.sleep(0.01)
+            gate.set()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            return rt._sched.dropped
+
+        with dataflow.profile() as prof:
+            dropped = dataflow.run(main, interop_threads=2)
+        started = [t for t in prof.trace().tasks if t.op == "slow_neg"]
+        assert dropped == 200 and started == []
+
     @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
     def test_a_caught_timeout_drops_what_its_scope_dispatched(self, scope: str) -> None:
         """A cancellation caught inside the request (a timeout scope: the request goes on, so
@@ -904,6 +944,68 @@ class TestCancelledCallers:
         dropped, again = dataflow.run(main, interop_threads=2)
         assert dropped >= 1  # the ops queued behind the gate were never run
         np.testing.assert_array_equal(again, x)
+
+    @pytest.mark.parametrize("batched", [False, True], ids=["plain", "batched"])
+    @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
+    def test_a_caught_timeout_around_a_call_drops_its_plan(self, scope: str, batched: bool) -> None:
+        """A timeout scope caught inside the request, around `await forward(x)`: the plan's
+        unstarted nodes are dropped, as an eager chain's are (docs/serving.md). The call's
+        wait did not tell the runtime it was interrupted: every node ran for nobody."""
+        import anyio
+
+        gate = threading.Event()
+        forward = dataflow.compile(Counted(gate), batch_axis=0 if batched else None)
+        x = _x(1, 4)
+
+        async def main() -> tuple[int, Array]:
+            gate.set()
+            await forward(x)
+            gate.clear()
+            Counted.ran.clear()
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            before = rt._sched.dropped
+            if scope == "asyncio.timeout":
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await forward(x)
+            else:
+                with anyio.move_on_after(0.05):
+                    await forward(x)
+            await asyncio.sleep(0.02)
+            gate.set()
+            await asyncio.sleep(0.1)
+            assert Counted.ran == []  # the nodes queued behind the gate never ran
+            again: Array = await asyncio.wait_for(forward(x), 30)
+            return rt._sched.dropped - before, again
+
+        dropped, again = dataflow.run(main, interop_threads=2)
+        assert dropped >= 1
+        np.testing.assert_allclose(again, x + 5, rtol=1e-6)
+
+
+def _count_kernel(x: Any, k: int) -> Any:
+    Counted.ran.append(k)
+    return x + 1
+
+
+_count = dataflow.op("count_c", meta=lambda x, k: ops.spec_of(x), handle=ops.Tensor,
+                     inline=False)(_count_kernel)  # fmt: skip
+
+
+class Counted(ops.nn.Module):
+    """Holds its first op until ``gate`` opens, then 5 pool ops that say when they run."""
+
+    ran: ClassVar[list[int]] = []
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    async def forward(self, x: Any) -> Any:
+        y = gate_op(x, self.gate)
+        for k in range(5):
+            y = _count(y, k)
+        return y
 
 
 async def _await(h: Any) -> Any:

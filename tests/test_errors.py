@@ -24,6 +24,10 @@ from dataflow import TaskError
 from dataflow._errors import task_error_type
 
 
+async def _raise(exc: Exception) -> None:
+    raise exc
+
+
 def _bad_kernel(x: Any, kind: str) -> Any:
     if kind == "value":
         raise ValueError("bad value in kernel")
@@ -109,6 +113,39 @@ class TestOriginalType:
                 await dataflow.fork(child)
 
         dataflow.run(main)
+
+    def test_a_fork_whose_task_group_failed_raises_an_exception_group(self) -> None:
+        """A forked coroutine whose task group failed: its future raises a TaskError that is
+        an ExceptionGroup of the same exceptions, so ``except*`` around the ``await`` splits
+        it as around the coroutine awaited directly (it was a plain TaskError: ``except*
+        ValueError`` let it through, and ``except ExceptionGroup`` did not catch it)."""
+        import anyio
+
+        async def child() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_raise, ValueError("not this"))  # (both raise at their start)
+                tg.start_soon(_raise, KeyError("not here"))
+
+        async def main() -> tuple[Any, Any, Any]:
+            fut = dataflow.fork(child)
+            try:
+                await fut
+            except* ValueError as values:
+                got_values = values
+            except* KeyError as keys:
+                got_keys = keys
+            err = fut.exception()
+            return got_values, got_keys, err
+
+        values, keys, err = dataflow.run(main)
+        assert [type(e) for e in values.exceptions] == [ValueError]
+        assert [type(e) for e in keys.exceptions] == [KeyError]
+        assert isinstance(err, TaskError) and isinstance(err, ExceptionGroup)
+        assert str(err).startswith("forked task ") and "ExceptionGroup" in str(err)
+        back = pickle.loads(pickle.dumps(err))
+        assert isinstance(back, ExceptionGroup) and isinstance(back, TaskError)
+        assert (back.task, back.op, str(back)) == (err.task, err.op, str(err))
+        assert [type(e) for e in back.exceptions] == [type(e) for e in err.exceptions]
 
     def test_traceback_reaches_the_kernel(self) -> None:
         """The printed traceback goes down to the kernel's own frame."""

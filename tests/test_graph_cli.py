@@ -156,6 +156,26 @@ class TestRun:
             np.testing.assert_array_equal(npz["output0"], x + y)
             np.testing.assert_array_equal(npz["output1.diff"], x - y)
 
+    def test_output_keys_that_would_drive_the_terminal_print_escaped(self, tmp_path: Path) -> None:
+        """A dict key of the graph's outputs is the file's: a terminal escape in it prints as
+        `\\x1b` (printed and with -o), as trace summary prints a trace's names; it went to the
+        terminal raw."""
+
+        async def keyed(x: Any) -> Any:
+            return {"k\x1b[2J": ops.tanh(x)}
+
+        x = np.ones(2, dtype=np.float32)
+        model = tmp_path / "keyed.dfg"
+        dataflow.trace(keyed, x).save(str(model))
+        np.save(tmp_path / "x.npy", x)
+        for extra in ((), ("-o", str(tmp_path / "out.npz"))):
+            result = CliRunner().invoke(
+                cli, ["graph", "run", str(model), "-i", str(tmp_path / "x.npy"), *extra],
+                color=True,  # (else click strips escapes itself, as off a terminal)
+            )  # fmt: skip
+            assert result.exit_code == 0, result.output
+            assert "\x1b" not in result.output and "k\\x1b[2J" in result.output
+
     def test_outputs_sharing_an_npz_key_are_refused(self, tmp_path: Path) -> None:
         """Two outputs that flatten to one key (a dict key with a dot) are an error with -o
         (the second silently replaced the first in the .npz) and both print without it."""
@@ -220,6 +240,22 @@ class TestRun:
                                           "-i", str(yf), "-o", str(out)])  # fmt: skip
         assert result.exit_code == 2
         assert "does not exist" in result.output and "Traceback" not in result.output
+
+    def test_output_in_a_read_only_folder_is_refused_before_running(
+        self, files: tuple[Path, Path, Path, Array, Array], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A usage error at once, as for `dataflow run --trace` (it ran the graph, then failed
+        to save: exit 1)."""
+        import os
+
+        model, xf, yf, _, _ = files
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: mode != os.W_OK and access(p, mode))
+        out = model.parent / "out.npz"
+        result = CliRunner().invoke(cli, ["graph", "run", str(model), "-i", str(xf),
+                                          "-i", str(yf), "-o", str(out)])  # fmt: skip
+        assert result.exit_code == 2
+        assert "is not writable" in result.output and "Traceback" not in result.output
 
     def test_wrong_number_of_inputs(self, files: tuple[Path, Path, Path, Array, Array]) -> None:
         """Too few inputs is a usage error naming the graph's inputs."""

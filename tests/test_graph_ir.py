@@ -100,7 +100,7 @@ class TestPrintedIR:
             return ops.astype(ops.getitem(x, (slice(1, None), Ellipsis)), np.float64)
 
         text = str(dataflow.trace(f, _rand(3, 4)))
-        assert "ops.getitem(%x, (slice(1, None, None), ...), float32[2, 4]" in text
+        assert "ops.getitem(%x, (slice(1, None, None), ...))" in text
         assert "ops.astype(%0, np.float64)" in text
 
     def test_fused_node_shows_its_expression(self) -> None:

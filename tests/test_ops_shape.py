@@ -456,6 +456,41 @@ class TestGetitem:
         assert t[0].task.cost == dataflow.Cost(0.0, 0.0)
         assert t[[0, 1]].task.cost == dataflow.Cost(0.0, 2.0 * 2 * 5 * 6 * 4)
 
+    def test_a_basic_index_is_worked_out_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``t[i]`` in a loop: the op's signature cache (and, for slices, which Python 3.11
+        cannot hash, a memo) keeps the shape, so the index is worked out once per shape and
+        index (it cost 10 us a call, 5x another op's dispatch)."""
+        from ops import _indexing
+
+        calls: list[Any] = []
+        real = _indexing.index_spec
+
+        def counted(shape: Any, key: Any) -> Any:
+            calls.append(key)
+            return real(shape, key)
+
+        monkeypatch.setattr(_indexing, "index_spec", counted)
+        t = ops.asarray(X[:, :, :5] + 0)  # a shape of its own: nothing cached yet
+        for _ in range(3):
+            assert_like(t[2].result(), X[2, :, :5])
+            assert_like(t[1:3, ..., None].result(), X[1:3, :, :5, None])
+        assert len(calls) == 2
+
+    def test_a_cached_slice_does_not_pass_a_float_bound(self) -> None:
+        """The memo keys slices by int bounds: a float bound is still refused at the call."""
+        t = ops.asarray(X)
+        assert_like(t[1:3].result(), X[1:3])
+        with pytest.raises(OpTypeError, match=r"slice bounds must be ints or None, got float"):
+            t[1.0:3]
+
+    def test_the_four_argument_form_still_runs(self) -> None:
+        """Graphs saved before a basic index was the op's own arguments give getitem its
+        spec and cost too: that form still runs."""
+        from ops._indexing import _getitem
+
+        spec = ops.TensorSpec((5, 6), X.dtype)
+        assert_like(_getitem(X, (0,), spec, dataflow.Cost(0.0, 0.0)).result(), X[0])
+
 
 # -- asarray / astype --------------------------------------------------------------------------
 

@@ -323,6 +323,7 @@ class TestSequenceOps:
 
         monkeypatch.setattr(_rnn_forms, "_measure_form", measure)
         monkeypatch.setattr(_rnn_forms, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_buckets", {})
         got: list[Any] = []
         key = (7, 192, 4, np.dtype(np.float32), 1, False, 96)
         threads = [
@@ -391,6 +392,7 @@ class TestSequenceOps:
         candidates, down to one."""
         monkeypatch.setattr(_rnn_forms, "BLOCK_COPY_BYTES_MAX", 1024)
         monkeypatch.setattr(_rnn_forms, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_buckets", {})
         monkeypatch.setattr(_rnn_engine, "SMALL_WEIGHTS_PER_STEP", 0)
         gates, hid, inp = (4, 64, 16) if mode == "LSTM" else (3, 64, 16)
         w_ih, w_hh, bias = (
@@ -490,6 +492,7 @@ class TestSequenceOps:
             project(*args)
 
         monkeypatch.setattr(_rnn_projection, "_project", spy)
+        monkeypatch.setattr(_rnn_projection, "_buckets", {})  # (measured again, unbucketed)
         assert decide.__wrapped__(20, 64, 256, np.dtype(np.float32)) in forms
         assert set(ran) == set(forms)  # a small one: every form timed
         ran.clear()
@@ -999,6 +1002,7 @@ class TestWeightLayout:
         monkeypatch.setattr(_rnn_forms, "FUSED_WIDTHS", ())
         monkeypatch.setattr(_rnn_layout, "_layouts", {})
         monkeypatch.setattr(_rnn_forms, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_buckets", {})
         monkeypatch.setattr(_rnn_layout, "_fortran_is_faster", lambda *a: True)
         f32 = np.dtype(np.float32)
         measure = _rnn_layout._layout_is_fortran
@@ -1305,3 +1309,85 @@ class TestSecondBias:
             rnn_projection(x, w_ih, None, False, _rand(5, 19))
         with pytest.raises(dataflow.OpTypeError, match=r"lstm_sequence: every input must have"):
             ops.lstm_sequence(x, w_ih, None, w_hh, bias_hh=_rand(5, 20).astype(np.float64))
+
+
+class TestSizeBuckets:
+    """Kernel forms are measured once per bucket of batch sizes (or projection rows): a
+    server whose batches come in every size measures a few times, not at every new size."""
+
+    def test_buckets_are_the_small_sizes_and_the_nearest_power_of_two(self) -> None:
+        bucket = _rnn_measure._size_bucket
+        assert [bucket(n) for n in range(1, 7)] == [1, 2, 3, 4, 4, 8]
+        assert {bucket(n) for n in range(6, 12)} == {8}
+        assert {bucket(n) for n in range(12, 23)} == {16}
+        assert {bucket(n) for n in range(23, 46)} == {32}
+        assert bucket(50) == 64 and bucket(1000) == 1024
+
+    def test_a_kernel_form_is_measured_once_per_bucket_with_its_first_batch(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        calls: list[tuple[Any, ...]] = []
+
+        def measure(*key: Any) -> Any:
+            calls.append(key)
+            return ("view", 16) if key[0] < 23 else "transposed"
+
+        monkeypatch.setattr(_rnn_forms, "_measure_form", measure)
+        monkeypatch.setattr(_rnn_forms, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_buckets", {})
+        f32 = np.dtype(np.float32)
+        got = {b: _rnn_forms._kernel_form(b, 256, 4, f32, 1) for b in range(2, 33)}
+        assert [key[0] for key in calls] == [2, 3, 4, 6, 12, 23]
+        assert all(key[1:] == (256, 4, f32, 1, False, 256) for key in calls)
+        assert got[5] == got[11] == ("view", 16) and got[32] == "transposed"
+        # Another BLAS thread count or weight order is a bucket of its own.
+        _rnn_forms._kernel_form(20, 256, 4, f32, 2)
+        _rnn_forms._kernel_form(20, 256, 4, f32, 1, True)
+        assert [key[0] for key in calls[-2:]] == [20, 20]
+
+    def test_a_layout_measurement_fills_its_bucket(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_rnn_forms, "_forms", {})
+        monkeypatch.setattr(_rnn_forms, "_buckets", {})
+        monkeypatch.setattr(_rnn_forms, "_measure_form", lambda *key: pytest.fail("measured"))
+        f32 = np.dtype(np.float32)
+        with _rnn_forms._forms_lock:
+            _rnn_forms._remember((50, 96, 4, f32, 1, False, 96), "transposed")
+        assert _rnn_forms._kernel_form(60, 96, 4, f32, 1) == "transposed"
+
+    def test_a_projection_form_is_measured_once_per_bucket_of_rows(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from ops import _rnn_projection
+
+        calls: list[int] = []
+
+        def measure(rows: int, *rest: Any) -> int:
+            calls.append(rows)
+            return _rnn_projection.TRANSPOSED
+
+        monkeypatch.setattr(_rnn_projection, "_measure_projection", measure)
+        monkeypatch.setattr(_rnn_projection, "_buckets", {})
+        _rnn_projection._projection_form.cache_clear()
+        try:
+            f32 = np.dtype(np.float32)
+            forms = {_rnn_projection._projection_form(r, 40, 160, f32) for r in range(24, 46)}
+            assert forms == {_rnn_projection.TRANSPOSED}
+            assert calls == [24]
+        finally:
+            _rnn_projection._projection_form.cache_clear()
+
+    def test_a_step_product_form_is_measured_once_per_bucket(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        timed: list[int] = []
+
+        def best_times(runs: Any, *args: Any) -> list[float]:
+            timed.append(len(runs))
+            return [1.0, 0.5]
+
+        monkeypatch.setattr(_rnn_measure, "_best_times", best_times)
+        monkeypatch.setattr(_rnn_layout, "_products", {})
+        monkeypatch.setattr(_rnn_layout, "_product_buckets", {})
+        f32 = np.dtype(np.float32)
+        assert all(_rnn_layout._product_is_transposed(b, 384, 96, f32, 1) for b in range(12, 23))
+        assert timed == [2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -409,6 +410,26 @@ class TestErrors:
         assert logs == []
         assert "never retrieved" not in caplog.text
 
+    @pytest.mark.parametrize("exc", [SystemExit(5), KeyboardInterrupt()], ids=repr)
+    def test_a_fork_whose_task_group_was_stopped_stops_the_program(
+        self, exc: BaseException, loop: str
+    ) -> None:
+        """Ctrl-C (or SystemExit) in a task of a task group inside a fork: the group raises
+        an exception group holding it, and the program stops with the interrupt itself. The
+        group became the fork's TaskError, which an `except Exception` could catch, and
+        nothing stopped the program."""
+
+        async def stop() -> None:
+            raise BaseExceptionGroup("a task group in the fork", [ValueError("other"), exc])
+
+        async def main() -> None:
+            with contextlib.suppress(Exception):
+                await dataflow.fork(stop)
+            await asyncio.sleep(0.5)
+
+        with pytest.raises(type(exc)):
+            dataflow.run(main, loop=loop)
+
     def test_unawaited_task_runs_to_end(self, loop: str) -> None:
         """A forked task nobody waits for still runs to the end before run() returns."""
         done: list[str] = []
@@ -639,6 +660,59 @@ class TestPools:
                     pass
 
     @pytest.mark.asyncio
+    @pytest.mark.parametrize("private", [False, True])
+    async def test_a_thread_the_system_refuses_leaves_no_pool_behind(
+        self, private: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The pool's third thread cannot start (the process's thread limit): the two
+        started stop, and the error says what failed. They stayed parked for good, the
+        shared pool's bookkeeping kept the half-made pool, and the error was a bare
+        RuntimeError."""
+        from dataflow import _pool
+
+        start = threading.Thread.start
+        started = 0
+
+        def refuse_third(thread: threading.Thread) -> None:
+            nonlocal started
+            if thread.name.startswith("interop"):
+                started += 1
+                if started == 3:
+                    raise RuntimeError("can't start new thread")
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", refuse_third)
+        with pytest.raises(dataflow.DataflowRuntimeError, match=r"thread 3 of 4 .*can't start"):
+            async with dataflow.Runtime(interop_threads=4, private_pool=private):
+                pass
+        assert _pool._shared is None and _pool._shared_users == 0
+        monkeypatch.undo()
+        async with dataflow.Runtime(interop_threads=2) as rt:  # the next one opens as usual
+            assert (await where_run(np.ones(1))).startswith("interop-")
+        assert "closed" in repr(rt)
+
+    @pytest.mark.asyncio
+    async def test_a_failure_while_opening_releases_the_shared_pool(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Whatever raises once the runtime holds the shared pool (Ctrl-C under trio lands
+        anywhere) releases it: its threads ran on, and a later runtime of another size was
+        refused as if the pool were in use."""
+        from dataflow import _pool, _runtime
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_runtime, "Scheduler", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            async with dataflow.Runtime(interop_threads=2):
+                pass
+        assert _pool._shared is None and _pool._shared_users == 0
+        monkeypatch.undo()
+        async with dataflow.Runtime(interop_threads=3):  # another size: no pool is running
+            assert (await where_run(np.ones(1))).startswith("interop-")
+
+    @pytest.mark.asyncio
     async def test_repr(self) -> None:
         """The runtime's repr shows its settings and counters."""
         async with dataflow.Runtime(interop_threads=2, intraop_threads=1) as rt:
@@ -678,6 +752,43 @@ class TestMemory:
             return result
 
         assert dataflow.run(main, loop=loop) == 1
+
+    @pytest.mark.parametrize("interop", [1, 2])
+    def test_a_chain_on_a_worker_frees_each_value_after_its_last_reader(
+        self, loop: str, interop: int
+    ) -> None:
+        """A worker goes on with the op its task made ready; the first op's output is freed
+        once the second has run, before the third starts (the worker's own frame kept it to
+        the chain's end: one array more than numpy at the peak of ``tanh(x * y + 1)``)."""
+        import weakref
+
+        refs: list[weakref.ref[np.ndarray]] = []
+        alive: list[bool] = []
+
+        def first(x: Any) -> Any:
+            out = np.asarray(x) + 1.0
+            refs.append(weakref.ref(out))
+            return out
+
+        def second(x: Any) -> Any:
+            return x + 1.0
+
+        def third(x: Any) -> Any:
+            alive.append(refs[-1]() is not None)
+            return x + 1.0
+
+        spec = lambda x: Spec(np.shape(x), np.dtype(np.float64))  # noqa: E731
+        ops_ = [
+            dataflow.op(f.__name__, meta=spec, handle=Arr, inline=False)(f)
+            for f in (first, second, third)
+        ]
+
+        async def main() -> float:
+            y = ops_[2](ops_[1](ops_[0](np.zeros(3))))
+            return float((await y)[0])
+
+        assert dataflow.run(main, loop=loop, interop_threads=interop) == 3.0
+        assert alive == [False]
 
     def test_a_finished_fork_keeps_its_outcome_not_its_task(self, loop: str) -> None:
         """A forked async function's future, kept after it finished, holds its value and lets
@@ -750,6 +861,38 @@ class TestFailuresKept:
             dataflow.run(main, loop=loop)
         assert len(info.value.errors) == 100
         assert all(not e.observed for e in info.value.errors)  # type: ignore[attr-defined]
+
+    def test_unobserved_failures_let_go_of_their_inputs(self, loop: str) -> None:
+        """Fire-and-forget ops that fail: each failure is kept for the exit's report, but not
+        the arrays its kernel was given. Their frames kept every input to the end (1 MiB
+        more per failed op of 1 MiB)."""
+        import gc
+        import traceback
+        import weakref
+
+        from dataflow._scheduler._base import Failures
+
+        refs: list[weakref.ref[np.ndarray[Any, Any]]] = []
+
+        async def main() -> None:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            for _ in range(200):
+                x = np.ones(1 << 14)  # 128 KiB: frozen, not copied (the kernel gets x)
+                refs.append(weakref.ref(x))
+                boom(x)  # never awaited
+                del x
+            while rt._inflight:
+                await anyio.sleep(0.001)
+            gc.collect()
+            alive = sum(r() is not None for r in refs)
+            assert alive <= Failures.DROP_EVERY + 1, alive
+
+        with pytest.raises(UnobservedTaskError) as info:
+            dataflow.run(main, loop=loop)
+        assert len(info.value.errors) == 200
+        report = "".join(traceback.format_exception(info.value))
+        assert "_boom_kernel" in report  # the chained traceback is whole
 
 
 class TestChildrenKept:

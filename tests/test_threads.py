@@ -169,6 +169,22 @@ class TestParallelInfo:
         dataflow.set_num_threads(2)
         assert "WARNING: inter-op x intra-op" in dataflow.parallel_info()
 
+    @pytest.mark.parametrize(
+        ("interop", "intra", "fix"),
+        [(2, 2, "set_num_threads(1)"), (3, 1, "set_num_interop_threads(2)"),
+         (64, 2, "set_num_interop_threads(1)")],
+    )  # fmt: skip
+    def test_the_warning_suggests_a_count_that_fits(
+        self, monkeypatch: pytest.MonkeyPatch, interop: int, intra: int, fix: str
+    ) -> None:
+        """The suggested count fits the cores: with more inter-op threads than cores it is an
+        inter-op count (set_num_threads(1) was suggested with the count already 1)."""
+        monkeypatch.setattr(_threads, "_cores", lambda: 2)
+        monkeypatch.setattr(_threads, "get_num_threads", lambda: intra)
+        monkeypatch.setattr(_threads, "_interop_default", interop)
+        monkeypatch.setattr(_threads, "_intraop_chosen", True)
+        assert f"Lower one of them, e.g. {fix}." in dataflow.parallel_info()
+
     def test_defaults_never_warn(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Nothing chosen (2 x 2 on 2 cores): no oversubscription warning, defaults named."""
         monkeypatch.setattr(_threads, "_cores", lambda: 2)

@@ -125,6 +125,34 @@ class TestRunTrace:
         )
         assert "trace of" not in proc.stderr and not out.exists()
 
+    def test_an_empty_trace_path_is_a_usage_error(self, tmp_path: Path) -> None:
+        """`--trace "$UNSET"`: exit 2 before the run; the script ran and no trace was written,
+        with exit 0 and not a word."""
+        script = write_script(tmp_path)
+        proc = run_cli("run", "--trace", "", str(script), cwd=tmp_path)
+        assert proc.returncode == 2
+        assert "Invalid value for --trace: the path is empty" in proc.stderr
+
+    @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full")
+    def test_a_trace_that_cannot_be_written_exits_1(self, tmp_path: Path) -> None:
+        """The script succeeded but the trace asked for is lost: an error line and exit 1 (it
+        was exit 0 after the error line)."""
+        script = write_script(tmp_path)
+        proc = run_cli("run", "--trace", "/dev/full", str(script), cwd=tmp_path)
+        assert proc.returncode == 1
+        assert "dataflow run: error: cannot write the trace: OSError" in proc.stderr
+
+    def test_written_where_given_when_the_script_changes_folder(self, tmp_path: Path) -> None:
+        """A relative --trace path is the folder's the command ran in; it was written into
+        the folder the script moved to (os.chdir), where nobody looked for it."""
+        (tmp_path / "elsewhere").mkdir()
+        script = tmp_path / "s.py"
+        script.write_text("import os\nos.chdir('elsewhere')\n")
+        proc = run_cli("run", "--trace", "t.json", str(script), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "t.json").exists()
+        assert not (tmp_path / "elsewhere" / "t.json").exists()
+
     def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
         """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
         script = write_script(tmp_path)
@@ -253,6 +281,40 @@ class TestHostileTraces:
             (line,) = result.stderr.strip().splitlines()
             assert line.startswith(f"dataflow trace {command}: error: TraceFormatError: ")
             assert match in line
+
+    def test_the_array_form_without_its_closing_bracket_reads(self, tmp_path: Path) -> None:
+        """The format lets the array form end without `]` (a traced program that died), also
+        after a comma; it was 'not JSON'. Another truncation is still one error line."""
+        event = '{"name": "k", "ph": "X", "ts": 0, "dur": 5, "pid": 1, "tid": 1}'
+        for text in (f"[{event},\n{event},\n", f"[{event}"):
+            path = tmp_path / "open.json"
+            path.write_text(text)
+            result = CliRunner().invoke(cli, ["trace", "summary", str(path)])
+            assert result.exit_code == 0, result.output
+            assert "k#1" in result.stdout
+        self._error(tmp_path, event[:30], "is not JSON")
+        self._error(tmp_path, f"[{event[:30]}", "is not JSON")
+
+    def test_begin_and_end_pairs_read_as_slices(self, tmp_path: Path) -> None:
+        """Another tool's B/E pairs (nested per thread) are the slices they stand for; they
+        were skipped: a summary of 0 tasks, exit 0. An end before its begin is one error line.
+        """
+
+        def event(ph: str, ts: int, tid: int, name: str = "") -> str:
+            return json.dumps({"name": name, "ph": ph, "ts": ts, "pid": 1, "tid": tid})
+
+        events = [event("B", 0, 1, "outer"), event("B", 2, 1, "inner"), event("E", 5, 1),
+                  event("B", 1, 2, "other"), event("E", 9, 2), event("E", 10, 1),
+                  event("B", 11, 1, "left open")]  # fmt: skip
+        path = tmp_path / "be.json"
+        path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+        trace = load(path)
+        slices = {(t.op, t.thread, (t.end - t.start) // 1000) for t in trace.tasks}
+        assert slices == {("outer", 1, 10), ("inner", 1, 3), ("other", 2, 8)}
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)])
+        assert result.exit_code == 0 and "(3 tasks;" in result.stdout
+        text = '{"traceEvents": [' + event("B", 5, 1, "x") + ", " + event("E", 1, 1) + "]}"
+        self._error(tmp_path, text, "event 1 (ph 'E'): ts must be at or after its B event's")
 
     def test_deep_json(self, tmp_path: Path) -> None:
         """JSON nested 100,000 deep: a one-line error, not a RecursionError traceback."""
@@ -416,6 +478,15 @@ class TestTraceRender:
         assert counts == {"critical": 1, "all": 3, "none": 0}  # as TestRenderSvg finds in process
         bad = ["trace", "render", str(saved), "--arrows", "some"]
         assert CliRunner().invoke(cli, bad).exit_code == 2
+
+    def test_an_empty_output_is_a_usage_error(self, saved_trace: Path, tmp_path: Path) -> None:
+        """`-o ""` is refused: it wrote the default PATH.svg instead."""
+        trace = tmp_path / "run.json"
+        trace.write_bytes(saved_trace.read_bytes())
+        result = CliRunner().invoke(cli, ["trace", "render", str(trace), "-o", ""])
+        assert result.exit_code == 2
+        assert "the path is empty" in result.output
+        assert not trace.with_suffix(".svg").exists()
 
     def test_default_output_and_bad_suffix(self, saved_trace: Path, tmp_path: Path) -> None:
         """Without -o the SVG goes next to the trace; other suffixes are a usage error."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 import threading
 from typing import Any
 
@@ -114,29 +117,66 @@ class TestTrio:
 
         assert run_trio(main) == "other"
 
-    @pytest.mark.parametrize("awaited", [True, False])
-    def test_cancel_a_fork_inside_a_nursery(self, awaited: bool) -> None:
-        """A fork cancelled while it runs a nursery of its own (the cancellation leaves it
-        as a group of Cancelled) is cancelled: waiting gives CancelledTaskError, and left
-        alone it is no failure at exit. It was a TaskError 'MultiError: Cancelled(), ...',
-        reported as unobserved when nobody awaited it."""
+    def test_a_fork_cancelled_before_it_started_never_runs(self) -> None:
+        """Cancelled before its first step, a fork never runs and its future raises
+        CancelledTaskError, as under asyncio. trio ran it up to its first checkpoint: one
+        without any ran whole, and its future gave its value though cancel() said True."""
+        ran: list[str] = []
 
-        async def with_children() -> None:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(trio.sleep_forever)
-                nursery.start_soon(trio.sleep_forever)
+        async def child() -> int:
+            ran.append("child")
+            return 42
 
-        async def main() -> str:
+        async def main() -> bool:
             async with dataflow.Runtime():
-                f = dataflow.fork(with_children)
-                await trio.sleep(0.01)
-                assert f.cancel()
-                if awaited:
-                    with pytest.raises(dataflow.CancelledTaskError):
-                        await f
-                return "cancelled"
+                f = dataflow.fork(child)
+                said = f.cancel()
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await f
+                return said
 
-        assert run_trio(main) == "cancelled"
+        assert run_trio(main) is True
+        assert ran == []
+
+    def test_a_failing_body_cancels_forks_that_have_not_started(self) -> None:
+        """A body that fails right after forking: the forks never run (they ran up to their
+        first checkpoint, after the block had failed)."""
+        ran: list[str] = []
+
+        async def child() -> None:
+            ran.append("child")
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                dataflow.fork(child)
+                raise KeyError("the body failed")
+
+        with pytest.raises(KeyError):
+            run_trio(main)
+        assert ran == []
+
+    def test_a_cancelled_fork_with_a_nursery_is_cancelled_not_failed(self) -> None:
+        """With strict exception groups (trio's default from 0.25), a fork cancelled while
+        its nursery's children sleep ends with a group of Cancelled: it is cancelled
+        (CancelledTaskError), not failed. It was a TaskError, and a fork nobody awaited made
+        the block raise UnobservedTaskError."""
+
+        async def with_nursery() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.sleep, 10)
+                nursery.start_soon(trio.sleep, 10)
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                awaited = dataflow.fork(with_nursery)
+                dropped = dataflow.fork(with_nursery)
+                await trio.sleep(0.05)
+                awaited.cancel()
+                dropped.cancel()
+                with pytest.raises(dataflow.CancelledTaskError):
+                    await awaited
+
+        trio.run(main, strict_exception_groups=True)
 
     def test_context_variables_reach_forks(self) -> None:
         """A forked coroutine sees the context variables of the code that forked it."""
@@ -259,6 +299,38 @@ class TestBatchedCallersUnderTrio:
 
         np.testing.assert_array_equal(run_trio(main), x)  # 50 negations
 
+    @pytest.mark.parametrize("batched", [False, True], ids=["plain", "batched"])
+    def test_a_caught_timeout_around_a_call_drops_its_plan(self, batched: bool) -> None:
+        """``trio.move_on_after`` around a compiled call: the plan's unstarted nodes are
+        dropped, as an eager chain's are (trio reports no task as cancelled, and the call's
+        wait did not tell the runtime it was interrupted: every node ran for nobody)."""
+        from tests.test_compile import Counted
+
+        gate = threading.Event()
+        forward = dataflow.compile(Counted(gate), batch_axis=0 if batched else None)
+        x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+
+        async def main() -> tuple[int, Any]:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate.set()
+                await forward(x)
+                gate.clear()
+                Counted.ran.clear()
+                before = rt._sched.dropped
+                with trio.move_on_after(0.05):
+                    await forward(x)
+                await trio.sleep(0.02)
+                gate.set()
+                await trio.sleep(0.1)
+                assert Counted.ran == []  # the nodes queued behind the gate never ran
+                with trio.fail_after(30):
+                    again = await forward(x)
+                return rt._sched.dropped - before, again
+
+        dropped, again = run_trio(main)
+        assert dropped >= 1
+        np.testing.assert_allclose(again, x + 5, rtol=1e-6)
+
 
 def _gate_kernel(x: Any, gate: threading.Event) -> Any:
     gate.wait(10)
@@ -299,6 +371,36 @@ class TestRequestsUnderTrio:
                     nursery.start_soon(request)
                     await trio.sleep(0.05)
                     nursery.cancel_scope.cancel()
+                await _rounds()
+                gate.set()
+                return int(rt._sched.dropped)
+
+        with dataflow.profile() as prof:
+            dropped = run_trio(main)
+        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
+        assert dropped == 200 and started == []
+
+    def test_a_request_an_anyio_task_group_cancelled_drops_its_queued_ops(self) -> None:
+        """The same request in an anyio task group (on trio): cancelled while it awaits its
+        chain, its unstarted ops are dropped. anyio keeps the request's Cancelled in a
+        reference cycle, and with it the request's frames and their handles: every op ran
+        for nobody."""
+
+        async def main() -> int:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                gate = threading.Event()
+
+                async def request() -> Any:
+                    y = trio_gate(np.zeros(4), gate)
+                    for _ in range(200):
+                        y = trio_neg(y)
+                    return await y
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(request)
+                    await trio.sleep(0.05)
+                    # (a past deadline: cancel() passes trio a reason older trios refuse)
+                    tg.cancel_scope.deadline = -math.inf
                 await _rounds()
                 gate.set()
                 return int(rt._sched.dropped)
@@ -404,6 +506,24 @@ class TestStoppingTheProcess:
             trio.run(main)
         assert seen == ["TaskError"]
 
+    @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+    def test_a_fork_whose_nursery_was_stopped_stops_the_process(self, exc: type) -> None:
+        """The same interrupt inside an exception group (a nursery in the fork: trio groups
+        its children's exceptions) comes out of the block too: the group became the fork's
+        TaskError, and the interrupt was lost."""
+        import trio
+
+        async def stop() -> None:
+            raise BaseExceptionGroup("a nursery in the fork", [exc()])
+
+        async def main() -> None:
+            async with dataflow.Runtime():
+                with contextlib.suppress(dataflow.TaskError):
+                    await dataflow.fork(stop)
+
+        with pytest.raises(exc):
+            trio.run(main)
+
     def test_ctrl_c_in_a_kernel_on_the_trio_thread_stops_the_run(self) -> None:
         """trio raises KeyboardInterrupt in whatever unprotected code the main thread runs:
         in a kernel run at dispatch it fails the task and leaves trio.run, where it was a
@@ -466,3 +586,38 @@ class TestTraceUnderTrio:
             assert [n.op.name for n in graph.nodes] == ["tanh"]
 
         trio.run(main)
+
+
+class TestTrioGuestRun:
+    def test_a_runtime_in_a_trio_guest_run_on_asyncio_uses_trio(self) -> None:
+        """trio's guest mode runs trio's tasks inside an asyncio loop's callbacks: a runtime
+        entered there is trio's (sniffio says so, as anyio hears it). The running asyncio loop
+        made it asyncio's: awaiting an op handed trio an asyncio future (a TypeError), and the
+        runtime's exit failed the same way."""
+
+        async def child(x: Any) -> Any:
+            return ops.negative(x)
+
+        async def in_trio() -> tuple[str, Any, Any, str]:
+            async with dataflow.Runtime(interop_threads=2) as rt:
+                y = ops.matmul(np.ones((3, 4)), np.ones((4, 500)))  # big enough for the pool
+                f = dataflow.fork(child, np.ones(2))
+                assert rt.host is not None
+                return rt.host.library, await y, await f, dataflow.parallel_info()
+
+        async def host() -> Any:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[Any] = loop.create_future()
+            trio.lowlevel.start_guest_run(
+                in_trio,
+                run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+                done_callback=done.set_result,
+                host_uses_signal_set_wakeup_fd=True,
+            )
+            return (await done).unwrap()
+
+        library, y, negated, info = asyncio.run(host())
+        assert library == "trio"
+        np.testing.assert_array_equal(y, np.full((3, 500), 4.0))
+        np.testing.assert_array_equal(negated, [-1.0, -1.0])
+        assert "event loop: trio" in info

@@ -6,6 +6,7 @@ and joining (:mod:`dataflow._scheduler`, "Small work runs where it is needed").
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from .._errors import DataflowError
@@ -63,6 +64,20 @@ class Awaiting(Execution):
                     self._handback = []
                     self._drain_posted = False
                 raise
+
+    def _post_wake(self) -> None:
+        """Wake workers for the quietly queued tasks once the loop's current callback ends."""
+        try:
+            self.host.later(self._wake)
+        except RuntimeError:  # the loop is closed: wake them now
+            self._wake()
+
+    def _wake(self) -> None:
+        pool = self.pool
+        with GRAPH_LOCK:
+            self._wake_posted = False
+            if pool is not None:
+                pool.wake_locked()
 
     def completion(self, task: Task) -> Any:
         """An awaitable that completes when ``task`` is done (``await handle``).
@@ -153,12 +168,29 @@ class Awaiting(Execution):
         Returns the seconds (as estimated) of the tasks it ran.
         """
         spent = 0.0
-        while task.state == PENDING:
-            found = self._ready_ancestor(task)
-            if found is None or not self._runs_here(found.sig, spent) or not self._take(found):
-                break
-            spent += found.sig.seconds
-            self._run_taken(found)
+        self.helping = True
+        try:
+            while task.state == PENDING:
+                found = self._ready_ancestor(task)
+                # Nothing else running or queued: a chain, which the loop runs whole. It counts
+                # as awaited at once (``submit`` then runs its ops inline, as they come).
+                alone = self.running == 0 and self.pool.queued <= 1  # type: ignore[union-attr]
+                if found is None or not self._runs_here(found.sig, spent) or not self._take(found):
+                    break
+                if alone:
+                    found.sig.awaited += 1
+                spent += found.sig.seconds
+                self._run_taken(found)
+        finally:
+            self.helping = False
+            if self.help_queued:  # a worker, once this callback ends, for what it left queued
+                self.help_queued = False
+                with GRAPH_LOCK:
+                    post = not self._wake_posted
+                    self._wake_posted = True
+                    self._quiet_since = time.perf_counter_ns()
+                if post:
+                    self._post_wake()
         return spent
 
     def _ready_ancestor(self, task: Task) -> Task | None:

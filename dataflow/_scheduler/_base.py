@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -50,31 +51,60 @@ def stops_here(exc: BaseException, err: TaskError) -> bool:
     return False
 
 
+def _drop_locals(err: BaseException) -> None:
+    """Let go of what the frames of a kept failure's cause hold (a kernel's arguments), keeping
+    the traceback itself (files, lines and code: all a report prints). Only the frames the
+    exception left are cleared, never its first, the frame that caught it (which may still
+    run); clearing a frame that runs is refused, and ignored."""
+    tb = err.__cause__.__traceback__ if err.__cause__ is not None else None
+    if tb is not None:
+        traceback.clear_frames(tb.tb_next)
+
+
 class Failures(list[BaseException]):
     """A runtime's task failures, reported when it closes unless observed (raised to user
     code). Observed ones are let go as more arrive: a long-lived runtime (a server) whose
     requests fail and handle their errors kept every error, with its traceback and the
     arrays its frames hold, for its whole life (1 MiB more per failed request of 1 MiB).
+    Unobserved ones are kept for the exit's report, but not what their frames held (but the
+    first's, the error the report chains): a runtime whose fire-and-forget ops failed kept
+    each one's input arrays to the end.
 
     ``append`` takes no lock (callers append with and without the graph lock); a thread
     compacts under a lock of its own, deleting the old entries and putting back the
-    unobserved ones in two list operations, each atomic, so an append meanwhile is kept.
+    unobserved ones in two list operations, each atomic, so an append meanwhile is kept. The
+    frames are let go of under the same lock, every :data:`DROP_EVERY` failures, so at most
+    that many recent failures hold their frames' arrays.
     """
+
+    #: Failures appended between two passes that let go of what their frames hold.
+    DROP_EVERY = 64
 
     def __init__(self) -> None:
         super().__init__()
         self._compact_at = 64
+        self._dropped = 1  # entries before this index hold no frames' locals (but the first)
         self._compacting = threading.Lock()
 
     def append(self, err: BaseException) -> None:
         super().append(err)
-        if len(self) >= self._compact_at and self._compacting.acquire(blocking=False):
+        n = len(self)
+        if (
+            n >= self._compact_at or n - self._dropped >= self.DROP_EVERY
+        ) and self._compacting.acquire(blocking=False):
             try:
                 n = len(self)
-                kept = [e for e in self[:n] if not getattr(e, "observed", True)]
-                del self[:n]
-                self[0:0] = kept
-                self._compact_at = max(64, 2 * len(self))
+                if n >= self._compact_at:
+                    kept = [e for e in self[:n] if not getattr(e, "observed", True)]
+                    del self[:n]
+                    self[0:0] = kept
+                    n = len(kept)
+                    self._compact_at = max(64, 2 * n)
+                    self._dropped = min(self._dropped, 1)
+                for e in self[max(self._dropped, 1) : n]:
+                    if not getattr(e, "observed", True):
+                        _drop_locals(e)
+                self._dropped = n
             finally:
                 self._compacting.release()
 
@@ -133,6 +163,10 @@ class SchedulerBase:
         # the first of them was (perf_counter_ns).
         self._wake_posted = False
         self._quiet_since = 0
+        # The loop runs the ancestors of a task it awaits (``Awaiting._help``): what they make
+        # ready is queued quietly but for one task (the loop's next), and whether any was.
+        self.helping = False
+        self.help_queued = False
         # When the loop last dispatched a task that waits for inputs (perf_counter_ns), and
         # the small ready tasks workers handed back to it meanwhile (``_placement``,
         # HANDBACK_SECONDS: the loop runs them, in ``submit`` or a posted drain).

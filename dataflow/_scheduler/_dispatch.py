@@ -295,20 +295,6 @@ class Scheduler(Limits):
             self._throttle()
         return task
 
-    def _post_wake(self) -> None:
-        """Wake workers for the quietly queued tasks once the loop's current callback ends."""
-        try:
-            self.host.later(self._wake)
-        except RuntimeError:  # the loop is closed: wake them now
-            self._wake()
-
-    def _wake(self) -> None:
-        pool = self.pool
-        with GRAPH_LOCK:
-            self._wake_posted = False
-            if pool is not None:
-                pool.wake_locked()
-
     def _record_inline(self, task: Task, inputs: tuple[Task, ...], start: int, end: int) -> None:
         """An inline kernel ran from ``start`` to ``end``: its span record, for the recorders
         observing this runtime (only recorders: instruments take ``_run_inline``). The general

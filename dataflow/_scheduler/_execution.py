@@ -437,5 +437,10 @@ class Execution(Requests):
                             continue  # it waits for the GIL lane
                     mine.append(d)
                     continue
-            pool.push_locked(d)
+            if here is None and sched.helping:  # a worker woken for it would find it taken
+                pool.push_quietly_locked(d)
+                pool.wake_locked(spare=1)
+                sched.help_queued = True
+            else:
+                pool.push_locked(d)
         return mine or None

@@ -6,10 +6,11 @@ wants it").
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import threading
+import traceback
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ class _Owner:
     pending task is held by the graph until it starts anyway.
     """
 
-    __slots__ = ("base", "dropped", "interrupted", "limit", "live")
+    __slots__ = ("base", "dropped", "exc", "interrupted", "limit", "live")
 
     def __init__(self, base: float) -> None:
         self.base = base
@@ -61,8 +62,10 @@ class _Owner:
         # The windows of task ids a cancellation that reached one of its awaits may drop
         # (see Requests.await_interrupted): from the first unfinished task the await waited
         # for, to the last the request had dispatched then. Work outside them (a fork fired
-        # and forgotten before the scope, or after it) is the request's own as usual.
+        # and forgotten before the scope, or after it) is the request's own as usual. And
+        # that cancellation, until the drop it posted runs (Requests.drop_unwanted).
         self.interrupted: list[tuple[int, int]] = []
+        self.exc: BaseException | None = None
 
     def add(self, task: Task) -> None:
         """``task`` was dispatched for this request. Holds the lock."""
@@ -143,6 +146,17 @@ def _first_unfinished(task: Task) -> int:
     return low
 
 
+def _release_frames(tb: types.TracebackType | None, root: Any) -> None:
+    """Clear the variables of the frames of ``tb``, a cancellation's traceback, in a
+    request that has finished, whose coroutine's code is ``root``: every frame but the first
+    (the exception left each of them), and the first too when it is the request's own
+    coroutine (it left the request; otherwise the first caught it: the loop's own frame, or
+    one that may live on, such as an async generator's)."""
+    if tb is not None and tb.tb_frame.f_code is not root:
+        tb = tb.tb_next
+    traceback.clear_frames(tb)
+
+
 class Requests(SchedulerBase):
     """The request layer of :class:`~dataflow._scheduler.Scheduler`."""
 
@@ -175,7 +189,7 @@ class Requests(SchedulerBase):
         elif owner.interrupted:  # a caught cancellation left work behind (await_interrupted)
             self.drop_unwanted(owner, owner.interrupted)
 
-    def await_interrupted(self, task: Task) -> None:
+    def await_interrupted(self, exc: BaseException | None = None, task: Task | None = None) -> None:
         """A coroutine on the loop stopped awaiting a pending value: a cancellation reached
         the await, and may be caught above it, the request going on (``asyncio.timeout``,
         ``asyncio.wait_for`` from Python 3.12, which no longer runs its awaitable in a task of
@@ -189,10 +203,19 @@ class Requests(SchedulerBase):
         The request is not marked dropped: it may go on and dispatch more.
 
         The scope's start is not known, so the drop is bounded by what the await shows: from
-        the first unfinished task that ``task`` (the awaited one) waits for, itself included,
-        up to the last task the request had dispatched. Work the request fired and forgot
-        before that (a fork whose future it dropped) or after the await is its own, as in a
-        request that no cancellation reached: it runs, and its failure is reported.
+        the first unfinished task that ``task`` (the awaited one; without it, any) waits for,
+        itself included, up to the last task the request had dispatched. Work the request
+        fired and forgot before that (a fork whose future it dropped) or after the await is
+        its own, as in a request that no cancellation reached: it runs, and its failure is
+        reported.
+
+        ``exc``, the cancellation, is kept until that drop: if it ended the request, the
+        frames it went through are released there. Their variables would otherwise keep
+        the request's handles alive wherever the cancellation itself is kept: asyncio's
+        ``gather`` and anyio's task groups (on asyncio and on trio) take a cancelled
+        task's CancelledError before the request's end is reported (``release_frames``
+        then finds it gone), and hold it in their future or in a reference cycle, so the
+        work of a request they cancelled was never dropped.
         """
         if threading.get_ident() != self.host.thread_id:
             return  # (a coroutine closed elsewhere, by the garbage collector)
@@ -200,19 +223,33 @@ class Requests(SchedulerBase):
         owner = self._owners.get(current) if current is not None else None
         if owner is None or owner.dropped:
             return
-        with GRAPH_LOCK:
-            window = (_first_unfinished(task), _next_id())  # (the id above all dispatched)
+        with GRAPH_LOCK:  # (_next_id(): above the id of every task dispatched so far)
+            window = (0 if task is None else _first_unfinished(task), _next_id())
         windows = owner.interrupted
         windows.append(window)
         if len(windows) > 16:  # a long-lived request that catches many: one wider window
             windows[:] = [(min(w[0] for w in windows), window[1])]
-        # A closed loop refuses the callback: the request's end (if any) drops instead.
-        # (Raising here would replace the cancellation this await is passing on.)
-        with contextlib.suppress(RuntimeError):
-            self.host.later(functools.partial(self.drop_unwanted, owner, [window]))
+        owner.exc = exc
+        try:
+            self.host.later(functools.partial(self.drop_unwanted, owner, [window], current))
+        except RuntimeError:
+            # A closed loop refuses the callback: the request's end (if any) drops instead.
+            # (Raising here would replace the cancellation this await is passing on.)
+            owner.exc = None
 
-    def drop_unwanted(self, owner: _Owner, windows: list[tuple[int, int]]) -> None:
-        """Drop the request's unstarted tasks with ids in ``windows`` that nobody wants."""
+    def drop_unwanted(
+        self, owner: _Owner, windows: list[tuple[int, int]], task: Any = None
+    ) -> None:
+        """Drop the request's unstarted tasks with ids in ``windows`` that nobody wants any
+        more; first, if the request (``task``) has ended, release the frames the
+        cancellation that interrupted one of its awaits went through
+        (``await_interrupted``)."""
+        exc, owner.exc = owner.exc, None
+        if exc is not None and task is not None:
+            code = self.host.finished_code(task)
+            if code is not None:
+                _release_frames(exc.__traceback__, code)
+        del exc
         with GRAPH_LOCK:
             self.drop_locked_tasks(
                 [t for t in owner.tasks() if any(low <= t.id < high for low, high in windows)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import _graphstate as gs
-from .._errors import CancelledTaskError, TaskError, describe, task_error_type
+from .._errors import CancelledTaskError, TaskError, describe, task_error
 from .._instrument import ACTIVE
 from .._pool import GRAPH_LOCK
 from .._scheduler import Scheduler
@@ -120,12 +120,12 @@ class Outcomes(BackendBase):
             if err is None:
                 orig = exc.exc
                 hint = _PACKAGES_HINT if getattr(exc, "loading", False) else ""
-                err = task_error_type(type(orig))(
+                err = task_error(
+                    orig,
                     f"{exc.task} failed on the {exc.worker}: {describe(orig)}{hint}",
                     task=exc.task,
                     op=exc.op,
                 )
-                err.__cause__ = orig
                 self._remember(exc.task, err)
                 self._sched.failures.append(err)
             ran = exc.task == task.name

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import click
 import numpy as np
 
+from .._cli_trace import printable
 from .._errors import DataflowValueError
 
 __all__ = ["graph_group"]
@@ -91,6 +92,8 @@ def _npz_path(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         folder = os.path.dirname(os.path.abspath(value))
         if not os.path.isdir(folder):
             raise click.BadParameter(f"the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):  # (as `dataflow run --trace` checks its folder)
+            raise click.BadParameter(f"the folder {folder} is not writable")
     return value
 
 
@@ -167,9 +170,11 @@ def run(
             savez(output, **members)
         except (OSError, ValueError) as exc:
             _fail("run", exc)
-        click.echo(f"wrote {output} ({', '.join(members)})")
+        click.echo(printable(f"wrote {output} ({', '.join(members)})"))
         return
     for key, value in flat:
         array = np.asarray(value)
-        click.echo(f"{key} : {array.dtype}{list(array.shape)}")
+        # A key is the graph file's (a dict key of its outputs): escaped, so a crafted file
+        # cannot drive the terminal, as `dataflow trace summary` prints a trace's names.
+        click.echo(printable(f"{key} : {array.dtype}{list(array.shape)}"))
         click.echo(np.array2string(array, threshold=50, edgeitems=2, precision=5))

@@ -622,12 +622,12 @@ class TestCliScripts:
         assert "nope.py" in lines[0] and "-m MODULE" in lines[0]
 
     def test_directory_as_script(self, tmp_path: Path) -> None:
-        """A directory given as the script: exit 2 and one line saying so."""
+        """A directory with no __main__.py given as the script: exit 2 and one line saying so."""
         proc = run_python(["-m", "dataflow", "run", str(tmp_path)])
         assert proc.returncode == 2
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1, proc.stderr
-        assert "is a directory" in lines[0]
+        assert "is a folder with no __main__.py" in lines[0]
 
     def test_script_does_not_parse(self, tmp_path: Path) -> None:
         """A syntax error: exit 1; file, line, source and caret as python shows them."""
