@@ -206,7 +206,7 @@ class Compiled(Batching, Generic[R]):
             # A cancellation, perhaps caught above (a timeout scope) or not reported as one
             # (trio): the plan's unstarted nodes are dropped with its gather task, as an
             # interrupted `await handle` drops what its request dispatched (Pending.__await__).
-            rt.await_interrupted(exc)
+            rt.await_interrupted(exc, gather)  # (its work: from the gather task on)
             raise
         return Pending(gather).result()
 

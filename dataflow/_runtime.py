@@ -22,6 +22,7 @@ runtime and a run start with, and the choice of event loop for a new run, are ``
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable
@@ -282,8 +283,7 @@ class Runtime:
                 self._cancel_everything()
             # The clean-up must finish even if the surrounding scope is being cancelled:
             # running kernels cannot be interrupted, and their threads must be joined.
-            with anyio.CancelScope(shield=True):
-                await self._join()
+            await self._join_to_the_end(anyio)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._close()
@@ -309,6 +309,28 @@ class Runtime:
         assert self.host is not None
         self.host.cancel_all()
         self._backend.cancel_everything()
+
+    async def _join_to_the_end(self, anyio: Any) -> None:
+        """``_join``, shielded, and to the end even when a cancellation reaches it.
+
+        anyio's shield keeps anyio's and trio's cancellations out, not asyncio's own
+        ``Task.cancel()`` (an ``asyncio.timeout`` around the block expiring while the exit
+        waits for the forks): that one stopped the wait, and the runtime closed with its
+        forked coroutines still running. It now cancels what still runs, as a body that
+        raised does, the wait goes on, and the cancellation is raised once all has ended.
+        """
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._join()
+            except asyncio.CancelledError as exc:
+                interrupted = interrupted or exc
+                self._cancel_everything()
+                continue
+            break
+        if interrupted is not None:
+            raise interrupted
 
     async def _join(self) -> None:
         """Wait for the forked coroutines, then for the graph to drain.
@@ -371,10 +393,10 @@ class Runtime:
         """An awaitable that completes when ``task`` is done (used by ``await handle``)."""
         return self._backend.completion(task)
 
-    def await_interrupted(self, exc: BaseException | None = None) -> None:
-        """``await handle`` was interrupted (a cancellation ``exc`` reached it): see
-        ``Requests.await_interrupted``."""
-        self._sched.await_interrupted(exc)
+    def await_interrupted(self, exc: BaseException | None = None, task: Task | None = None) -> None:
+        """``await handle`` (on ``task``) was interrupted (a cancellation ``exc`` reached it):
+        see ``Requests.await_interrupted``."""
+        self._sched.await_interrupted(exc, task)
 
     def cancel_task(self, task: Task) -> bool:
         """Cancel a task that has not started; its dependents fail with CancelledTaskError."""

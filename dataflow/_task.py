@@ -411,7 +411,7 @@ class Pending(Future[T]):
             except BaseException as exc:
                 # A cancellation (perhaps caught above: a timeout scope): what the request
                 # dispatched and nobody wants any more is dropped (Requests.await_interrupted).
-                rt.await_interrupted(exc)
+                rt.await_interrupted(exc, task)
                 raise
         return self.result()
 

@@ -689,6 +689,43 @@ class TestRequests:
 
         np.testing.assert_array_equal(dataflow.run(main, interop_threads=2), [-1.0] * 3)
 
+    @pytest.mark.parametrize("when", ["before", "after"])
+    @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
+    def test_a_fork_fired_and_forgotten_around_a_caught_timeout_runs(
+        self, scope: str, when: str
+    ) -> None:
+        """A caught timeout drops the work its await waited for, not the request's other
+        work: a fork the request fires and forgets before the scope, or after it, still
+        queued when the request ends, runs and its failure is reported. Both were dropped
+        unrun, the failure lost."""
+        import anyio
+
+        ran: list[int] = []
+
+        def boom(x: Any) -> Any:
+            ran.append(1)
+            raise ValueError("boom outside the scope")
+
+        async def main() -> None:
+            gate = threading.Event()
+            if when == "before":
+                dataflow.fork(boom, gate_op(np.ones(4), gate))  # its future dropped at once
+            if scope == "asyncio.timeout":
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.01):
+                        await slow_neg(gate_op(np.zeros(4), gate))
+            else:
+                with anyio.move_on_after(0.01):
+                    await slow_neg(gate_op(np.zeros(4), gate))
+            if when == "after":
+                dataflow.fork(boom, gate_op(np.ones(4), gate))
+            await asyncio.sleep(0)  # the loop's next step: the scope's drop runs
+            threading.Timer(0.05, gate.set).start()  # after the request has ended
+
+        with pytest.raises(dataflow.UnobservedTaskError, match="boom"):
+            dataflow.run(main, interop_threads=2)
+        assert ran == [1]
+
     def test_a_cancelled_fork_drops_what_nobody_wants(self) -> None:
         """A forked coroutine is a request too: cancelling its future drops the ops it queued
         that nobody wants any more, and keeps the one it handed out (docs/hardening.md)."""

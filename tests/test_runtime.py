@@ -520,6 +520,30 @@ class TestCancellation:
         assert cancelled == ["child"]
 
     @pytest.mark.asyncio
+    async def test_a_deadline_that_expires_while_the_exit_waits_for_forks(self) -> None:
+        """An asyncio.timeout around the block that expires after the body ended, while the
+        exit waits for a fork, cancels the fork and waits for it: the runtime closes with
+        nothing left running, and TimeoutError comes out. The exit stopped waiting and the
+        runtime closed with the fork still running (anyio's shield does not stop asyncio's
+        own cancellation), and it ran on afterwards."""
+        states: list[str] = []
+
+        async def child() -> None:
+            try:
+                await asyncio.sleep(10)
+                states.append("finished")
+            except asyncio.CancelledError:
+                states.append("cancelled")
+                raise
+
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                async with dataflow.Runtime(interop_threads=1) as rt:
+                    dataflow.fork(child)  # the body ends at once: the exit waits for it
+        assert rt._closed and states == ["cancelled"]
+        assert not rt.host.tasks  # type: ignore[union-attr]
+
+    @pytest.mark.asyncio
     async def test_runtime_exit_on_error_cancels_everything(self) -> None:
         """When the body raises, forked tasks are cancelled and queued kernels never run."""
         ran: list[int] = []
@@ -1127,6 +1151,38 @@ class TestExitWhileOthersDispatch:
         assert len(errors) == 2
         # ("closing" while it drains; "closed" for a worker that dispatches again only after)
         assert all("this runtime is clos" in e for e in errors), errors
+
+    def test_a_plain_fork_the_loop_runs_while_its_runtime_drains_may_dispatch(self) -> None:
+        """A forked plain function of a draining runtime, run on the loop's thread (the loop
+        helps another runtime on the shared pool under backpressure), dispatches as it would
+        on a worker: its fork was refused as if a coroutine on the loop had made it."""
+        gate = threading.Event()
+        got: list[str] = []
+
+        def plain(x: Any) -> None:
+            try:
+                dataflow.fork(np.negative, x)  # deferred: a task of the draining runtime
+                got.append(threading.current_thread().name)
+            except dataflow.DataflowError as exc:
+                got.append(str(exc))
+
+        async def draining() -> None:
+            async with dataflow.Runtime(interop_threads=1):
+                gated(np.ones(2), gate)  # the one worker waits on the gate
+                dataflow.fork(plain, np.ones(2))  # queued behind it while the block exits
+
+        async def helping() -> Any:
+            async with dataflow.Runtime(interop_threads=1, max_pending=2, inline_threshold=0):
+                await asyncio.sleep(0.02)  # the other runtime's block has ended: it drains
+                threading.Timer(0.2, gate.set).start()
+                ys = [neg_pool(np.ones(2)) for _ in range(5)]  # over max_pending: loop helps
+                return [await y for y in ys]
+
+        async def main() -> None:
+            await asyncio.gather(draining(), helping())
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+        assert got == [threading.current_thread().name]  # run by the loop's thread, and ok
 
     @pytest.mark.timeout(30)
     @pytest.mark.timeout(30)

@@ -151,7 +151,9 @@
   :class:`~dataflow.CancelledTaskError`. A cancellation the request catches (a timeout
   scope) leaves its task running; the ``await`` it interrupted reports it
   (``Requests.await_interrupted``), and what the request dispatched that nobody wants any
-  more is dropped the same way once the scope has unwound. Under trio a request is a trio
+  more is dropped the same way once the scope has unwound (what it dispatched from the first
+  unfinished task the await waited for up to that await: its work before and after is its own
+  as usual). Under trio a request is a trio
   task too, but trio does not say how a task ended: its work is dropped when a cancellation
   interrupted one of its awaits on a pending value (the usual case: the request awaited its
   model's output), and runs to completion when it was cancelled while waiting for

@@ -42,6 +42,7 @@ from ._placement import (
 if TYPE_CHECKING:
     pass
 from ._base import stops_here
+from ._execution import running_task
 from ._limits import Limits
 
 __all__ = ["Scheduler"]
@@ -202,7 +203,10 @@ class Scheduler(Limits):
         if self.closed:
             raise DataflowError(f"{sig.name}: this runtime is closed; start a new one")
         on_loop = get_ident() == self.host.thread_id
-        if self.draining and on_loop:  # (Runtime._join: its block ended, the graph drains)
+        # (Runtime._join: its block ended, the graph drains.) A coroutine on the loop may no
+        # longer add work; a kernel the loop's thread runs may (a forked plain function the
+        # loop runs helping another runtime under backpressure), as it may on a worker.
+        if self.draining and on_loop and running_task() is None:
             raise DataflowError(
                 f"{sig.name}: this runtime is closing (its `async with` block ended and it "
                 "waits for its work to finish): dispatch from a task that outlives the block "

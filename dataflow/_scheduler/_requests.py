@@ -59,9 +59,12 @@ class _Owner:
         self.live: dict[int, Task] = {}
         self.limit = 1024
         self.dropped = False
-        # A cancellation reached one of its awaits (see Requests.await_interrupted), and
+        # The windows of task ids a cancellation that reached one of its awaits may drop
+        # (see Requests.await_interrupted): from the first unfinished task the await waited
+        # for, to the last the request had dispatched then. Work outside them (a fork fired
+        # and forgotten before the scope, or after it) is the request's own as usual. And
         # that cancellation, until the drop it posted runs (Requests.drop_unwanted).
-        self.interrupted = False
+        self.interrupted: list[tuple[int, int]] = []
         self.exc: BaseException | None = None
 
     def add(self, task: Task) -> None:
@@ -128,6 +131,21 @@ def handles_held(task: Task) -> bool:
     return bool(counts > _ALONE)
 
 
+def _first_unfinished(task: Task) -> int:
+    """The smallest id among ``task`` and the unfinished tasks it waits for, however
+    indirectly: where the work an await waited for began. Holds the lock."""
+    low = task.id
+    todo = [task]
+    seen = {id(task)}
+    while todo:
+        for t in todo.pop().inputs:
+            if t.state < DONE and id(t) not in seen:
+                seen.add(id(t))
+                todo.append(t)
+                low = min(low, t.id)
+    return low
+
+
 def _release_frames(tb: types.TracebackType | None, root: Any) -> None:
     """Clear the variables of the frames of ``tb``, a cancellation's traceback, in a
     request that has finished, whose coroutine's code is ``root``: every frame but the first
@@ -169,9 +187,9 @@ class Requests(SchedulerBase):
             self.host.release_frames(current)
             self.drop(owner)
         elif owner.interrupted:  # a caught cancellation left work behind (await_interrupted)
-            self.drop_unwanted(owner)
+            self.drop_unwanted(owner, owner.interrupted)
 
-    def await_interrupted(self, exc: BaseException | None = None) -> None:
+    def await_interrupted(self, exc: BaseException | None = None, task: Task | None = None) -> None:
         """A coroutine on the loop stopped awaiting a pending value: a cancellation reached
         the await, and may be caught above it, the request going on (``asyncio.timeout``,
         ``asyncio.wait_for`` from Python 3.12, which no longer runs its awaitable in a task of
@@ -183,6 +201,13 @@ class Requests(SchedulerBase):
         (the frames are gone by then), and again when the request ends, drop what the request
         dispatched that nobody holds, awaits or reads any more (:meth:`drop_locked_tasks`).
         The request is not marked dropped: it may go on and dispatch more.
+
+        The scope's start is not known, so the drop is bounded by what the await shows: from
+        the first unfinished task that ``task`` (the awaited one; without it, any) waits for,
+        itself included, up to the last task the request had dispatched. Work the request
+        fired and forgot before that (a fork whose future it dropped) or after the await is
+        its own, as in a request that no cancellation reached: it runs, and its failure is
+        reported.
 
         ``exc``, the cancellation, is kept until that drop: if it ended the request, the
         frames it went through are released there. Their variables would otherwise keep
@@ -198,19 +223,27 @@ class Requests(SchedulerBase):
         owner = self._owners.get(current) if current is not None else None
         if owner is None or owner.dropped:
             return
-        owner.interrupted = True
+        with GRAPH_LOCK:  # (_next_id(): above the id of every task dispatched so far)
+            window = (0 if task is None else _first_unfinished(task), _next_id())
+        windows = owner.interrupted
+        windows.append(window)
+        if len(windows) > 16:  # a long-lived request that catches many: one wider window
+            windows[:] = [(min(w[0] for w in windows), window[1])]
         owner.exc = exc
         try:
-            self.host.later(functools.partial(self.drop_unwanted, owner, current))
+            self.host.later(functools.partial(self.drop_unwanted, owner, [window], current))
         except RuntimeError:
             # A closed loop refuses the callback: the request's end (if any) drops instead.
             # (Raising here would replace the cancellation this await is passing on.)
             owner.exc = None
 
-    def drop_unwanted(self, owner: _Owner, task: Any = None) -> None:
-        """Drop the request's unstarted tasks that nobody wants any more; first, if the
-        request (``task``) has ended, release the frames the cancellation that interrupted
-        one of its awaits went through (``await_interrupted``)."""
+    def drop_unwanted(
+        self, owner: _Owner, windows: list[tuple[int, int]], task: Any = None
+    ) -> None:
+        """Drop the request's unstarted tasks with ids in ``windows`` that nobody wants any
+        more; first, if the request (``task``) has ended, release the frames the
+        cancellation that interrupted one of its awaits went through
+        (``await_interrupted``)."""
         exc, owner.exc = owner.exc, None
         if exc is not None and task is not None:
             code = self.host.finished_code(task)
@@ -218,7 +251,9 @@ class Requests(SchedulerBase):
                 _release_frames(exc.__traceback__, code)
         del exc
         with GRAPH_LOCK:
-            self.drop_locked_tasks(owner.tasks())
+            self.drop_locked_tasks(
+                [t for t in owner.tasks() if any(low <= t.id < high for low, high in windows)]
+            )
 
     def drop(self, owner: _Owner) -> int:
         """A request was cancelled: drop what it dispatched that nobody else needs.
