@@ -391,9 +391,11 @@ def _task_done(fut: TaskFuture[Any], task: asyncio.Task[Any]) -> None:
 async def wait(fut: Future[T]) -> T:
     """Wait for a future (or pending value) without blocking a thread; return its value.
 
-    Like ``torch.jit.wait``. Equivalent to ``await fut``: a forked task's pending outputs come
-    back as arrays, except in model code (see :func:`model_code`). A failed task's error is
-    raised here, with the task named and the original exception chained.
+    Like ``torch.jit.wait``. Equivalent to ``await fut``: a forked ``async def`` task's pending
+    outputs come back as arrays, except in model code (see :func:`model_code`); a forked plain
+    function's value comes back as it returned it (a Tensor it made is still pending: await
+    it too). A failed task's error is raised here, with the task named and the original
+    exception chained.
 
     Raises:
         TypeError: ``fut`` is not a dataflow future.

@@ -31,7 +31,7 @@ from dataflow import TaskError
 try:
     import trio as trio
 except ImportError:  # pragma: no cover - trio is a dev dependency
-    trio = None
+    trio = None  # type: ignore[assignment]
 
 SHAPE = (4, 4)
 
