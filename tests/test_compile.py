@@ -561,20 +561,22 @@ gate_op = dataflow.op("gate_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Ten
 slow_neg = dataflow.op("slow_neg", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.negative)
 
 
+async def gated_chain(gate: threading.Event, n: int = 200) -> Any:
+    """A request: ``n`` slow_neg ops behind a gate, its last one awaited."""
+    y = gate_op(np.zeros(4), gate)
+    for _ in range(n):
+        y = slow_neg(y)
+    return await y
+
+
 class TestRequests:
     def test_a_cancelled_request_drops_its_queued_ops(self) -> None:
         """Cancelling the task that dispatched a chain drops the chain's unstarted ops
         (counted from the trace: tasks cancelled, never started)."""
 
-        async def request(gate: threading.Event) -> Any:
-            y = gate_op(np.zeros(4), gate)
-            for _ in range(200):
-                y = slow_neg(y)
-            return await y
-
         async def main() -> int:
             gate = threading.Event()
-            req = asyncio.ensure_future(request(gate))
+            req = asyncio.ensure_future(gated_chain(gate))
             await asyncio.sleep(0.05)
             req.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -602,21 +604,15 @@ class TestRequests:
         async def main() -> int:
             gate = threading.Event()
 
-            async def request() -> Any:
-                y = gate_op(np.zeros(4), gate)
-                for _ in range(200):
-                    y = slow_neg(y)
-                return await y
-
             if group == "asyncio.gather":
-                both = asyncio.gather(request(), asyncio.sleep(10))
+                both = asyncio.gather(gated_chain(gate), asyncio.sleep(10))
                 await asyncio.sleep(0.05)
                 both.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await both
             else:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(request)
+                    tg.start_soon(gated_chain, gate)
                     await asyncio.sleep(0.05)
                     tg.cancel_scope.cancel()
             await asyncio.sleep(0.01)
@@ -641,19 +637,13 @@ class TestRequests:
             gate = threading.Event()
             kept = slow_neg(gate_op(np.full(4, 2.0), gate))  # held outside the scope
 
-            async def chain() -> Any:
-                y = gate_op(np.zeros(4), gate)
-                for _ in range(200):
-                    y = slow_neg(y)
-                return await y
-
             if scope == "asyncio.timeout":
                 with pytest.raises(TimeoutError):
                     async with asyncio.timeout(0.05):
-                        await chain()
+                        await gated_chain(gate)
             else:
                 with anyio.move_on_after(0.05):
-                    await chain()
+                    await gated_chain(gate)
             await asyncio.sleep(0)  # the loop's next step: the drop runs
             gate.set()
             rt = dataflow.current_runtime()

@@ -343,6 +343,14 @@ trio_gate = dataflow.op(
 trio_neg = dataflow.op("trio_neg", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.negative)
 
 
+async def gated_chain(gate: threading.Event) -> Any:
+    """A request: 200 trio_neg ops behind a gate, its last one awaited."""
+    y = trio_gate(np.zeros(4), gate)
+    for _ in range(200):
+        y = trio_neg(y)
+    return await y
+
+
 async def _rounds(n: int = 8) -> None:
     """Let the run take ``n`` scheduling rounds (trio shuffles the order within a round)."""
     for _ in range(n):
@@ -361,14 +369,8 @@ class TestRequestsUnderTrio:
             async with dataflow.Runtime(interop_threads=2) as rt:
                 gate = threading.Event()
 
-                async def request() -> Any:
-                    y = trio_gate(np.zeros(4), gate)
-                    for _ in range(200):
-                        y = trio_neg(y)
-                    return await y
-
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(request)
+                    nursery.start_soon(gated_chain, gate)
                     await trio.sleep(0.05)
                     nursery.cancel_scope.cancel()
                 await _rounds()
@@ -390,14 +392,8 @@ class TestRequestsUnderTrio:
             async with dataflow.Runtime(interop_threads=2) as rt:
                 gate = threading.Event()
 
-                async def request() -> Any:
-                    y = trio_gate(np.zeros(4), gate)
-                    for _ in range(200):
-                        y = trio_neg(y)
-                    return await y
-
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(request)
+                    tg.start_soon(gated_chain, gate)
                     await trio.sleep(0.05)
                     # (a past deadline: cancel() passes trio a reason older trios refuse)
                     tg.cancel_scope.deadline = -math.inf
