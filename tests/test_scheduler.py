@@ -825,6 +825,28 @@ class TestSignatureCache:
         op(np.ones(3, np.float32), 1.0)  # another dtype
         assert len(calls) == 4
 
+    def test_dtype_and_class_arguments_are_keyed(self) -> None:
+        """``astype(x, np.float32)``: a class or a numpy dtype is keyed by value, so a repeated
+        call runs the meta rule once (it ran at every call), and another dtype, byte order
+        or class is another signature."""
+        calls: list[Any] = []
+
+        def meta(x: Any, dtype: Any) -> ops.TensorSpec:
+            calls.append(dtype)
+            return ops.TensorSpec(np.shape(x), np.dtype(dtype))
+
+        op = ops.define("cast_counted", lambda x, dtype: np.asarray(x).astype(dtype), meta)
+        x = np.ones(3)
+        dtypes = (np.float32, np.dtype(np.float32), float, np.dtype(">f8"), np.dtype("<f8"))
+        for dtype in dtypes:
+            for _ in range(3):
+                op(x, dtype)
+            for _ in range(2):
+                op(x, dtype=dtype)
+        # Each once by position and once as a keyword (a signature of its own).
+        assert [type(c) for c in calls] == [type(d) for d in dtypes for _ in range(2)]
+        assert [str(c) for c in calls] == [str(d) for d in dtypes for _ in range(2)]
+
     def test_plain_keywords_are_cached_as_the_general_scan_keys_them(self) -> None:
         """Keywords with plain values take the fast path; its key is the one ``_scan`` gives
         them, so a call the general path keys (a container beside them) shares the
