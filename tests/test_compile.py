@@ -561,6 +561,14 @@ gate_op = dataflow.op("gate_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Ten
 slow_neg = dataflow.op("slow_neg", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.negative)
 
 
+def run_watched(main: Any) -> tuple[Any, list[Any]]:
+    """Run ``main`` (dataflow.run) under a profile: its value, and the slow_neg ops
+    that started."""
+    with dataflow.profile() as prof:
+        value = dataflow.run(main, interop_threads=2)
+    return value, [t for t in prof.trace().tasks if t.op == "slow_neg"]
+
+
 async def gated_chain(gate: threading.Event, n: int = 200) -> Any:
     """A request: ``n`` slow_neg ops behind a gate, its last one awaited."""
     y = gate_op(np.zeros(4), gate)
@@ -586,10 +594,7 @@ class TestRequests:
             assert rt is not None
             return rt._sched.dropped
 
-        with dataflow.profile() as prof:
-            dropped = dataflow.run(main, interop_threads=2)
-        summary = prof.trace()
-        started = [t for t in summary.tasks if t.op == "slow_neg"]
+        dropped, started = run_watched(main)
         assert dropped == 200 and started == []
 
     @pytest.mark.parametrize("group", ["asyncio.gather", "anyio task group"])
@@ -621,9 +626,7 @@ class TestRequests:
             assert rt is not None
             return rt._sched.dropped
 
-        with dataflow.profile() as prof:
-            dropped = dataflow.run(main, interop_threads=2)
-        started = [t for t in prof.trace().tasks if t.op == "slow_neg"]
+        dropped, started = run_watched(main)
         assert dropped == 200 and started == []
 
     @pytest.mark.parametrize("scope", ["asyncio.timeout", "anyio.move_on_after"])
@@ -651,10 +654,8 @@ class TestRequests:
             value = await kept
             return rt._sched.dropped, value
 
-        with dataflow.profile() as prof:
-            dropped, value = dataflow.run(main, interop_threads=2)
+        (dropped, value), started = run_watched(main)
         np.testing.assert_array_equal(value, np.full(4, -2.0))
-        started = [t for t in prof.trace().tasks if t.op == "slow_neg"]
         assert dropped == 200 and len(started) == 1  # the kept one
 
     def test_a_caught_timeout_keeps_what_is_still_held(self) -> None:

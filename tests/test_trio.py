@@ -343,6 +343,14 @@ trio_gate = dataflow.op(
 trio_neg = dataflow.op("trio_neg", meta=ops.spec_of, handle=ops.Tensor, inline=False)(np.negative)
 
 
+def run_watched(main: Any) -> tuple[Any, list[Any]]:
+    """Run ``main`` (run_trio) under a profile: its value, and the trio_neg ops
+    that started."""
+    with dataflow.profile() as prof:
+        value = run_trio(main)
+    return value, [t for t in prof.trace().tasks if t.op == "trio_neg"]
+
+
 async def gated_chain(gate: threading.Event) -> Any:
     """A request: 200 trio_neg ops behind a gate, its last one awaited."""
     y = trio_gate(np.zeros(4), gate)
@@ -377,9 +385,7 @@ class TestRequestsUnderTrio:
                 gate.set()
                 return int(rt._sched.dropped)
 
-        with dataflow.profile() as prof:
-            dropped = run_trio(main)
-        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
+        dropped, started = run_watched(main)
         assert dropped == 200 and started == []
 
     def test_a_request_an_anyio_task_group_cancelled_drops_its_queued_ops(self) -> None:
@@ -401,9 +407,7 @@ class TestRequestsUnderTrio:
                 gate.set()
                 return int(rt._sched.dropped)
 
-        with dataflow.profile() as prof:
-            dropped = run_trio(main)
-        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
+        dropped, started = run_watched(main)
         assert dropped == 200 and started == []
 
     def test_a_caught_cancellation_drops_what_its_scope_dispatched(self) -> None:
@@ -429,10 +433,8 @@ class TestRequestsUnderTrio:
                 value = await kept
                 return int(rt._sched.dropped), value
 
-        with dataflow.profile() as prof:
-            dropped, value = run_trio(main)
+        (dropped, value), started = run_watched(main)
         np.testing.assert_array_equal(value, np.full(4, -2.0))
-        started = [t for t in prof.trace().tasks if t.op == "trio_neg"]
         assert dropped == 200 and len(started) == 1  # the kept one
 
     def test_a_request_that_returns_keeps_its_work(self) -> None:
