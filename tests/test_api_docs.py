@@ -31,8 +31,8 @@ _CALL = re.compile(r"^(?:await\s+|class\s+)?(?P<name>[A-Za-z_]\w*)\((?P<params>.
 _OPS_ROW = re.compile(r"^\|\s*(?P<names>`\w+`(?:\s*,\s*`\w+`)*)\s*\|\s*`(?P<sig>\([^`]*\))`\s*\|")
 
 _MISSING = object()
-# Pages that do not document the API: a log of measurements, and the module list.
-_NOT_REFERENCE = {"benchmarks.md", "code-map.md"}
+# Pages that do not document the API: measurements and their log, and the module list.
+_NOT_REFERENCE = {"benchmarks.md", "benchmarks-history.md", "code-map.md"}
 
 
 def _documented(params: str) -> list[tuple[str, inspect._ParameterKind, Any]]:
