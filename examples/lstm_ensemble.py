@@ -255,6 +255,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in names:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.seed < 0:  # (numpy's seeds are non-negative: its own error was a traceback)
+        p.error(f"--seed must be 0 or more, got {args.seed}")
     if args.trace is not None:
         # Checked now, not after the whole benchmark has run.
         trace = Path(args.trace)

@@ -190,6 +190,16 @@ class TestLSTMEnsembleScript:
         assert exc.value.code == 2
         assert "error: --intraop-threads must be at least 1" in capsys.readouterr().err
 
+    def test_negative_seed_is_a_usage_error(
+        self, examples: tuple[ModuleType, ModuleType], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--seed -5 is one usage line, not numpy's traceback from default_rng."""
+        ensemble, _ = examples
+        with pytest.raises(SystemExit) as exc:
+            ensemble.parse_args(["--seed", "-5"])
+        assert exc.value.code == 2
+        assert "error: --seed must be 0 or more, got -5" in capsys.readouterr().err
+
     def test_trace_path_is_checked_before_the_run(
         self,
         examples: tuple[ModuleType, ModuleType],
