@@ -510,6 +510,17 @@ def _positive_int(text: str) -> int:
     return _at_least_one(text, f"not an int: {text!r}", "must be at least 1, got {n}")
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535 (``--port``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an int: {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {n}")
+    return n
+
+
 def _levels(text: str) -> list[int]:
     """argparse type: comma-separated client counts, each at least 1 (``--levels``)."""
     parts = [v.strip() for v in text.split(",") if v.strip()]
@@ -525,13 +536,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", choices=["serve", "bench"], nargs="?", default="serve")
     d = ServeConfig()
     p.add_argument("--host", default="127.0.0.1", help="serve: address (default loopback)")
-    p.add_argument("--port", type=int, default=8080, help="serve: port (default 8080)")
-    p.add_argument("--steps", "-T", type=int, default=d.steps)
-    p.add_argument("--batch", "-B", type=int, default=d.batch)
-    p.add_argument("--channels", "-C", type=int, default=d.channels)
-    p.add_argument("--models", type=int, default=d.models)
-    p.add_argument("--interop-threads", type=int, default=d.interop_threads)
-    p.add_argument("--intraop-threads", type=int, default=d.intraop_threads)
+    p.add_argument("--port", type=_port, default=8080, help="serve: port (default 8080)")
+    p.add_argument("--steps", "-T", type=_positive_int, default=d.steps)
+    p.add_argument("--batch", "-B", type=_positive_int, default=d.batch)
+    p.add_argument("--channels", "-C", type=_positive_int, default=d.channels)
+    p.add_argument("--models", type=_positive_int, default=d.models)
+    p.add_argument("--interop-threads", type=_positive_int, default=d.interop_threads)
+    p.add_argument("--intraop-threads", type=_positive_int, default=d.intraop_threads)
     p.add_argument(
         "--requests", type=_positive_int, default=64, help="bench: requests per level (default 64)"
     )
@@ -546,7 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         app = create_app(config)
         app.on_startup.append(_on_signal)
-        web.run_app(app, host=args.host, port=args.port, **SERVER_OPTIONS)
+        try:
+            web.run_app(app, host=args.host, port=args.port, **SERVER_OPTIONS)
+        except OSError as exc:  # the address: unknown host, port taken, no permission
+            print(f"serve.py: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
         return 0
     asyncio.run(bench(config, levels=args.levels, requests=args.requests))
     return 0

@@ -727,6 +727,24 @@ class TestServe:
         assert serve.main(["serve", "--port", "0", "-C", "16", "--models", "1"]) == 0
         assert seen["handler_cancellation"] is True and seen["port"] == 0
 
+    def test_address_that_cannot_be_served_is_one_line(
+        self,
+        examples: tuple[ModuleType, ModuleType],
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """An unknown host or a port in use: one line naming the address, exit 1."""
+        _, serve = examples
+
+        def run_app(app: Any, **kw: Any) -> None:
+            raise OSError(98, "Address already in use")
+
+        monkeypatch.setattr(serve.web, "run_app", run_app)
+        assert serve.main(["serve", "--host", "127.0.0.1", "--port", "8080"]) == 1
+        err = capsys.readouterr().err
+        said = "serve.py: cannot serve on 127.0.0.1:8080: [Errno 98] Address already in use\n"
+        assert err == said
+
     @pytest.mark.asyncio
     async def test_load_generator(self, examples: tuple[ModuleType, ModuleType]) -> None:
         """bench() serves on 127.0.0.1 and reports every level's throughput and latencies."""
@@ -753,6 +771,11 @@ class TestServe:
             (["--levels", ","], "argument --levels: no client counts"),
             (["--requests", "0"], "argument --requests: must be at least 1, got 0"),
             (["--requests", "x"], "argument --requests: not an int"),
+            (["--port", "-1"], "argument --port: a port is 0 to 65535, got -1"),
+            (["--port", "65536"], "argument --port: a port is 0 to 65535, got 65536"),
+            (["--steps", "0"], "argument --steps/-T: must be at least 1, got 0"),
+            (["--models", "-2"], "argument --models: must be at least 1, got -2"),
+            (["--intraop-threads", "0"], "argument --intraop-threads: must be at least 1, got 0"),
         ],
     )
     def test_bad_bench_arguments_are_usage_errors(
@@ -762,7 +785,8 @@ class TestServe:
         args: list[str],
         says: str,
     ) -> None:
-        """Bad --levels / --requests: argparse's one-line error (exit 2), nothing served."""
+        """Bad --levels, --requests, --port or sizes: argparse's one-line error (exit 2),
+        nothing served (a bad port or size was a traceback from bind() or the model)."""
         _, serve = examples
         with pytest.raises(SystemExit) as exc:
             serve.main(["bench", *args])
