@@ -7,10 +7,17 @@ import types
 import pytest
 
 import dataflow
+import dataflow.dask
+import dataflow.graph
 import ops
+import ops.nn
+
+# The public packages: each has an __all__, and docs/ document what it exports.
+PACKAGES = [dataflow, ops, ops.nn, dataflow.graph, dataflow.dask]
+IDS = [p.__name__ for p in PACKAGES]
 
 
-@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+@pytest.mark.parametrize("module", PACKAGES, ids=IDS)
 class TestExports:
     def test_all_matches_public_names(self, module: types.ModuleType) -> None:
         """__all__ lists exactly the public names the package defines (no drift)."""
@@ -34,7 +41,7 @@ class TestExports:
         assert missing == []
 
 
-@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+@pytest.mark.parametrize("module", PACKAGES, ids=IDS)
 def test_dir_shows_no_future_import(module: types.ModuleType) -> None:
     """dir() of the package lists no `annotations` (the `from __future__` name)."""
     assert "annotations" not in dir(module)
