@@ -5,8 +5,8 @@ loop="auto") -> T\\``): every backticked call there must name a public callable 
 with the same parameters, in the same order, of the same kinds (positional-only,
 keyword-only, `*args`, `**kwargs`) and with the same defaults as `inspect.signature` reports.
 The op tables of docs/ops.md (`| \\`sum\\` | \\`(x, axis=None, keepdims=False)\\` |`) must match
-each op's meta rule (or, for an op that is a plain function, the function). A heading that is
-not a call (`### \\`class Future[T]\\``) is not checked.
+each op's `inspect.signature` (a declared op's is its meta rule's). A heading that is not a call
+(`### \\`class Future[T]\\``) is not checked.
 """
 
 from __future__ import annotations
@@ -122,9 +122,9 @@ class TestOpsTables:
 
     @pytest.mark.parametrize(("line", "name", "params"), _ops_rows(), ids=lambda v: str(v))
     def test_row_matches_op(self, line: int, name: str, params: str) -> None:
-        """An op's documented parameters are its meta rule's (names, order and defaults)."""
-        obj = getattr(ops, name)
-        target = obj.meta if isinstance(obj, dataflow.Op) else obj
+        """An op's documented parameters are its signature's (names, order and defaults):
+        what `inspect.signature`, `help()` and IDEs show, its meta rule's for a declared op."""
+        target = getattr(ops, name)
         # The tables show names and defaults; which operands are positional-only the prose says.
         documented = [(n, d) for n, _, d in _documented(params)]
         actual = [(n, d) for n, _, d in _actual(target)]
