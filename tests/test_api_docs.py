@@ -3,10 +3,11 @@
 docs/api.md gives each call's signature in its `### ` headings (`### \\`run(main, /, *args,
 loop="auto") -> T\\``): every backticked call there must name a public callable of `dataflow`
 with the same parameters, in the same order, of the same kinds (positional-only,
-keyword-only, `*args`, `**kwargs`) and with the same defaults as `inspect.signature` reports.
-The op tables of docs/ops.md (`| \\`sum\\` | \\`(x, axis=None, keepdims=False)\\` |`) must match
-each op's `inspect.signature` (a declared op's is its meta rule's). A heading that is not a call
-(`### \\`class Future[T]\\``) is not checked.
+keyword-only, `*args`, `**kwargs`) and with the same defaults as `inspect.signature` reports,
+and a return type it states (`-> Compiled`) must be the one the code is annotated with (or
+one of its overloads'). The op tables of docs/ops.md (`| \\`sum\\` | \\`(x, axis=None,
+keepdims=False)\\` |`) must match each op's `inspect.signature` (a declared op's is its meta
+rule's). A heading that is not a call (`### \\`class Future[T]\\``) is not checked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,9 @@ API = ROOT / "docs" / "api.md"
 OPS = ROOT / "docs" / "ops.md"
 
 _CODE = re.compile(r"`([^`]+)`")
-_CALL = re.compile(r"^(?:await\s+|class\s+)?(?P<name>[A-Za-z_]\w*)\((?P<params>.*)\)(?:\s*->.*)?$")
+_CALL = re.compile(
+    r"^(?:await\s+|class\s+)?(?P<name>[A-Za-z_]\w*)\((?P<params>.*)\)(?:\s*->\s*(?P<returns>.*))?$"
+)
 _OPS_ROW = re.compile(r"^\|\s*(?P<names>`\w+`(?:\s*,\s*`\w+`)*)\s*\|\s*`(?P<sig>\([^`]*\))`\s*\|")
 
 _MISSING = object()
@@ -77,6 +81,32 @@ def _heading_calls() -> list[tuple[int, str, str]]:
     return calls
 
 
+def _heading_returns() -> list[tuple[int, str, str]]:
+    """(line, name, return type) of every call in a `### ` heading that states one."""
+    calls = []
+    for number, line in enumerate(API.read_text().splitlines(), 1):
+        if line.startswith("### "):
+            for code in _CODE.findall(line):
+                match = _CALL.match(code.strip())
+                if match is not None and match["returns"]:
+                    calls.append((number, match["name"], match["returns"].strip()))
+    return calls
+
+
+def _heads(annotation: str) -> set[str]:
+    """The outer names of a type's union members: `Compiled[T] | None` -> {Compiled, None}."""
+    depth, parts, current = 0, [], ""
+    for char in annotation:
+        depth += char == "["
+        depth -= char == "]"
+        if char == "|" and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return {part.split("[")[0].strip() for part in [*parts, current]}
+
+
 def _ops_rows() -> list[tuple[int, str, str]]:
     """(line, op name, parameters) of every row of docs/ops.md's op tables."""
     rows = []
@@ -103,6 +133,27 @@ class TestApiHeadings:
         assert documented == actual, (
             f"docs/api.md:{line}: {name}({params}) differs from the code's "
             f"{name}{inspect.signature(getattr(dataflow, name))}"
+        )
+
+    def test_returns_are_found(self) -> None:
+        """The parser sees the documented return types."""
+        assert {"fork", "wait", "run", "compile", "trace", "profile"} <= {
+            name for _, name, _ in _heading_returns()
+        }
+
+    @pytest.mark.parametrize(("line", "name", "returns"), _heading_returns(), ids=lambda v: str(v))
+    def test_heading_return_matches_annotation(self, line: int, name: str, returns: str) -> None:
+        """A documented return type is what the code is annotated to return (the function's
+        own annotation or one of its overloads'), so a type checker agrees with the page:
+        `compile(...) -> Compiled` must not be annotated `Any`."""
+        obj = getattr(dataflow, name)
+        annotations = [
+            f.__annotations__.get("return", "") for f in (obj, *typing.get_overloads(obj))
+        ]
+        code = set().union(*(_heads(str(a)) for a in annotations))
+        assert _heads(returns) <= code, (
+            f"docs/api.md:{line}: {name}(...) -> {returns}, but the code is annotated to "
+            f"return {' / '.join(map(str, annotations))}"
         )
 
     def test_every_public_name_is_documented(self) -> None:
