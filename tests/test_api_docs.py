@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,10 @@ from typing import Any
 import pytest
 
 import dataflow
+import dataflow.dask
+import dataflow.graph
 import ops
+import ops.nn
 
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "docs" / "api.md"
@@ -34,6 +38,8 @@ _CALL = re.compile(
 )
 _OPS_ROW = re.compile(r"^\|\s*(?P<names>`\w+`(?:\s*,\s*`\w+`)*)\s*\|\s*`(?P<sig>\([^`]*\))`\s*\|")
 
+# The public packages: everything their __all__ exports is documented.
+PACKAGES = [dataflow, ops, ops.nn, dataflow.graph, dataflow.dask]
 _MISSING = object()
 # Pages that do not document the API: measurements and their log, and the module list.
 _NOT_REFERENCE = {"benchmarks.md", "benchmarks-history.md", "code-map.md"}
@@ -156,14 +162,16 @@ class TestApiHeadings:
             f"return {' / '.join(map(str, annotations))}"
         )
 
-    def test_every_public_name_is_documented(self) -> None:
-        """Every name in dataflow.__all__ is named, in backticks, on a reference page of docs/."""
+    @pytest.mark.parametrize("module", PACKAGES, ids=lambda m: m.__name__)
+    def test_every_public_name_is_documented(self, module: types.ModuleType) -> None:
+        """Every name in a public package's __all__ is named, in backticks, on a reference
+        page of docs/."""
         pages = [p for p in (ROOT / "docs").glob("*.md") if p.name not in _NOT_REFERENCE]
         lines = [line for p in pages for line in p.read_text().splitlines()]
         # Inline code, line by line (a fence's ``` would pair with the next span's backtick).
         code = " ".join(c for line in lines if "```" not in line for c in _CODE.findall(line))
-        missing = [n for n in dataflow.__all__ if not re.search(rf"\b{n}\b", code)]
-        assert not missing, f"public names no page documents: {missing}"
+        missing = [n for n in module.__all__ if not re.search(rf"\b{n}\b", code)]
+        assert not missing, f"public names of {module.__name__} no page documents: {missing}"
 
 
 class TestOpsTables:
