@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, TypeVarTuple, overload
 
 from . import _loop
 from ._defaults import DEFAULT_MAX_PENDING, resolve_loop_factory
@@ -31,6 +31,7 @@ from ._walk import leaves, replace
 __all__ = ["in_model_code", "materialize", "model_code", "run"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 # Whether the running code is model code: a module's forward, or code started from one.
 _model: contextvars.ContextVar[bool] = contextvars.ContextVar("dataflow_model_code", default=False)
@@ -132,9 +133,9 @@ def _swap(done: dict[int, Any]) -> Callable[[Any], Any]:
 # sees main's own types; the values are arrays all the same.
 @overload
 def run(
-    main: Callable[..., Awaitable[Future[T]]],
+    main: Callable[[*Ts], Awaitable[Future[T]]],
     /,
-    *args: Any,
+    *args: *Ts,
     interop_threads: int | None = ...,
     intraop_threads: int | None = ...,
     loop: str = ...,
@@ -145,9 +146,9 @@ def run(
 ) -> T: ...
 @overload
 def run(
-    main: Callable[..., Awaitable[T]],
+    main: Callable[[*Ts], Awaitable[T]],
     /,
-    *args: Any,
+    *args: *Ts,
     interop_threads: int | None = ...,
     intraop_threads: int | None = ...,
     loop: str = ...,
@@ -157,9 +158,9 @@ def run(
     op_timeout: float | None = ...,
 ) -> T: ...
 def run(
-    main: Callable[..., Awaitable[Any]],
+    main: Callable[[*Ts], Awaitable[Any]],
     /,
-    *args: Any,
+    *args: *Ts,
     interop_threads: int | None = None,
     intraop_threads: int | None = None,
     loop: str = "auto",

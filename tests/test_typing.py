@@ -77,6 +77,14 @@ class TestRunAndCompileTypes:
         assert isinstance(out, np.ndarray)
         assert_type(dataflow.run(number), int)
 
+        def wrong() -> None:  # never called: mypy checks it
+            # main's arguments are checked against its parameters, as anyio.run does.
+            dataflow.run(tensor)  # type: ignore[arg-type, call-arg]
+            dataflow.run(number, 1)  # type: ignore[arg-type]
+            dataflow.run(tensor, "x")  # type: ignore[arg-type]
+
+        assert callable(wrong)
+
     def test_materialize_a_future(self) -> None:
         """await materialize(t) is the array of a Tensor; other values stay Any."""
 

@@ -592,7 +592,7 @@ class TestApiMisuse:
             return 1
 
         with pytest.raises(TypeError, match=r"main returned int, not a coroutine.*async def"):
-            dataflow.run(main)  # type: ignore[arg-type]
+            dataflow.run(main)  # type: ignore[arg-type, call-arg]
 
     def test_run_non_callable(self) -> None:
         """dataflow.run(42) names what it got and shows the call to make."""
