@@ -41,6 +41,24 @@ class TestExports:
         ]
         assert missing == []
 
+    def test_every_public_method_has_a_docstring(self, module: types.ModuleType) -> None:
+        """Every public method and property of an exported class has a docstring (its own
+        or the one it overrides: `help()` shows that)."""
+        missing = []
+        for n in module.__all__:
+            cls = getattr(module, n)
+            if not isinstance(cls, type):
+                continue
+            for name in dir(cls):
+                attr = inspect.getattr_static(cls, name, None)
+                if name.startswith("_") or not (callable(attr) or isinstance(attr, property)):
+                    continue
+                if not inspect.getdoc(
+                    attr.fget if isinstance(attr, property) else getattr(cls, name)
+                ):
+                    missing.append(f"{n}.{name}")
+        assert missing == []
+
 
 @pytest.mark.parametrize("module", PACKAGES, ids=IDS)
 def test_dir_shows_no_future_import(module: types.ModuleType) -> None:
