@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import dataflow
@@ -31,6 +32,7 @@ import ops.nn
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "docs" / "api.md"
 OPS = ROOT / "docs" / "ops.md"
+MODULES = ROOT / "docs" / "modules.md"
 
 _CODE = re.compile(r"`([^`]+)`")
 _CALL = re.compile(
@@ -191,3 +193,38 @@ class TestOpsTables:
             f"docs/ops.md:{line}: {name}({params}) differs from the code's "
             f"{name}{inspect.signature(target)}"
         )
+
+
+class TestModulesTable:
+    # What the note under the table gives every module: keyword-only `dtype=np.float32`,
+    # `seed=` and `rng=`.
+    COMMON = frozenset({("dtype", np.float32), ("seed", None), ("rng", None)})
+
+    def _rows(self) -> list[tuple[int, str, str]]:
+        rows = []
+        for number, line in enumerate(MODULES.read_text().splitlines(), 1):
+            match = re.match(r"^\|\s*`(?P<name>\w+)\((?P<params>[^`]*)\)`\s*\|", line)
+            if match is not None:
+                rows.append((number, match["name"], match["params"]))
+        return rows
+
+    def test_rows_match_the_constructors(self) -> None:
+        """docs/modules.md's rows (`Linear(in_features, out_features, bias=True)`), with the
+        keyword-only `dtype`, `seed` and `rng` its note gives every module, are the
+        constructors' parameters."""
+        rows = self._rows()
+        assert {name for _, name, _ in rows} >= {"Linear", "LSTM"}
+        keyword = inspect.Parameter.KEYWORD_ONLY
+        for line, name, params in rows:
+            documented = _documented(params)
+            actual = _actual(getattr(ops.nn, name))
+            message = (
+                f"docs/modules.md:{line}: {name}({params}) differs from the code's "
+                f"{name}{inspect.signature(getattr(ops.nn, name))}"
+            )
+            assert [p for p in documented if p[1] != keyword] == [
+                p for p in actual if p[1] != keyword
+            ], message
+            assert {(n, d) for n, k, d in documented if k == keyword} | self.COMMON == {
+                (n, d) for n, k, d in actual if k == keyword
+            }, message
