@@ -80,6 +80,8 @@ def _fn_name(fn: Any) -> str:
 
 
 @overload
+async def materialize(value: Future[Future[T]]) -> T: ...  # (a fork's future of a Tensor)
+@overload
 async def materialize(value: Future[T]) -> T: ...
 @overload
 async def materialize(value: Any) -> Any: ...

@@ -88,9 +88,15 @@ class TestRunAndCompileTypes:
     def test_materialize_a_future(self) -> None:
         """await materialize(t) is the array of a Tensor; other values stay Any."""
 
+        async def tensor(x: Array) -> ops.Tensor:
+            return ops.tanh(x)
+
         async def main(x: Array) -> Array:
             value = await dataflow.materialize(ops.tanh(x))
             assert_type(value, np.ndarray)
+            forked = await dataflow.materialize(dataflow.fork(tensor, x))
+            assert_type(forked, np.ndarray)
+            assert isinstance(forked, np.ndarray)
             return value
 
         assert isinstance(dataflow.run(main, np.ones(2)), np.ndarray)
