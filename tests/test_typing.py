@@ -205,6 +205,8 @@ class TestModuleAndObserverTypes:
         def wrong() -> None:  # never called: mypy checks it
             dataflow.profile("all")  # type: ignore[arg-type]
             dataflow.Instrument().task_started(0, "matmul#1")  # type: ignore[arg-type]
+            task = dataflow.Task.done(dataflow.Signature("op"), None, None)
+            assert task.nmae  # type: ignore[attr-defined]  # (a typo: a Task has its fields only)
 
         names = Names()
 
