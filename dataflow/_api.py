@@ -19,7 +19,7 @@ import contextlib
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, TypeVarTuple, overload
 
 from . import _loop
 from ._defaults import DEFAULT_MAX_PENDING, resolve_loop_factory
@@ -31,6 +31,7 @@ from ._walk import leaves, replace
 __all__ = ["in_model_code", "materialize", "model_code", "run"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 # Whether the running code is model code: a module's forward, or code started from one.
 _model: contextvars.ContextVar[bool] = contextvars.ContextVar("dataflow_model_code", default=False)
@@ -78,6 +79,12 @@ def _fn_name(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
+@overload
+async def materialize(value: Future[Future[T]]) -> T: ...  # (a fork's future of a Tensor)
+@overload
+async def materialize(value: Future[T]) -> T: ...
+@overload
+async def materialize(value: Any) -> Any: ...
 async def materialize(value: Any) -> Any:
     """``value`` with every future and pending value in it awaited (containers walked).
 
@@ -123,10 +130,39 @@ def _swap(done: dict[int, Any]) -> Callable[[Any], Any]:
     return swap
 
 
+# run() gives arrays for pending values: a main that returns one (``async def main(x) ->
+# ops.Tensor``) gives its value's type. Inside containers (a tuple of Tensors) a type checker
+# sees main's own types; the values are arrays all the same.
+@overload
 def run(
-    main: Callable[..., Awaitable[T]],
+    main: Callable[[*Ts], Awaitable[Future[T]]],
     /,
-    *args: Any,
+    *args: *Ts,
+    interop_threads: int | None = ...,
+    intraop_threads: int | None = ...,
+    loop: str = ...,
+    backend: str | None = ...,
+    address: str | None = ...,
+    max_pending: int | None = ...,
+    op_timeout: float | None = ...,
+) -> T: ...
+@overload
+def run(
+    main: Callable[[*Ts], Awaitable[T]],
+    /,
+    *args: *Ts,
+    interop_threads: int | None = ...,
+    intraop_threads: int | None = ...,
+    loop: str = ...,
+    backend: str | None = ...,
+    address: str | None = ...,
+    max_pending: int | None = ...,
+    op_timeout: float | None = ...,
+) -> T: ...
+def run(
+    main: Callable[[*Ts], Awaitable[Any]],
+    /,
+    *args: *Ts,
     interop_threads: int | None = None,
     intraop_threads: int | None = None,
     loop: str = "auto",
@@ -134,7 +170,7 @@ def run(
     address: str | None = None,
     max_pending: int | None = DEFAULT_MAX_PENDING,
     op_timeout: float | None = None,
-) -> T:
+) -> Any:
     """Run ``main(*args)`` in a new runtime on a new event loop and return its value.
 
     Like ``asyncio.run``; uses uvloop where installed (``loop="asyncio"`` to opt out). Pending
@@ -191,7 +227,7 @@ def run(
         **options,
     )
 
-    async def _main() -> _Value[T]:
+    async def _main() -> _Value[Any]:
         async with runtime:
             coro = main(*args)
             if not inspect.isawaitable(coro):

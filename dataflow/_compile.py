@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 import numpy as np
 
@@ -41,25 +41,69 @@ from ._errors import DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
 from ._lookup import get_runtime
 from ._plans import Tracing, with_arrays
-from ._task import Pending
+from ._task import Future, Pending
 from .graph._here import run_here
 from .graph._launch import launch
 
 __all__ = ["Compiled", "compile"]
 
 R = TypeVar("R")
+T = TypeVar("T")
 _ndarray = np.ndarray
 
 
+class _Decorator(Protocol):
+    """What ``dataflow.compile(batch_axis=...)`` returns: ``compile`` with its options set."""
+
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[Future[T]]], /) -> Compiled[T]: ...
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[T]], /) -> Compiled[T]: ...
+
+
+# A compiled call gives arrays (``await forward(x)``), as ``dataflow.run`` does: a function
+# that returns a pending value (``async def f(x) -> ops.Tensor``) compiles to a forward that
+# gives its value's type (``Compiled[np.ndarray]``). Inside containers (a tuple of Tensors)
+# a type checker sees the function's own types; the values are arrays all the same.
+@overload
 def compile(
-    fn: Callable[..., Any] | None = None,
+    fn: Callable[..., Awaitable[Future[T]]],
+    *,
+    check: bool = ...,
+    optimize: bool = ...,
+    batch_axis: int | None = ...,
+    max_batch: int = ...,
+    max_wait: float = ...,
+) -> Compiled[T]: ...
+@overload
+def compile(
+    fn: Callable[..., Awaitable[T]],
+    *,
+    check: bool = ...,
+    optimize: bool = ...,
+    batch_axis: int | None = ...,
+    max_batch: int = ...,
+    max_wait: float = ...,
+) -> Compiled[T]: ...
+@overload
+def compile(
+    fn: None = None,
+    *,
+    check: bool = ...,
+    optimize: bool = ...,
+    batch_axis: int | None = ...,
+    max_batch: int = ...,
+    max_wait: float = ...,
+) -> _Decorator: ...
+def compile(
+    fn: Callable[..., Awaitable[Any]] | None = None,
     *,
     check: bool = True,
     optimize: bool = True,
     batch_axis: int | None = None,
     max_batch: int = 32,
     max_wait: float = 0.002,
-) -> Any:
+) -> Compiled[Any] | _Decorator:
     """Compile a model function or module once per input signature (module docstring).
 
     Use as ``dataflow.compile(model)`` or as a decorator (``@dataflow.compile`` or
@@ -93,7 +137,7 @@ def compile(
     if not max_wait >= 0:
         raise DataflowValueError(f"compile(max_wait=) must be >= 0 seconds, got {max_wait!r}")
 
-    def make(f: Callable[..., Any]) -> Compiled[Any]:
+    def make(f: Callable[..., Awaitable[Any]]) -> Compiled[Any]:
         if not callable(f):
             raise DataflowTypeError(
                 f"compile() needs an async function or a module, got {type(f).__name__}: {f!r}"

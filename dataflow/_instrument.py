@@ -35,9 +35,12 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import DataflowTypeError, describe
+
+if TYPE_CHECKING:
+    from ._task import Task
 
 __all__ = [
     "ACTIVE",
@@ -68,22 +71,22 @@ _HOOKS = (
 class Instrument:
     """Base class with every hook as a no-op; subclass and override what you need."""
 
-    def task_created(self, ts: int, task: Any) -> None:
+    def task_created(self, ts: int, task: Task) -> None:
         """An op or forked function entered the graph."""
 
-    def task_ready(self, ts: int, task: Any) -> None:
+    def task_ready(self, ts: int, task: Task) -> None:
         """A task's inputs are all done: it is queued."""
 
-    def task_started(self, ts: int, task: Any) -> None:
+    def task_started(self, ts: int, task: Task) -> None:
         """A task's kernel starts on the current thread."""
 
-    def task_finished(self, ts: int, task: Any) -> None:
+    def task_finished(self, ts: int, task: Task) -> None:
         """A task's kernel returned."""
 
-    def task_failed(self, ts: int, task: Any) -> None:
+    def task_failed(self, ts: int, task: Task) -> None:
         """A task failed: its kernel raised, or an input failed."""
 
-    def task_cancelled(self, ts: int, task: Any) -> None:
+    def task_cancelled(self, ts: int, task: Task) -> None:
         """A task was cancelled before it ran."""
 
     def fork(self, ts: int, name: str, parent: str | None) -> None:

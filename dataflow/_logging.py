@@ -106,6 +106,7 @@ class TaskLogger:
         return True if check is None else bool(check(logging.DEBUG))
 
     def task_started(self, ts: int, task: Task) -> None:
+        """Log a kernel's start (``task started``)."""
         if not self._on():
             return
         self._starts[task.id] = ts
@@ -118,6 +119,7 @@ class TaskLogger:
         )
 
     def task_finished(self, ts: int, task: Task) -> None:
+        """Log a kernel's end (``task finished``, with ``duration_ms``)."""
         start = self._starts.pop(task.id, None)
         if not self._on():
             return
@@ -131,6 +133,7 @@ class TaskLogger:
         )
 
     def task_failed(self, ts: int, task: Task) -> None:
+        """Log a task's failure (``task failed``, with ``error`` and ``ran``: if it started)."""
         start = self._starts.pop(task.id, None)
         if not self._on():
             return

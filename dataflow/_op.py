@@ -37,6 +37,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -63,6 +65,7 @@ HandleFactory = Callable[[Task, "int | None", Any], H]
 
 # Argument types whose (type, value) goes into a signature key as it is.
 _ndarray = np.ndarray
+_NO_RETURN = inspect.Signature.empty
 # An op keeps at most this many signatures; past it the cache starts over.
 _MAX_SIGNATURES = 4096
 
@@ -137,6 +140,9 @@ class Op(Generic[P, R]):
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = kernel.__doc__
+        with contextlib.suppress(TypeError, ValueError):  # (none: inspect reads __call__)
+            # help(op), inspect.signature(op): how to call it, the meta rule's parameters
+            self.__signature__ = inspect.signature(meta).replace(return_annotation=_NO_RETURN)
         # The module whose import declared the op: a saved graph names it, so `load` can
         # import it (when trusted) and find the op again under `module:name`.
         self.module = declaring_module()

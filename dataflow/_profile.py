@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from ._errors import DataflowError
+from ._errors import DataflowError, DataflowTypeError
 from ._instrument import add_instrument, remove_instrument
 from ._record import END, FAILED, ID, READY, SIG, START, THREAD, Recorder, signature_of
+from ._runtime import Runtime
 from ._summary import Summary, op_table, summarize
 from ._trace import (
     Trace,
@@ -62,8 +63,21 @@ class Profiler(Recorder):
     It records every runtime of the process, or only ``runtime`` when given.
     """
 
-    def __init__(self, runtime: Any = None, **bounds: Any) -> None:
-        super().__init__(**bounds)
+    def __init__(
+        self,
+        runtime: Runtime | None = None,
+        *,
+        max_spans: int | None = None,
+        max_seconds: float | None = None,
+    ) -> None:
+        if runtime is not None and not isinstance(runtime, Runtime):
+            # (Refused here, at the call: ``start`` would fail at the ``with``, as a bare
+            # AttributeError.)
+            raise DataflowTypeError(
+                f"profile(runtime=): a dataflow.Runtime to record, or None for every runtime "
+                f"of the process, got {type(runtime).__name__}: {runtime!r:.80}"
+            )
+        super().__init__(max_spans=max_spans, max_seconds=max_seconds)
         self._runtime = runtime
         self._started = False
         self._trace: Trace | None = None
@@ -161,7 +175,10 @@ class Profiler(Recorder):
 
 
 def profile(
-    runtime: Any = None, *, max_spans: int | None = None, max_seconds: float | None = None
+    runtime: Runtime | None = None,
+    *,
+    max_spans: int | None = None,
+    max_seconds: float | None = None,
 ) -> Profiler:
     """A profiler to use as a (sync or async) context manager around the code to record.
 
@@ -169,6 +186,9 @@ def profile(
         runtime: record only this runtime (default: every runtime of the process).
         max_spans, max_seconds: keep only the last spans, or the last seconds (see
             :class:`~dataflow.Recorder`).
+
+    Raises:
+        DataflowTypeError: ``runtime`` is not a :class:`~dataflow.Runtime` (or None).
 
     Example:
         >>> with dataflow.profile() as prof:

@@ -209,13 +209,15 @@ class Task:
         task.runtime = runtime
         return task
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for a slot a done() task left unset.
-        if name in _DEFAULTS:
-            return _DEFAULTS[name]
-        if name == "priority":
-            return self.id
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    if not TYPE_CHECKING:  # (to a type checker, a Task has its fields and nothing else)
+
+        def __getattr__(self, name: str) -> Any:
+            # Only reached for a slot a done() task left unset.
+            if name in _DEFAULTS:
+                return _DEFAULTS[name]
+            if name == "priority":
+                return self.id
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def op(self) -> str:

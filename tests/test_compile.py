@@ -352,7 +352,7 @@ class TestCompile:
 
         dataflow.run(main)
         with pytest.raises(TypeError, match="batch_axis"):
-            dataflow.compile(Mlp(), batch_axis="0")  # type: ignore[arg-type]
+            dataflow.compile(Mlp(), batch_axis="0")  # type: ignore[call-overload]
         with pytest.raises(dataflow.DataflowValueError, match="max_batch"):
             dataflow.compile(Mlp(), max_batch=0)
         with pytest.raises(dataflow.DataflowValueError, match="max_wait"):

@@ -267,6 +267,22 @@ class TestRecording:
         with pytest.raises(dataflow.DataflowError, match=r"dataflow.profile\(\)"):
             prof.start()
 
+    def test_runtime_argument_is_checked_at_the_call(self) -> None:
+        """profile(3) raises a DataflowTypeError naming the argument, not an AttributeError
+        at the `with`."""
+        with pytest.raises(dataflow.DataflowTypeError, match=r"profile\(runtime=\).*got int: 3"):
+            dataflow.profile(3)  # type: ignore[arg-type]
+        with pytest.raises(dataflow.DataflowTypeError, match=r"got str: 'x'"):
+            dataflow.Profiler("x")  # type: ignore[arg-type]
+
+    @pytest.mark.asyncio
+    async def test_one_runtime(self) -> None:
+        """profile(rt) records that runtime's tasks."""
+        async with dataflow.Runtime(interop_threads=1) as rt:
+            with dataflow.profile(rt) as prof:
+                await ops.add(np.ones(2), 1.0)
+        assert len(prof.trace().tasks) == 1
+
     def test_repr(self) -> None:
         """The repr tells the state and the number of tasks recorded."""
         prof = dataflow.profile()

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import pytest
 
 import dataflow
+import dataflow.dask
+import dataflow.graph
 import ops
+import ops.nn
+
+# The public packages: each has an __all__, and docs/ document what it exports.
+PACKAGES = [dataflow, ops, ops.nn, dataflow.graph, dataflow.dask]
+IDS = [p.__name__ for p in PACKAGES]
 
 
-@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+@pytest.mark.parametrize("module", PACKAGES, ids=IDS)
 class TestExports:
     def test_all_matches_public_names(self, module: types.ModuleType) -> None:
         """__all__ lists exactly the public names the package defines (no drift)."""
@@ -33,11 +41,61 @@ class TestExports:
         ]
         assert missing == []
 
+    def test_every_public_method_has_a_docstring(self, module: types.ModuleType) -> None:
+        """Every public method and property of an exported class has a docstring (its own
+        or the one it overrides: `help()` shows that)."""
+        missing = []
+        for n in module.__all__:
+            cls = getattr(module, n)
+            if not isinstance(cls, type):
+                continue
+            for name in dir(cls):
+                attr = inspect.getattr_static(cls, name, None)
+                if name.startswith("_") or not (callable(attr) or isinstance(attr, property)):
+                    continue
+                if not inspect.getdoc(
+                    attr.fget if isinstance(attr, property) else getattr(cls, name)
+                ):
+                    missing.append(f"{n}.{name}")
+        assert missing == []
 
-@pytest.mark.parametrize("module", [dataflow, ops], ids=["dataflow", "ops"])
+
+@pytest.mark.parametrize("module", PACKAGES, ids=IDS)
 def test_dir_shows_no_future_import(module: types.ModuleType) -> None:
     """dir() of the package lists no `annotations` (the `from __future__` name)."""
     assert "annotations" not in dir(module)
+
+
+class TestOpSignatures:
+    @pytest.mark.parametrize(
+        "name", [n for n in ops.__all__ if isinstance(getattr(ops, n), dataflow.Op)]
+    )
+    def test_an_op_shows_its_meta_rules_parameters(self, name: str) -> None:
+        """inspect.signature(ops.sum) (help(), IDEs) is how to call it, not `(*args, **kwargs)`."""
+        op = getattr(ops, name)
+        assert inspect.signature(op).parameters == inspect.signature(op.meta).parameters
+        assert inspect.signature(op).return_annotation is inspect.Signature.empty
+
+    def test_a_declared_op_shows_its_meta_rules_parameters(self) -> None:
+        """dataflow.op gives the user's op its meta rule's signature."""
+
+        def meta(x: ops.Tensor, k: float, *, scale: bool = True) -> ops.TensorSpec:
+            return ops.spec_of(x)
+
+        scale = dataflow.op("sig_scale", meta=meta, handle=ops.Tensor)(lambda x, k, scale: x)
+        assert (
+            str(inspect.signature(scale))
+            == "(x: 'ops.Tensor', k: 'float', *, scale: 'bool' = True)"
+        )
+
+    def test_a_meta_rule_without_a_signature_falls_back(self) -> None:
+        """A meta rule inspect cannot read (a builtin) leaves the op's __call__ signature."""
+        op = dataflow.op("sig_builtin", meta=max, handle=ops.Tensor)(max)
+        assert list(inspect.signature(op).parameters) == ["args", "kwargs"]
+
+    def test_the_op_class_keeps_its_own_signature(self) -> None:
+        """inspect.signature(dataflow.Op) is the constructor's (no class-level override)."""
+        assert list(inspect.signature(dataflow.Op).parameters)[:3] == ["name", "kernel", "meta"]
 
 
 class TestErrorNames:

@@ -483,7 +483,7 @@ class TestErrors:
     def test_run_coroutine_object(self) -> None:
         """run(main()) raises a TypeError that shows run(main)."""
         with pytest.raises(TypeError, match=r"you want dataflow\.run\(afoo, \.\.\.\)"):
-            dataflow.run(afoo(1))  # type: ignore[arg-type]
+            dataflow.run(afoo(1))  # type: ignore[call-overload]
 
     @pytest.mark.asyncio
     async def test_run_inside_running_loop(self) -> None:

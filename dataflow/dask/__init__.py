@@ -9,7 +9,7 @@ the ``"dask"`` backend (``Runtime(backend="dask")`` imports it by name). The wor
 
 from __future__ import annotations
 
-from .._backend import register_backend
+from .._backend import register_backend as _register_backend
 from ._backend import DaskBackend as DaskBackend
 from ._backend import place as place
 from ._lost import WorkerLostError as WorkerLostError
@@ -19,7 +19,9 @@ from ._worker import Ref as Ref
 from ._worker import fill as fill
 from ._worker import run_op as run_op
 
-register_backend("dask", DaskBackend)
+_register_backend("dask", DaskBackend)
+
+del annotations  # the `from __future__` feature, not part of the API (dir())
 
 __all__ = (
     "Call",

@@ -134,6 +134,7 @@ class DaskBackend(Revival):
     # -- lifetime -----------------------------------------------------------------------------
 
     async def open(self) -> None:
+        """Start: connect the client (or check the one given) on the runtime's loop."""
         host = self.runtime.host
         assert host is not None
         if host.library != "asyncio":
@@ -183,12 +184,13 @@ class DaskBackend(Revival):
             hook(self.address)
 
     def cancel_everything(self) -> None:
+        """The body failed: cancel every task sent to the cluster."""
         futures = [t.value.future for t in self._remote.values() if type(t.value) is Remote]
         if futures and self.client is not None:
             self._spawn(self._cancel_futures(futures))
 
     async def join(self) -> None:
-        pass  # remote tasks are counted in the scheduler's in-flight tasks: its join waits
+        """Nothing of its own to wait for (the scheduler's join counts the remote tasks)."""
 
     async def close(self) -> None:
         """After the graph drained: settle the coroutines, timings and the client."""
@@ -272,6 +274,7 @@ class DaskBackend(Revival):
         return True
 
     def completion(self, task: Task) -> Any:
+        """An awaitable that completes when ``task`` is done (a remote one's value fetched)."""
         if type(task.value) is not Remote:
             return self._sched.completion(task)
         waiter = self._sched.waiter(task)  # never run here: it is the cluster's to run

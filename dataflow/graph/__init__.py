@@ -35,6 +35,8 @@ from ._read import read as read
 from ._tracing import trace as trace
 from ._tracing import trace_async as trace_async
 
+del annotations  # the `from __future__` feature, not part of the API (dir())
+
 __all__ = (
     # capture and files
     "trace",

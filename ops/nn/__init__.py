@@ -14,6 +14,8 @@ from ._module import StateDictError as StateDictError
 from ._rnn import GRU as GRU
 from ._rnn import LSTM as LSTM
 
+del annotations  # the `from __future__` feature, not part of the API (dir())
+
 __all__ = (
     "Module",
     "Linear",

@@ -592,12 +592,12 @@ class TestApiMisuse:
             return 1
 
         with pytest.raises(TypeError, match=r"main returned int, not a coroutine.*async def"):
-            dataflow.run(main)  # type: ignore[arg-type]
+            dataflow.run(main)  # type: ignore[arg-type, call-arg]
 
     def test_run_non_callable(self) -> None:
         """dataflow.run(42) names what it got and shows the call to make."""
         with pytest.raises(TypeError, match=r"needs an async function, got int.*run\(main"):
-            dataflow.run(42)  # type: ignore[arg-type]
+            dataflow.run(42)  # type: ignore[call-overload]
 
 
 def _capture(out: list[BaseException], fn: Callable[[], Any]) -> None:
