@@ -56,6 +56,9 @@ from ._threads import get_num_threads as get_num_threads
 from ._threads import parallel_info as parallel_info
 from ._threads import set_num_interop_threads as set_num_interop_threads
 from ._threads import set_num_threads as set_num_threads
+from ._trace import Span as Span
+from ._trace import TaskSpan as TaskSpan
+from ._trace import Trace as Trace
 from .graph import Graph as Graph
 from .graph import GraphFormatError as GraphFormatError
 from .graph import TracerWarning as TracerWarning
@@ -127,6 +130,9 @@ __all__ = (
     "Profiler",
     "Recorder",
     "Summary",
+    "Trace",
+    "TaskSpan",
+    "Span",
     "TaskLogger",
     # graph capture
     "trace",

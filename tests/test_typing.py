@@ -217,6 +217,11 @@ class TestModuleAndObserverTypes:
             with dataflow.profile(rt) as prof:
                 value = await ops.tanh(x)
             assert_type(prof, dataflow.Profiler)
+            trace = prof.trace()
+            assert_type(trace, dataflow.Trace)
+            assert_type(trace.tasks, list[dataflow.TaskSpan])
+            assert_type(trace.spans, list[dataflow.Span])
+            assert [s.op for s in trace.tasks] == ["tanh"]
             return value
 
         dataflow.run(main, np.ones(2), interop_threads=1)
