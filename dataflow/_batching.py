@@ -14,7 +14,9 @@ and output must have the batch axis, and rows must be independent (no op may mix
 rows: reductions over the batch axis, batch norm ...): the results are then those of running
 each call alone, within float rounding. A batch that fails (a kernel raised on some call's
 rows) runs its calls again one at a time, so each caller gets its own result or its own error,
-as unbatched.
+as unbatched. A call's arrays are protected from its caller's writes while it waits, as an
+op's arguments are (:class:`Held`: small ones copied, big ones read-only until the batch has
+read them, or the caller stopped waiting).
 
 The pieces it gathers them with: a :class:`Batch` (the calls gathered for one launch, their
 rows, and a way back to each caller, who may stop waiting: see :meth:`Batch.leave`), the
@@ -25,7 +27,7 @@ batched output back into each call's rows.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import numpy as np
@@ -33,11 +35,13 @@ import numpy as np
 from ._errors import DataflowValueError
 from ._lookup import get_runtime
 from ._plans import ARRAY_SLOT, Plans, with_arrays
+from ._protect import protect, thaw
 from ._task import Pending
 from ._walk import leaves, replace
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+    from ._task import Task
 
 __all__ = ["Batch", "Batching", "Timer", "check_rows", "slice_rows"]
 
@@ -70,12 +74,38 @@ def check_rows(out: Any, axis: int, rows: int, name: str) -> None:
             )
 
 
+class Held:
+    """A batched call's arrays, held for its batch: protected from the caller's writes until
+    the batch has read them, as an op's arguments are (``dataflow._protect``: small ones
+    copied, big ones read-only). ``protect`` and ``thaw`` take it as they take a task."""
+
+    __slots__ = ("args", "frozen", "kwargs", "owner")
+
+    def __init__(self, arrays: list[Any], owner: object) -> None:
+        self.args: tuple[Any, ...] = tuple(arrays)
+        self.kwargs: dict[str, Any] | None = None
+        self.frozen: list[Any] | None = None
+        self.owner = owner
+        protect(cast("Task", self))
+
+    @property
+    def name(self) -> str:
+        """What ``dataflow.frozen_by`` names."""
+        return f"a batched call of {self.owner!r}"
+
+    def release(self) -> None:
+        """The batch will not read these arrays again: the caller may write them."""
+        if self.frozen:
+            thaw(cast("Task", self))
+
+
 class Batch:
     """Calls gathered for one launch."""
 
     def __init__(self, key: Hashable, forget: Callable[[Hashable, Batch], None]) -> None:
         self.key = key
-        self.calls: list[list[Any]] = []
+        self.calls: list[tuple[Any, ...]] = []
+        self.held: list[Held] = []
         self.rows: list[int] = []
         self.done: list[Callable[[Any, BaseException | None], None]] = []
         # Per call: whether its caller stopped waiting (see leave); how many still wait.
@@ -90,19 +120,24 @@ class Batch:
         self.task: Any = None
         self.forget = forget
 
-    def join(self, arrays: list[Any], rows: int, rt: Runtime) -> Awaitable[Any]:
+    def join(self, arrays: list[Any], rows: int, rt: Runtime, owner: object) -> Awaitable[Any]:
         assert rt.host is not None
         self.rt = rt
         waiter = rt.host.waiter()
         box: list[Any] = []
         index = len(self.calls)
+        # The batch reads the arrays later (when it launches, or runs the call again alone):
+        # a write by the caller meanwhile must not change its result.
+        held = Held(arrays, owner)
 
         def done(value: Any, exc: BaseException | None) -> None:
+            held.release()
             box.append((value, exc))
             assert rt.host is not None
             rt.host.wake([waiter])
 
-        self.calls.append(arrays)
+        self.calls.append(held.args)
+        self.held.append(held)
         self.rows.append(rows)
         self.done.append(done)
         self.left.append(False)
@@ -130,6 +165,9 @@ class Batch:
         if self.left[index]:
             return
         self.left[index] = True
+        # Never read again: left out of the batch if it has not started (its inputs are
+        # concatenated as it starts), and not run again alone if it fails.
+        self.held[index].release()
         self.live -= 1
         if self.live:
             return
@@ -211,7 +249,7 @@ class Batching(Plans):
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
             batch = self._batches[gk] = Batch(gk, self._forget)
-        call = batch.join(arrays, rows[0], rt)
+        call = batch.join(arrays, rows[0], rt, self)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
             self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
         elif len(batch.calls) == 1:
@@ -292,6 +330,8 @@ class Batching(Plans):
             if not isinstance(exc, Exception):
                 raise
         finally:
+            for held in batch.held:  # (each caller's already, unless the batch failed early)
+                held.release()
             if running:
                 self._done_running(gk)
 
@@ -304,7 +344,9 @@ class Batching(Plans):
         else:
             del self._running[gk]
 
-    async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
+    async def _alone(
+        self, arrays: Sequence[Any], statics: list[Any]
+    ) -> tuple[Any, Exception | None]:
         """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""
         try:
             values = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]
