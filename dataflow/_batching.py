@@ -8,7 +8,8 @@ of the same compiled model is running are gathered, concatenated along ``batch_a
 one launch (every op then runs once for all of them, with larger, faster kernels: the
 on-the-fly batching of DyNet, at the granularity of the whole program), and the outputs split
 back along ``batch_axis``. A call never waits for others when nothing of this model runs, and
-at most ``max_wait`` seconds otherwise. The batch is padded to a power of two (so at most a
+otherwise until the running batch ends, at most ``max_wait`` seconds: the calls gathered
+meanwhile launch as soon as the model is free. The batch is padded to a power of two (so at most a
 few sizes are traced), the padding rows being copies of the first input's. Every array input
 and output must have the batch axis, and rows must be independent (no op may mix the batch's
 rows: reductions over the batch axis, batch norm ...): the results are then those of running
@@ -26,6 +27,7 @@ batched output back into each call's rows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -102,8 +104,9 @@ class Held:
 class Batch:
     """Calls gathered for one launch."""
 
-    def __init__(self, key: Hashable, forget: Callable[[Hashable, Batch], None]) -> None:
+    def __init__(self, key: tuple[Any, ...], statics: list[Any], model: Batching) -> None:
         self.key = key
+        self.statics = statics  # (the calls' other arguments, ARRAY_SLOT where their arrays go)
         self.calls: list[tuple[Any, ...]] = []
         self.held: list[Held] = []
         self.rows: list[int] = []
@@ -115,10 +118,11 @@ class Batch:
         self.closed = False
         self.timer: Timer | None = None
         self.rt: Runtime | None = None
-        # The running batch's task (to cancel when every caller has left), and what takes an
-        # unstarted batch out of its model's open batches (``Batching._forget``).
+        # The running batch's task (to cancel when every caller has left), whether it took
+        # its first step (``Batching._run_batch``), and the compiled forward it belongs to.
         self.task: Any = None
-        self.forget = forget
+        self.started = False
+        self.model = model
 
     def join(self, arrays: list[Any], rows: int, rt: Runtime, owner: object) -> Awaitable[Any]:
         assert rt.host is not None
@@ -175,9 +179,10 @@ class Batch:
             self.closed = True
             if self.timer is not None:
                 self.timer.cancel()
-            self.forget(self.key, self)
+            self.model._forget(self.key, self)
         elif self.task is not None and self.rt is not None and self.rt.host is not None:
             self.rt.host.cancel(self.task)
+            self.model._unstarted(self)  # (if it had not started, it never will)
 
 
 class Timer:
@@ -248,12 +253,14 @@ class Batching(Plans):
         gk = tuple(group)
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
-            batch = self._batches[gk] = Batch(gk, self._forget)
+            batch = self._batches[gk] = Batch(gk, statics, self)
         call = batch.join(arrays, rows[0], rt, self)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
-            self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
+            self._flush(gk, batch)  # nothing of this model runs: no reason to wait
         elif len(batch.calls) == 1:
-            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
+            # At most max_wait: the batch launches sooner if the running one ends first
+            # (``_done_running``).
+            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch))
         return await call
 
     def _forget(self, gk: Hashable, batch: Batch) -> None:
@@ -261,7 +268,8 @@ class Batching(Plans):
         if self._batches.get(gk) is batch:
             del self._batches[gk]
 
-    def _flush(self, gk: tuple[Any, ...], batch: Batch, statics: list[Any]) -> None:
+    def _flush(self, gk: tuple[Any, ...], batch: Batch) -> None:
+        """Launch ``batch`` (in a task of its runtime's: ``_run_batch``)."""
         if batch.closed:
             return
         batch.closed = True
@@ -271,11 +279,26 @@ class Batching(Plans):
         rt = batch.rt
         assert rt is not None and rt.host is not None
         self._running[gk] = self._running.get(gk, 0) + 1
-        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk[1:]!r:.40}")
+        batch.task = rt.host.spawn(
+            self._run_batch(gk, batch),
+            f"batch {gk[1:]!r:.40}",
+            functools.partial(self._unstarted, batch),
+        )
 
-    async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
+    def _unstarted(self, batch: Batch) -> None:
+        """``batch``'s task was cancelled: if before its first step, it never runs (an
+        asyncio task; trio's bridge closes it unrun and calls this), nor the cleanup that
+        ends its run, so this ends it (the model stayed marked running: every later call
+        waited ``max_wait`` for nothing)."""
+        if not batch.started:
+            batch.started = True
+            self._done_running(batch.key)
+
+    async def _run_batch(self, gk: Hashable, batch: Batch) -> None:
+        batch.started = True
         axis = self.batch_axis
         assert axis is not None
+        statics = batch.statics
         running = True
         delivered = 0
         # The calls whose callers still wait (a cancelled caller's rows are left out).
@@ -337,12 +360,17 @@ class Batching(Plans):
 
     def _done_running(self, gk: Hashable) -> None:
         """A batch of group ``gk`` no longer runs (the last one's entry goes: it holds its
-        runtime)."""
+        runtime). If none runs now, the calls that gathered meanwhile launch: they waited
+        for the model, and it is free (they waited out ``max_wait`` with nothing running,
+        and closing the runtime waited for their timer)."""
         left = self._running[gk] - 1
         if left:
             self._running[gk] = left
-        else:
-            del self._running[gk]
+            return
+        del self._running[gk]
+        batch = self._batches.get(gk)
+        if batch is not None and batch.live:
+            self._flush(batch.key, batch)
 
     async def _alone(
         self, arrays: Sequence[Any], statics: list[Any]

@@ -96,3 +96,82 @@ class TestInputs:
             await busy
 
         dataflow.run(main, interop_threads=2)
+
+
+class TestWhenBatchesLaunch:
+    """An open batch waits at most ``max_wait``, and only while a batch of its model runs:
+    calls that gathered meanwhile launch as soon as the model is free."""
+
+    def test_an_open_batch_launches_when_the_running_one_ends(self) -> None:
+        """Calls gathered behind a running batch launch when it ends, not at ``max_wait``
+        (they waited out the whole minute, the model idle)."""
+        gate = threading.Event()
+        forward = dataflow.compile(_gated(gate), batch_axis=0, max_wait=60.0)
+        xs = [np.full((1, 3), k, np.float32) for k in range(3)]
+
+        async def main() -> list[Array]:
+            gate.set()
+            await forward(xs[0])
+            gate.clear()
+            busy = asyncio.ensure_future(forward(xs[0]))
+            await asyncio.sleep(0.02)
+            calls = [asyncio.ensure_future(forward(x)) for x in xs[1:]]  # one open batch
+            await asyncio.sleep(0.02)
+            gate.set()
+            await busy
+            return [await asyncio.wait_for(c, 10) for c in calls]
+
+        outs = dataflow.run(main, interop_threads=2)
+        for x, got in zip(xs[1:], outs, strict=True):
+            np.testing.assert_array_equal(got, x + 1)
+
+    def test_closing_the_runtime_does_not_wait_out_max_wait(self) -> None:
+        """Calls still gathering when the runtime's block ends: the block's exit waits for
+        the running batch, then for theirs, not for their minute-long timer."""
+        gate = threading.Event()
+        forward = dataflow.compile(_gated(gate), batch_axis=0, max_wait=60.0)
+        x = np.ones((1, 3), np.float32)
+
+        async def main() -> list[Array]:
+            async with dataflow.Runtime(interop_threads=2):
+                gate.set()
+                await forward(x)
+                gate.clear()
+                calls = [asyncio.ensure_future(forward(x))]  # runs, held by the gate
+                await asyncio.sleep(0.02)
+                calls += [asyncio.ensure_future(forward(x)) for _ in range(2)]
+                await asyncio.sleep(0.02)
+                gate.set()
+            return [await c for c in calls]
+
+        outs = asyncio.run(asyncio.wait_for(main(), 10))
+        for got in outs:
+            np.testing.assert_array_equal(got, x + 1)
+
+    @pytest.mark.parametrize("spins", range(5))
+    def test_a_batch_cancelled_before_it_started_frees_the_model(self, spins: int) -> None:
+        """The last caller of a batch its timer just launched leaves before the batch's task
+        took its first step: the task never runs (nor its cleanup), and the model stayed
+        marked running: every later call of that shape waited ``max_wait`` for nothing."""
+        gate = threading.Event()
+        forward = dataflow.compile(_gated(gate), batch_axis=0, max_wait=0)
+        x = np.ones((1, 3), np.float32)
+
+        async def main() -> dict[Any, int]:
+            gate.set()
+            await forward(x)
+            gate.clear()
+            busy = asyncio.ensure_future(forward(x))
+            await asyncio.sleep(0.02)
+            call = asyncio.ensure_future(forward(x))  # its timer fires in two iterations
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            gate.set()
+            await busy
+            await asyncio.sleep(0.05)
+            return dict(forward._running)
+
+        assert dataflow.run(main, interop_threads=2) == {}
