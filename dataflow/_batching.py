@@ -223,7 +223,9 @@ class Batching(Plans):
         # A layer up (``_compile``): launching a prepared plan, batched or not.
         async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any: ...
 
-    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
+    def _rows(self, arrays: list[Any]) -> int:
+        """The call's rows: every array input's size along the batch axis (the same), or
+        a DataflowValueError naming the shapes."""
         axis = self.batch_axis
         assert axis is not None
         rows = []
@@ -239,6 +241,12 @@ class Batching(Plans):
                 f"{self!r}: every array input needs the same size along batch_axis {axis}, "
                 f"got {rows}"
             )
+        return int(rows[0])
+
+    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
+        axis = self.batch_axis
+        assert axis is not None
+        rows = self._rows(arrays)
         # The group of calls that may share a batch: the signature less the batch axis, in
         # one runtime. A batch runs on its runtime's loop; calls from another runtime (another
         # thread's dataflow.run) batch among themselves (a shared batch hung them all).
@@ -254,7 +262,7 @@ class Batching(Plans):
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
             batch = self._batches[gk] = Batch(gk, statics, self)
-        call = batch.join(arrays, rows[0], rt, self)
+        call = batch.join(arrays, rows, rt, self)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
             self._flush(gk, batch)  # nothing of this model runs: no reason to wait
         elif len(batch.calls) == 1:

@@ -223,26 +223,22 @@ class Compiled(Batching, Generic[R]):
             How many signatures were traced now (those already compiled are not counted).
         """
         arrays, statics, key = self._split(args)
+        if any(type(a) is not _ndarray for a in arrays):
+            # A Tensor example is awaited first, as a call's is (``__call__``).
+            arrays = [(await a) if isinstance(a, Pending) else a for a in arrays]
         before = len(self.programs)
         if self.batch_axis is None or not arrays:
             await self._program(tuple(key), arrays, statics)
             return len(self.programs) - before
         axis = self.batch_axis
-        rows = {int(np.shape(a)[axis]) for a in arrays}
-        if len(rows) != 1:
-            raise DataflowValueError(
-                f"{self!r}: every array input needs the same size along batch_axis {axis}, "
-                f"got {sorted(rows)}"
-            )
-        one = rows.pop()
+        one = self._rows(arrays)
+        if not one:  # calls without rows batch at none (or at the rows of others)
+            await self._program(tuple(key), arrays, statics)
+            return len(self.programs) - before
         size = 1
         while True:
             total = 1 << (size * one - 1).bit_length()
-            inputs = [
-                np.repeat(np.asarray(a.result()) if isinstance(a, Pending) else a, total // one,
-                          axis=axis)
-                for a in arrays
-            ]  # fmt: skip
+            inputs = [np.repeat(a, total // one, axis=axis) for a in arrays]
             if total % one:  # rows that do not divide a power of two: pad like a batch does
                 inputs = [np.concatenate([x, np.take(x, [0] * (total % one), axis=axis)],
                                          axis=axis) for x in inputs]  # fmt: skip

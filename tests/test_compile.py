@@ -520,6 +520,35 @@ class TestBatching:
 
         assert dataflow.run(main) == 1
 
+    @pytest.mark.parametrize("batch_axis", [None, 0], ids=["plain", "batched"])
+    def test_warm_up_takes_a_pending_tensor(self, batch_axis: int | None) -> None:
+        """A Tensor example is awaited first, as a call's is (warm_up raised NotReadyError
+        while it was still queued)."""
+        gate = threading.Event()
+        forward = dataflow.compile(Mlp(), batch_axis=batch_axis, max_batch=2)
+
+        async def main() -> int:
+            x = slow_neg(gate_op(_x(1, 6), gate))
+            asyncio.get_running_loop().call_later(0.05, gate.set)
+            n: int = await forward.warm_up(x)
+            return n
+
+        assert dataflow.run(main, interop_threads=2) == (1 if batch_axis is None else 2)
+
+    def test_warm_up_with_no_rows(self) -> None:
+        """An example without rows along the batch axis traces the signature calls like it
+        run at (a batch of such calls has no rows either): a ZeroDivisionError before."""
+        forward = dataflow.compile(Mlp(), batch_axis=0)
+
+        async def main() -> tuple[int, int]:
+            n: int = await forward.warm_up(_x(0, 6))
+            before = len(forward.programs)
+            out: Array = await forward(_x(0, 6))
+            assert out.shape == (0, 3)
+            return n, len(forward.programs) - before
+
+        assert dataflow.run(main) == (1, 0)
+
     def test_bad_batch_axis(self) -> None:
         """A batch axis out of range for an input is refused, naming the shape."""
         forward = dataflow.compile(Mlp(), batch_axis=3)
@@ -527,6 +556,8 @@ class TestBatching:
         async def main() -> None:
             with pytest.raises(ValueError, match="out of range for an input of shape"):
                 await forward(_x(2, 6))
+            with pytest.raises(dataflow.DataflowValueError, match="out of range for an input"):
+                await forward.warm_up(_x(2, 6))  # (an IndexError before)
 
         dataflow.run(main)
 
