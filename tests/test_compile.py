@@ -1238,3 +1238,20 @@ class TestArgumentErrors:
                 await forward(x, (h0, h0))
 
         dataflow.run(main)
+
+    def test_a_tuple_of_tensors_is_refused_too(self) -> None:
+        """Tensors are hashable: a tuple of them was taken as a static argument, keyed by
+        the Tensors' identity, so every call traced a plan of its own, all kept."""
+        forward = dataflow.compile(ops.nn.LSTM(5, 7, seed=0))
+        x = _x(4, 2, 5)
+
+        async def main() -> None:
+            h0 = ops.tanh(np.zeros((1, 2, 7), np.float32))
+            for _ in range(2):
+                with pytest.raises(dataflow.DataflowTypeError, match=r"tuple of arrays .* one"):
+                    await forward(x, (h0, h0))
+            with pytest.raises(dataflow.DataflowTypeError, match=r"tuple of arrays .* one"):
+                await forward(x, (1, (h0,)))  # (nested)
+            assert not forward.programs
+
+        dataflow.run(main)
