@@ -327,15 +327,17 @@ class Batching(Plans):
                     )
                 inputs.append(np.concatenate(parts, axis=axis))
             _, _, key = self._split(tuple(with_arrays(statics, inputs)))
-            prog = await self._program(tuple(key), inputs, statics)
             try:
+                prog = await self._program(tuple(key), inputs, statics)
                 out = await self._launch(prog, inputs)
             except Exception:
-                if len(calls) == 1:
+                if len(calls) == 1 and padded == total:
                     raise
                 # A kernel raised on some call's rows: one caller's bad input must not fail
                 # the others (nor show them its error). Each call runs again alone, and gets
-                # its own result or its own error, as it would unbatched.
+                # its own result or its own error, as it would unbatched. So does a trace
+                # that failed: its error named the batch's shapes, not the caller's (a meta
+                # rule's "got float32[4, 5]" for a call of one row).
                 for i, k in enumerate(calls):
                     if not batch.left[k]:
                         value, error = await self._alone(batch.calls[k], statics)

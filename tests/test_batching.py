@@ -175,3 +175,28 @@ class TestWhenBatchesLaunch:
             return dict(forward._running)
 
         assert dataflow.run(main, interop_threads=2) == {}
+
+
+_W = np.ones((3, 4), np.float32)
+
+
+async def _slow_trace_matmul(x: Any) -> Any:
+    await asyncio.sleep(0.05)  # a slow trace: the next calls gather into one batch meanwhile
+    return ops.matmul(x, _W)
+
+
+class TestErrors:
+    def test_a_failed_trace_names_each_callers_own_shape(self) -> None:
+        """Calls that gathered into a batch whose trace fails get the error their own call
+        gets, naming their shapes (each got one error object naming the batch's (2, 5))."""
+        forward = dataflow.compile(_slow_trace_matmul, batch_axis=0)
+        xs = [np.ones((1, 5), np.float32), np.ones((1, 5), np.float32), np.ones((3, 5), np.float32)]
+
+        async def main() -> list[Any]:
+            return list(await asyncio.gather(*(forward(x) for x in xs), return_exceptions=True))
+
+        errors = dataflow.run(main)
+        for x, err in zip(xs, errors, strict=True):
+            assert isinstance(err, dataflow.OpInputError)
+            assert f"shapes {x.shape} and (3, 4)" in str(err)
+        assert len({id(e) for e in errors}) == len(errors)
