@@ -191,6 +191,7 @@ class Compiled(Batching, Generic[R]):
             and not (ACTIVE or sched.watching)
             and sched.pool is not None
             and sched._inline_ok
+            and rt.op_timeout is None  # (timed ops run on the pool: ``launch``)
             and prog.runs_here(sched.inline_threshold)
         ):
             # A short plan of small kernels, unobserved: run it whole here, now, without

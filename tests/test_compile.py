@@ -1255,3 +1255,75 @@ class TestArgumentErrors:
             assert not forward.programs
 
         dataflow.run(main)
+
+
+def _stuck_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+_stuck = dataflow.op("stuck_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor)(_stuck_kernel)
+_stuck_timed = dataflow.op(
+    "stuck_timed_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor, timeout=0.05
+)(_stuck_kernel)
+
+
+class TestTimeouts:
+    """Op timeouts apply to a compiled plan's nodes as to eager ops: the call fails with
+    OpTimeoutError naming the op (a plan ran every kernel to its end, however long)."""
+
+    @pytest.mark.parametrize("batch_axis", [None, 0], ids=["plain", "batched"])
+    @pytest.mark.parametrize("where", ["op", "runtime"])
+    def test_a_kernel_past_its_timeout_fails_the_call(
+        self, where: str, batch_axis: int | None
+    ) -> None:
+        gate = threading.Event()
+        stuck = _stuck_timed if where == "op" else _stuck
+
+        async def model(x: Any) -> Any:
+            return ops.add(stuck(x, gate), 1.0)
+
+        forward = dataflow.compile(model, batch_axis=batch_axis)
+        x = _x(1, 3)
+
+        async def main() -> list[str]:
+            gate.set()
+            for _ in range(40):  # measured short: a plan the loop's thread runs, if untimed
+                await forward(x)
+            gate.clear()
+            errors = []
+            for call in (model, forward, forward):  # eager, then compiled twice
+                with pytest.raises(dataflow.OpTimeoutError) as info:
+                    await dataflow.materialize(await call(x))
+                errors.append(str(info.value))
+            return errors
+
+        try:
+            op_timeout = 0.05 if where == "runtime" else None
+            errors = dataflow.run(main, interop_threads=2, op_timeout=op_timeout)
+        finally:
+            gate.set()  # the stuck kernels return, and their abandoned threads end
+            for t in threading.enumerate():
+                if t.name.startswith("interop"):
+                    t.join(10)
+        for message in errors:
+            assert f"timeout of op '{stuck.name}'" in message
+
+    def test_a_timed_elementwise_op_is_not_fused(self) -> None:
+        """Fusion keeps an op with a timeout a node of its own (fused, it ran untimed)."""
+        timed_neg = dataflow.op("timed_neg_c", meta=ops.spec_of, handle=ops.Tensor, timeout=5.0)(
+            np.negative
+        )
+
+        async def model(x: Any) -> Any:
+            return ops.tanh(timed_neg(ops.add(x, 1.0)))
+
+        forward = dataflow.compile(model)
+
+        async def main() -> Array:
+            out: Array = await forward(_x(2, 3))
+            return out
+
+        np.testing.assert_allclose(dataflow.run(main), np.tanh(-(_x(2, 3) + 1)), rtol=1e-6)
+        (prog,) = forward.programs.values()
+        assert "timed_neg_c" in [node.op.name for node in prog.graph.nodes]
