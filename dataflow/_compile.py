@@ -31,6 +31,7 @@ has.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -41,7 +42,8 @@ from ._errors import DataflowTypeError, DataflowValueError
 from ._instrument import ACTIVE
 from ._lookup import get_runtime
 from ._plans import Tracing, with_arrays
-from ._task import Pending
+from ._task import Future, Pending
+from .graph._capture import Tracer
 from .graph._here import run_here
 from .graph._launch import launch
 
@@ -167,6 +169,8 @@ class Compiled(Batching, Generic[R]):
                 self._stale(version)
         arrays, statics, key = self._split(args)
         if any(type(a) is not _ndarray for a in arrays):
+            if isinstance(get_runtime("a compiled forward").backend, Tracer):
+                return await self._traced(args)  # type: ignore[no-any-return]
             # A Tensor input is awaited first: the plan's kernels take its value.
             arrays = [(await a) if isinstance(a, Pending) else a for a in arrays]
         if self.batch_axis is not None and arrays:
@@ -176,6 +180,17 @@ class Compiled(Batching, Generic[R]):
         if prog is None:
             prog = await self._program(k, arrays, statics)
         return await self._launch(prog, arrays)  # type: ignore[no-any-return]
+
+    async def _traced(self, args: tuple[Any, ...]) -> Any:
+        """A call inside a program being traced (``dataflow.trace``, or another compiled
+        forward's first call), its inputs the trace's pending values: the function's own ops
+        are recorded into that trace, its outputs pending. (Launching the plan awaited the
+        inputs: compiling the outer program refused it, a trace kept the example's outputs
+        as constants.)"""
+        result = self.fn(*args)
+        if inspect.isawaitable(result) and not isinstance(result, Future):
+            result = await result  # (a plain function's pending outputs are not awaited)
+        return result
 
     async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any:
         rt = get_runtime("a compiled forward")

@@ -1327,3 +1327,42 @@ class TestTimeouts:
         np.testing.assert_allclose(dataflow.run(main), np.tanh(-(_x(2, 3) + 1)), rtol=1e-6)
         (prog,) = forward.programs.values()
         assert "timed_neg_c" in [node.op.name for node in prog.graph.nodes]
+
+
+async def _inner_fn(x: Any) -> Any:
+    return ops.tanh(ops.add(x, 1.0))
+
+
+class TestNested:
+    """A compiled forward called by a program being traced (``dataflow.trace``, or another
+    compiled forward's first call) records its ops there, as the function it compiles would:
+    its launch read the traced input's value, so the outer graph kept the example's result
+    as a constant (or compiling refused the program: "the program awaited an input's value")."""
+
+    def test_a_compiled_forward_inside_a_compiled_forward(self) -> None:
+        inner = dataflow.compile(_inner_fn)
+
+        async def outer_fn(x: Any) -> Any:
+            return ops.multiply(await inner(x), 2.0)
+
+        outer = dataflow.compile(outer_fn)
+        xs = [_x(2, 3, seed=k) for k in range(3)]
+
+        async def main() -> list[Array]:
+            return [await outer(x) for x in xs]
+
+        for x, got in zip(xs, dataflow.run(main), strict=True):
+            np.testing.assert_allclose(got, np.tanh(x + 1) * 2, rtol=1e-6)
+
+    def test_a_compiled_forward_inside_a_trace(self) -> None:
+        inner = dataflow.compile(_inner_fn)
+
+        async def outer_fn(x: Any) -> Any:
+            return ops.multiply(await inner(x), 2.0)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dataflow.TracerWarning)
+            graph = dataflow.trace(outer_fn, _x(2, 3))
+        assert not graph.constants
+        x = _x(2, 3, seed=5)
+        np.testing.assert_allclose(graph.run(x), np.tanh(x + 1) * 2, rtol=1e-6)
