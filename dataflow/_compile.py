@@ -238,6 +238,10 @@ class Compiled(Batching, Generic[R]):
         Returns:
             How many signatures were traced now (those already compiled are not counted).
         """
+        if self._versioned:  # (parameters replaced since the last call: as a call does)
+            version = self.fn.parameter_version  # type: ignore[attr-defined]
+            if version != self._version:
+                self._stale(version)
         arrays, statics, key = self._split(args)
         if any(type(a) is not _ndarray for a in arrays):
             # A Tensor example is awaited first, as a call's is (``__call__``).

@@ -1218,6 +1218,27 @@ class TestParameters:
         assert not forward.programs
         np.testing.assert_allclose(dataflow.run(main), _reference(m, x), rtol=1e-5, atol=1e-5)
 
+    def test_warm_up_after_a_reload_traces_the_stale_plans_again(self) -> None:
+        """warm_up after load_state_dict traces again what the reload made stale (as
+        serving.md says to), so the next calls trace nothing: it found the stale plans
+        still cached (they were dropped at the next call, which traced on the request path)."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0, max_batch=4)
+        x = _x(1, 6)
+
+        async def main() -> tuple[int, int, int, list[Array]]:
+            first = await forward.warm_up(x)
+            m.load_state_dict({k: v * 2 for k, v in m.state_dict().items()})
+            again = await forward.warm_up(x)
+            before = len(forward.programs)
+            outs = list(await asyncio.gather(*(forward(x) for _ in range(4))))
+            return first, again, len(forward.programs) - before, outs
+
+        first, again, new, outs = dataflow.run(main)
+        assert (first, again, new) == (3, 3, 0)
+        for out in outs:
+            np.testing.assert_allclose(out, _reference(m, x), rtol=1e-5, atol=1e-5)
+
 
 class TestArgumentErrors:
     def test_keywords_are_refused_clearly(self) -> None:
