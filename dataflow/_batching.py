@@ -8,13 +8,16 @@ of the same compiled model is running are gathered, concatenated along ``batch_a
 one launch (every op then runs once for all of them, with larger, faster kernels: the
 on-the-fly batching of DyNet, at the granularity of the whole program), and the outputs split
 back along ``batch_axis``. A call never waits for others when nothing of this model runs, and
-at most ``max_wait`` seconds otherwise. The batch is padded to a power of two (so at most a
+otherwise until the running batch ends, at most ``max_wait`` seconds: the calls gathered
+meanwhile launch as soon as the model is free. The batch is padded to a power of two (so at most a
 few sizes are traced), the padding rows being copies of the first input's. Every array input
 and output must have the batch axis, and rows must be independent (no op may mix the batch's
 rows: reductions over the batch axis, batch norm ...): the results are then those of running
 each call alone, within float rounding. A batch that fails (a kernel raised on some call's
 rows) runs its calls again one at a time, so each caller gets its own result or its own error,
-as unbatched.
+as unbatched. A call's arrays are protected from its caller's writes while it waits, as an
+op's arguments are (:class:`Held`: small ones copied, big ones read-only until the batch has
+read them, or the caller stopped waiting).
 
 The pieces it gathers them with: a :class:`Batch` (the calls gathered for one launch, their
 rows, and a way back to each caller, who may stop waiting: see :meth:`Batch.leave`), the
@@ -24,8 +27,9 @@ batched output back into each call's rows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import numpy as np
@@ -33,11 +37,13 @@ import numpy as np
 from ._errors import DataflowValueError
 from ._lookup import get_runtime
 from ._plans import ARRAY_SLOT, Plans, with_arrays
+from ._protect import protect, thaw
 from ._task import Pending
 from ._walk import leaves, replace
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+    from ._task import Task
 
 __all__ = ["Batch", "Batching", "Timer", "check_rows", "slice_rows"]
 
@@ -70,12 +76,39 @@ def check_rows(out: Any, axis: int, rows: int, name: str) -> None:
             )
 
 
+class Held:
+    """A batched call's arrays, held for its batch: protected from the caller's writes until
+    the batch has read them, as an op's arguments are (``dataflow._protect``: small ones
+    copied, big ones read-only). ``protect`` and ``thaw`` take it as they take a task."""
+
+    __slots__ = ("args", "frozen", "kwargs", "owner")
+
+    def __init__(self, arrays: list[Any], owner: object) -> None:
+        self.args: tuple[Any, ...] = tuple(arrays)
+        self.kwargs: dict[str, Any] | None = None
+        self.frozen: list[Any] | None = None
+        self.owner = owner
+        protect(cast("Task", self))
+
+    @property
+    def name(self) -> str:
+        """What ``dataflow.frozen_by`` names."""
+        return f"a batched call of {self.owner!r}"
+
+    def release(self) -> None:
+        """The batch will not read these arrays again: the caller may write them."""
+        if self.frozen:
+            thaw(cast("Task", self))
+
+
 class Batch:
     """Calls gathered for one launch."""
 
-    def __init__(self, key: Hashable, forget: Callable[[Hashable, Batch], None]) -> None:
+    def __init__(self, key: tuple[Any, ...], statics: list[Any], model: Batching) -> None:
         self.key = key
-        self.calls: list[list[Any]] = []
+        self.statics = statics  # (the calls' other arguments, ARRAY_SLOT where their arrays go)
+        self.calls: list[tuple[Any, ...]] = []
+        self.held: list[Held] = []
         self.rows: list[int] = []
         self.done: list[Callable[[Any, BaseException | None], None]] = []
         # Per call: whether its caller stopped waiting (see leave); how many still wait.
@@ -85,24 +118,30 @@ class Batch:
         self.closed = False
         self.timer: Timer | None = None
         self.rt: Runtime | None = None
-        # The running batch's task (to cancel when every caller has left), and what takes an
-        # unstarted batch out of its model's open batches (``Batching._forget``).
+        # The running batch's task (to cancel when every caller has left), whether it took
+        # its first step (``Batching._run_batch``), and the compiled forward it belongs to.
         self.task: Any = None
-        self.forget = forget
+        self.started = False
+        self.model = model
 
-    def join(self, arrays: list[Any], rows: int, rt: Runtime) -> Awaitable[Any]:
+    def join(self, arrays: list[Any], rows: int, rt: Runtime, owner: object) -> Awaitable[Any]:
         assert rt.host is not None
         self.rt = rt
         waiter = rt.host.waiter()
         box: list[Any] = []
         index = len(self.calls)
+        # The batch reads the arrays later (when it launches, or runs the call again alone):
+        # a write by the caller meanwhile must not change its result.
+        held = Held(arrays, owner)
 
         def done(value: Any, exc: BaseException | None) -> None:
+            held.release()
             box.append((value, exc))
             assert rt.host is not None
             rt.host.wake([waiter])
 
-        self.calls.append(arrays)
+        self.calls.append(held.args)
+        self.held.append(held)
         self.rows.append(rows)
         self.done.append(done)
         self.left.append(False)
@@ -130,6 +169,9 @@ class Batch:
         if self.left[index]:
             return
         self.left[index] = True
+        # Never read again: left out of the batch if it has not started (its inputs are
+        # concatenated as it starts), and not run again alone if it fails.
+        self.held[index].release()
         self.live -= 1
         if self.live:
             return
@@ -137,9 +179,10 @@ class Batch:
             self.closed = True
             if self.timer is not None:
                 self.timer.cancel()
-            self.forget(self.key, self)
+            self.model._forget(self.key, self)
         elif self.task is not None and self.rt is not None and self.rt.host is not None:
             self.rt.host.cancel(self.task)
+            self.model._unstarted(self)  # (if it had not started, it never will)
 
 
 class Timer:
@@ -180,7 +223,9 @@ class Batching(Plans):
         # A layer up (``_compile``): launching a prepared plan, batched or not.
         async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any: ...
 
-    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
+    def _rows(self, arrays: list[Any]) -> int:
+        """The call's rows: every array input's size along the batch axis (the same), or
+        a DataflowValueError naming the shapes."""
         axis = self.batch_axis
         assert axis is not None
         rows = []
@@ -196,6 +241,12 @@ class Batching(Plans):
                 f"{self!r}: every array input needs the same size along batch_axis {axis}, "
                 f"got {rows}"
             )
+        return int(rows[0])
+
+    async def _batched(self, arrays: list[Any], statics: list[Any], key: list[Any]) -> Any:
+        axis = self.batch_axis
+        assert axis is not None
+        rows = self._rows(arrays)
         # The group of calls that may share a batch: the signature less the batch axis, in
         # one runtime. A batch runs on its runtime's loop; calls from another runtime (another
         # thread's dataflow.run) batch among themselves (a shared batch hung them all).
@@ -210,12 +261,14 @@ class Batching(Plans):
         gk = tuple(group)
         batch = self._batches.get(gk)
         if batch is None or batch.closed or len(batch.calls) >= self.max_batch:
-            batch = self._batches[gk] = Batch(gk, self._forget)
-        call = batch.join(arrays, rows[0], rt)
+            batch = self._batches[gk] = Batch(gk, statics, self)
+        call = batch.join(arrays, rows, rt, self)
         if not self._running.get(gk) or len(batch.calls) >= self.max_batch:
-            self._flush(gk, batch, statics)  # nothing of this model runs: no reason to wait
+            self._flush(gk, batch)  # nothing of this model runs: no reason to wait
         elif len(batch.calls) == 1:
-            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch, statics))
+            # At most max_wait: the batch launches sooner if the running one ends first
+            # (``_done_running``).
+            batch.timer = Timer(rt, self.max_wait, lambda: self._flush(gk, batch))
         return await call
 
     def _forget(self, gk: Hashable, batch: Batch) -> None:
@@ -223,7 +276,8 @@ class Batching(Plans):
         if self._batches.get(gk) is batch:
             del self._batches[gk]
 
-    def _flush(self, gk: tuple[Any, ...], batch: Batch, statics: list[Any]) -> None:
+    def _flush(self, gk: tuple[Any, ...], batch: Batch) -> None:
+        """Launch ``batch`` (in a task of its runtime's: ``_run_batch``)."""
         if batch.closed:
             return
         batch.closed = True
@@ -233,11 +287,26 @@ class Batching(Plans):
         rt = batch.rt
         assert rt is not None and rt.host is not None
         self._running[gk] = self._running.get(gk, 0) + 1
-        batch.task = rt.host.spawn(self._run_batch(gk, batch, statics), f"batch {gk[1:]!r:.40}")
+        batch.task = rt.host.spawn(
+            self._run_batch(gk, batch),
+            f"batch {gk[1:]!r:.40}",
+            functools.partial(self._unstarted, batch),
+        )
 
-    async def _run_batch(self, gk: Hashable, batch: Batch, statics: list[Any]) -> None:
+    def _unstarted(self, batch: Batch) -> None:
+        """``batch``'s task was cancelled: if before its first step, it never runs (an
+        asyncio task; trio's bridge closes it unrun and calls this), nor the cleanup that
+        ends its run, so this ends it (the model stayed marked running: every later call
+        waited ``max_wait`` for nothing)."""
+        if not batch.started:
+            batch.started = True
+            self._done_running(batch.key)
+
+    async def _run_batch(self, gk: Hashable, batch: Batch) -> None:
+        batch.started = True
         axis = self.batch_axis
         assert axis is not None
+        statics = batch.statics
         running = True
         delivered = 0
         # The calls whose callers still wait (a cancelled caller's rows are left out).
@@ -258,15 +327,17 @@ class Batching(Plans):
                     )
                 inputs.append(np.concatenate(parts, axis=axis))
             _, _, key = self._split(tuple(with_arrays(statics, inputs)))
-            prog = await self._program(tuple(key), inputs, statics)
             try:
+                prog = await self._program(tuple(key), inputs, statics)
                 out = await self._launch(prog, inputs)
             except Exception:
-                if len(calls) == 1:
+                if len(calls) == 1 and padded == total:
                     raise
                 # A kernel raised on some call's rows: one caller's bad input must not fail
                 # the others (nor show them its error). Each call runs again alone, and gets
-                # its own result or its own error, as it would unbatched.
+                # its own result or its own error, as it would unbatched. So does a trace
+                # that failed: its error named the batch's shapes, not the caller's (a meta
+                # rule's "got float32[4, 5]" for a call of one row).
                 for i, k in enumerate(calls):
                     if not batch.left[k]:
                         value, error = await self._alone(batch.calls[k], statics)
@@ -292,19 +363,28 @@ class Batching(Plans):
             if not isinstance(exc, Exception):
                 raise
         finally:
+            for held in batch.held:  # (each caller's already, unless the batch failed early)
+                held.release()
             if running:
                 self._done_running(gk)
 
     def _done_running(self, gk: Hashable) -> None:
         """A batch of group ``gk`` no longer runs (the last one's entry goes: it holds its
-        runtime)."""
+        runtime). If none runs now, the calls that gathered meanwhile launch: they waited
+        for the model, and it is free (they waited out ``max_wait`` with nothing running,
+        and closing the runtime waited for their timer)."""
         left = self._running[gk] - 1
         if left:
             self._running[gk] = left
-        else:
-            del self._running[gk]
+            return
+        del self._running[gk]
+        batch = self._batches.get(gk)
+        if batch is not None and batch.live:
+            self._flush(batch.key, batch)
 
-    async def _alone(self, arrays: list[Any], statics: list[Any]) -> tuple[Any, Exception | None]:
+    async def _alone(
+        self, arrays: Sequence[Any], statics: list[Any]
+    ) -> tuple[Any, Exception | None]:
         """One call of a failed batch, run by itself: (its outputs, None) or (None, its error)."""
         try:
             values = [np.asarray(a.result()) if isinstance(a, Pending) else a for a in arrays]

@@ -31,6 +31,7 @@ has.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, overload
 
@@ -42,6 +43,7 @@ from ._instrument import ACTIVE
 from ._lookup import get_runtime
 from ._plans import Tracing, with_arrays
 from ._task import Future, Pending
+from .graph._capture import Tracer
 from .graph._here import run_here
 from .graph._launch import launch
 
@@ -211,6 +213,8 @@ class Compiled(Batching, Generic[R]):
                 self._stale(version)
         arrays, statics, key = self._split(args)
         if any(type(a) is not _ndarray for a in arrays):
+            if isinstance(get_runtime("a compiled forward").backend, Tracer):
+                return await self._traced(args)  # type: ignore[no-any-return]
             # A Tensor input is awaited first: the plan's kernels take its value.
             arrays = [(await a) if isinstance(a, Pending) else a for a in arrays]
         if self.batch_axis is not None and arrays:
@@ -220,6 +224,17 @@ class Compiled(Batching, Generic[R]):
         if prog is None:
             prog = await self._program(k, arrays, statics)
         return await self._launch(prog, arrays)  # type: ignore[no-any-return]
+
+    async def _traced(self, args: tuple[Any, ...]) -> Any:
+        """A call inside a program being traced (``dataflow.trace``, or another compiled
+        forward's first call), its inputs the trace's pending values: the function's own ops
+        are recorded into that trace, its outputs pending. (Launching the plan awaited the
+        inputs: compiling the outer program refused it, a trace kept the example's outputs
+        as constants.)"""
+        result = self.fn(*args)
+        if inspect.isawaitable(result) and not isinstance(result, Future):
+            result = await result  # (a plain function's pending outputs are not awaited)
+        return result
 
     async def _launch(self, prog: Any, arrays: Sequence[Any]) -> Any:
         rt = get_runtime("a compiled forward")
@@ -235,6 +250,7 @@ class Compiled(Batching, Generic[R]):
             and not (ACTIVE or sched.watching)
             and sched.pool is not None
             and sched._inline_ok
+            and rt.op_timeout is None  # (timed ops run on the pool: ``launch``)
             and prog.runs_here(sched.inline_threshold)
         ):
             # A short plan of small kernels, unobserved: run it whole here, now, without
@@ -266,27 +282,27 @@ class Compiled(Batching, Generic[R]):
         Returns:
             How many signatures were traced now (those already compiled are not counted).
         """
+        if self._versioned:  # (parameters replaced since the last call: as a call does)
+            version = self.fn.parameter_version  # type: ignore[attr-defined]
+            if version != self._version:
+                self._stale(version)
         arrays, statics, key = self._split(args)
+        if any(type(a) is not _ndarray for a in arrays):
+            # A Tensor example is awaited first, as a call's is (``__call__``).
+            arrays = [(await a) if isinstance(a, Pending) else a for a in arrays]
         before = len(self.programs)
         if self.batch_axis is None or not arrays:
             await self._program(tuple(key), arrays, statics)
             return len(self.programs) - before
         axis = self.batch_axis
-        rows = {int(np.shape(a)[axis]) for a in arrays}
-        if len(rows) != 1:
-            raise DataflowValueError(
-                f"{self!r}: every array input needs the same size along batch_axis {axis}, "
-                f"got {sorted(rows)}"
-            )
-        one = rows.pop()
+        one = self._rows(arrays)
+        if not one:  # calls without rows batch at none (or at the rows of others)
+            await self._program(tuple(key), arrays, statics)
+            return len(self.programs) - before
         size = 1
         while True:
             total = 1 << (size * one - 1).bit_length()
-            inputs = [
-                np.repeat(np.asarray(a.result()) if isinstance(a, Pending) else a, total // one,
-                          axis=axis)
-                for a in arrays
-            ]  # fmt: skip
+            inputs = [np.repeat(a, total // one, axis=axis) for a in arrays]
             if total % one:  # rows that do not divide a power of two: pad like a batch does
                 inputs = [np.concatenate([x, np.take(x, [0] * (total % one), axis=axis)],
                                          axis=axis) for x in inputs]  # fmt: skip

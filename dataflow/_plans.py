@@ -71,6 +71,15 @@ def _static_key(value: Any) -> Any:
     return (t, value)
 
 
+def _holds_arrays(value: tuple[Any, ...] | list[Any] | frozenset[Any]) -> bool:
+    """Whether an array or a Tensor is in ``value`` (tuples and lists walked)."""
+    return any(
+        isinstance(v, _ndarray | Pending)
+        or (isinstance(v, tuple | list | frozenset) and _holds_arrays(v))
+        for v in value
+    )
+
+
 class Tracing:
     """A signature being traced: the calls waiting for it (each with its runtime's host
     loop), and its error once it failed."""
@@ -139,18 +148,18 @@ class Plans:
                 statics.append(ARRAY_SLOT)
                 key.append((tuple(shape), np.dtype(dtype)))
             else:
+                # A tuple of Tensors is hashable (by identity): taken as a static, it was
+                # traced anew at every call, each plan kept (and its Tensors) for good.
+                if isinstance(a, tuple | list | frozenset) and _holds_arrays(a):
+                    raise DataflowTypeError(
+                        f"a compiled forward takes each array as an argument of its own, "
+                        f"got a {type(a).__name__} of arrays (such as an LSTM's (h0, c0)): "
+                        "compile a function that takes them one by one, e.g. `async def "
+                        "fwd(x, h0, c0): return await lstm(x, (h0, c0))`"
+                    )
                 try:
                     hash(a)
                 except TypeError:
-                    if isinstance(a, tuple | list) and any(
-                        isinstance(v, _ndarray | Pending) for v in a
-                    ):
-                        raise DataflowTypeError(
-                            f"a compiled forward takes each array as an argument of its own, "
-                            f"got a {type(a).__name__} of arrays (such as an LSTM's (h0, c0)): "
-                            "compile a function that takes them one by one, e.g. `async def "
-                            "fwd(x, h0, c0): return await lstm(x, (h0, c0))`"
-                        ) from None
                     raise DataflowTypeError(
                         f"a compiled forward's non-array arguments are part of its signature "
                         f"and must be hashable: got {type(a).__name__}: {a!r:.60}"

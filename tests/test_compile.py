@@ -520,6 +520,35 @@ class TestBatching:
 
         assert dataflow.run(main) == 1
 
+    @pytest.mark.parametrize("batch_axis", [None, 0], ids=["plain", "batched"])
+    def test_warm_up_takes_a_pending_tensor(self, batch_axis: int | None) -> None:
+        """A Tensor example is awaited first, as a call's is (warm_up raised NotReadyError
+        while it was still queued)."""
+        gate = threading.Event()
+        forward = dataflow.compile(Mlp(), batch_axis=batch_axis, max_batch=2)
+
+        async def main() -> int:
+            x = slow_neg(gate_op(_x(1, 6), gate))
+            asyncio.get_running_loop().call_later(0.05, gate.set)
+            n: int = await forward.warm_up(x)
+            return n
+
+        assert dataflow.run(main, interop_threads=2) == (1 if batch_axis is None else 2)
+
+    def test_warm_up_with_no_rows(self) -> None:
+        """An example without rows along the batch axis traces the signature calls like it
+        run at (a batch of such calls has no rows either): a ZeroDivisionError before."""
+        forward = dataflow.compile(Mlp(), batch_axis=0)
+
+        async def main() -> tuple[int, int]:
+            n: int = await forward.warm_up(_x(0, 6))
+            before = len(forward.programs)
+            out: Array = await forward(_x(0, 6))
+            assert out.shape == (0, 3)
+            return n, len(forward.programs) - before
+
+        assert dataflow.run(main) == (1, 0)
+
     def test_bad_batch_axis(self) -> None:
         """A batch axis out of range for an input is refused, naming the shape."""
         forward = dataflow.compile(Mlp(), batch_axis=3)
@@ -527,6 +556,8 @@ class TestBatching:
         async def main() -> None:
             with pytest.raises(ValueError, match="out of range for an input of shape"):
                 await forward(_x(2, 6))
+            with pytest.raises(dataflow.DataflowValueError, match="out of range for an input"):
+                await forward.warm_up(_x(2, 6))  # (an IndexError before)
 
         dataflow.run(main)
 
@@ -1187,6 +1218,27 @@ class TestParameters:
         assert not forward.programs
         np.testing.assert_allclose(dataflow.run(main), _reference(m, x), rtol=1e-5, atol=1e-5)
 
+    def test_warm_up_after_a_reload_traces_the_stale_plans_again(self) -> None:
+        """warm_up after load_state_dict traces again what the reload made stale (as
+        serving.md says to), so the next calls trace nothing: it found the stale plans
+        still cached (they were dropped at the next call, which traced on the request path)."""
+        m = Mlp()
+        forward = dataflow.compile(m, batch_axis=0, max_batch=4)
+        x = _x(1, 6)
+
+        async def main() -> tuple[int, int, int, list[Array]]:
+            first = await forward.warm_up(x)
+            m.load_state_dict({k: v * 2 for k, v in m.state_dict().items()})
+            again = await forward.warm_up(x)
+            before = len(forward.programs)
+            outs = list(await asyncio.gather(*(forward(x) for _ in range(4))))
+            return first, again, len(forward.programs) - before, outs
+
+        first, again, new, outs = dataflow.run(main)
+        assert (first, again, new) == (3, 3, 0)
+        for out in outs:
+            np.testing.assert_allclose(out, _reference(m, x), rtol=1e-5, atol=1e-5)
+
 
 class TestArgumentErrors:
     def test_keywords_are_refused_clearly(self) -> None:
@@ -1207,3 +1259,131 @@ class TestArgumentErrors:
                 await forward(x, (h0, h0))
 
         dataflow.run(main)
+
+    def test_a_tuple_of_tensors_is_refused_too(self) -> None:
+        """Tensors are hashable: a tuple of them was taken as a static argument, keyed by
+        the Tensors' identity, so every call traced a plan of its own, all kept."""
+        forward = dataflow.compile(ops.nn.LSTM(5, 7, seed=0))
+        x = _x(4, 2, 5)
+
+        async def main() -> None:
+            h0 = ops.tanh(np.zeros((1, 2, 7), np.float32))
+            for _ in range(2):
+                with pytest.raises(dataflow.DataflowTypeError, match=r"tuple of arrays .* one"):
+                    await forward(x, (h0, h0))
+            with pytest.raises(dataflow.DataflowTypeError, match=r"tuple of arrays .* one"):
+                await forward(x, (1, (h0,)))  # (nested)
+            assert not forward.programs
+
+        dataflow.run(main)
+
+
+def _stuck_kernel(x: Any, gate: threading.Event) -> Any:
+    gate.wait(10)
+    return x
+
+
+_stuck = dataflow.op("stuck_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor)(_stuck_kernel)
+_stuck_timed = dataflow.op(
+    "stuck_timed_c", meta=lambda x, g: ops.spec_of(x), handle=ops.Tensor, timeout=0.05
+)(_stuck_kernel)
+
+
+class TestTimeouts:
+    """Op timeouts apply to a compiled plan's nodes as to eager ops: the call fails with
+    OpTimeoutError naming the op (a plan ran every kernel to its end, however long)."""
+
+    @pytest.mark.parametrize("batch_axis", [None, 0], ids=["plain", "batched"])
+    @pytest.mark.parametrize("where", ["op", "runtime"])
+    def test_a_kernel_past_its_timeout_fails_the_call(
+        self, where: str, batch_axis: int | None
+    ) -> None:
+        gate = threading.Event()
+        stuck = _stuck_timed if where == "op" else _stuck
+
+        async def model(x: Any) -> Any:
+            return ops.add(stuck(x, gate), 1.0)
+
+        forward = dataflow.compile(model, batch_axis=batch_axis)
+        x = _x(1, 3)
+
+        async def main() -> list[str]:
+            gate.set()
+            for _ in range(40):  # measured short: a plan the loop's thread runs, if untimed
+                await forward(x)
+            gate.clear()
+            errors = []
+            for call in (model, forward, forward):  # eager, then compiled twice
+                with pytest.raises(dataflow.OpTimeoutError) as info:
+                    await dataflow.materialize(await call(x))
+                errors.append(str(info.value))
+            return errors
+
+        try:
+            op_timeout = 0.05 if where == "runtime" else None
+            errors = dataflow.run(main, interop_threads=2, op_timeout=op_timeout)
+        finally:
+            gate.set()  # the stuck kernels return, and their abandoned threads end
+            for t in threading.enumerate():
+                if t.name.startswith("interop"):
+                    t.join(10)
+        for message in errors:
+            assert f"timeout of op '{stuck.name}'" in message
+
+    def test_a_timed_elementwise_op_is_not_fused(self) -> None:
+        """Fusion keeps an op with a timeout a node of its own (fused, it ran untimed)."""
+        timed_neg = dataflow.op("timed_neg_c", meta=ops.spec_of, handle=ops.Tensor, timeout=5.0)(
+            np.negative
+        )
+
+        async def model(x: Any) -> Any:
+            return ops.tanh(timed_neg(ops.add(x, 1.0)))
+
+        forward = dataflow.compile(model)
+
+        async def main() -> Array:
+            out: Array = await forward(_x(2, 3))
+            return out
+
+        np.testing.assert_allclose(dataflow.run(main), np.tanh(-(_x(2, 3) + 1)), rtol=1e-6)
+        (prog,) = forward.programs.values()
+        assert "timed_neg_c" in [node.op.name for node in prog.graph.nodes]
+
+
+async def _inner_fn(x: Any) -> Any:
+    return ops.tanh(ops.add(x, 1.0))
+
+
+class TestNested:
+    """A compiled forward called by a program being traced (``dataflow.trace``, or another
+    compiled forward's first call) records its ops there, as the function it compiles would:
+    its launch read the traced input's value, so the outer graph kept the example's result
+    as a constant (or compiling refused the program: "the program awaited an input's value")."""
+
+    def test_a_compiled_forward_inside_a_compiled_forward(self) -> None:
+        inner = dataflow.compile(_inner_fn)
+
+        async def outer_fn(x: Any) -> Any:
+            return ops.multiply(await inner(x), 2.0)
+
+        outer = dataflow.compile(outer_fn)
+        xs = [_x(2, 3, seed=k) for k in range(3)]
+
+        async def main() -> list[Array]:
+            return [await outer(x) for x in xs]
+
+        for x, got in zip(xs, dataflow.run(main), strict=True):
+            np.testing.assert_allclose(got, np.tanh(x + 1) * 2, rtol=1e-6)
+
+    def test_a_compiled_forward_inside_a_trace(self) -> None:
+        inner = dataflow.compile(_inner_fn)
+
+        async def outer_fn(x: Any) -> Any:
+            return ops.multiply(await inner(x), 2.0)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dataflow.TracerWarning)
+            graph = dataflow.trace(outer_fn, _x(2, 3))
+        assert not graph.constants
+        x = _x(2, 3, seed=5)
+        np.testing.assert_allclose(graph.run(x), np.tanh(x + 1) * 2, rtol=1e-6)

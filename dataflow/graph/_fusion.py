@@ -45,6 +45,8 @@ def is_elementwise(node: Node) -> bool:
     op = node.op
     if node.multi or node.kwargs or isinstance(op, (FusedOp, UnresolvedOp)):
         return False
+    if getattr(op, "timeout", None) is not None:
+        return False  # fused, its kernel would run under no deadline of its own
     for a in node.args:  # references and plain scalars only: no lists hiding references
         if type(a) in (list, tuple, dict) and any(True for _ in iter_refs(a)):
             return False

@@ -27,6 +27,10 @@ nodes run depends on whether anything observes the runtime:
   with no inputs; from there the scheduler runs them like any task (placement, continuation,
   the GIL lane, value checks, failures), so the trace sees every node. The gather task waits
   for the output nodes and builds the outputs.
+* **Timed** (a node's op has a ``timeout``, or the runtime an ``op_timeout``; not in the
+  synchronous mode): a launch task too, each timed node's kernel a ``TimedKernel``
+  (``dataflow._timeout``): a runner of the lean executor runs many kernels, which no
+  per-node deadline can time.
 
 Either way a node's value is dropped as soon as its last reader has run (unless it is an
 output).
@@ -79,6 +83,12 @@ class Program:
         self.sigs: tuple[Signature, ...] = plan.sigs
         self.rank = plan.rank
         self.kernels: list[Callable[..., Any]] = [node.op.kernel for node in nodes]
+        # Per node, its op's own timeout (None: the runtime's op_timeout, if any), and
+        # whether any node has one: a timed launch runs a task per node (``launch``).
+        self.timeouts: tuple[float | None, ...] = tuple(
+            getattr(node.op, "timeout", None) for node in nodes
+        )
+        self.timed = any(t is not None for t in self.timeouts)
         self.args: list[tuple[Any, ...]] = []
         self.slots: list[tuple[tuple[int, int, int, int | None], ...] | None] = []
         self.kwargs: list[dict[str, Any] | None] = []
@@ -152,7 +162,7 @@ class Program:
         if n % PLAN_HERE_EVERY:
             return self._here
         total = 0.0
-        here = True
+        here = not self.timed  # (a timed op never runs on the launching thread)
         for sig in self.sigs:
             seconds = sig.seconds
             total += seconds
@@ -201,14 +211,21 @@ def launch(
     owner = sched.request()
     if priority is None:
         priority = owner.base if owner is not None else float(_next_id())
-    if not (ACTIVE or sched.watching):
-        return _launch_lean(rt, prog, inputs, priority, waiter, owner, False, here)
-    if not (HOOKED or sched.hooked):  # only recorders: the lean executor writes span records
-        if GENERATION[0] != sched._sinks_gen:
-            sched.sinks()
-        if not sched._overriding:
-            return _launch_lean(rt, prog, inputs, priority, waiter, owner, True, here)
+    default = rt.op_timeout
+    timed = (prog.timed or default is not None) and sched.pool is not None
+    if not timed:
+        if not (ACTIVE or sched.watching):
+            return _launch_lean(rt, prog, inputs, priority, waiter, owner, False, here)
+        if not (HOOKED or sched.hooked):  # only recorders: the lean executor writes spans
+            if GENERATION[0] != sched._sinks_gen:
+                sched.sinks()
+            if not sched._overriding:
+                return _launch_lean(rt, prog, inputs, priority, waiter, owner, True, here)
     run = PlanRun(prog, rt, inputs)
+    if timed:
+        # Op timeouts (as eager ops have them; not in the synchronous mode): the lean
+        # executor's runners cannot be timed per node, a task per node can (``_timeout``).
+        run.timeouts = [default if t is None else t for t in prog.timeouts]
     run.base = priority
     gather = Task(prog.gather_sig, run.finish, tuple(inputs), None, rt)
     protect(gather)  # small inputs copied, big ones read-only until the outputs are built

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._pool import GRAPH_LOCK
 from .._task import READY, Task
+from .._timeout import TimedKernel
 from ._ir import map_refs
 from ._slots import NODE, NODE_OUT, output_value, ref_value
 
@@ -31,7 +32,7 @@ __all__ = ["PlanRun"]
 class PlanRun:
     """One launch of a program: its node tasks, and the values they read."""
 
-    __slots__ = ("base", "gather", "inputs", "left", "owner", "prog", "rt", "tasks")
+    __slots__ = ("base", "gather", "inputs", "left", "owner", "prog", "rt", "tasks", "timeouts")
 
     def __init__(self, prog: Program, rt: Runtime, inputs: Sequence[Any]) -> None:
         self.prog = prog
@@ -43,6 +44,8 @@ class PlanRun:
         self.base = 0.0
         self.gather: Task | None = None
         self.owner: Any = None  # the request it was launched for (see _scheduler)
+        # Per node, its timeout (None: none), when any node has one (``launch``).
+        self.timeouts: list[float | None] | None = None
 
     def _value(self, ref: Any) -> Any:
         return ref_value(ref, self.inputs, self.prog.constants, self._node_value)
@@ -91,6 +94,10 @@ class PlanRun:
         calls = prog.calls
         tasks = [Task(sigs[i], call, calls[i], None, rt) for i in range(prog.size)]
         self.tasks = tasks
+        if self.timeouts is not None:
+            for t, seconds in zip(tasks, self.timeouts, strict=True):
+                if seconds is not None:  # armed where it runs, never inline on the loop
+                    t.fn = TimedKernel(call, t, seconds)
         self.left = [[None] * len(r) for r in prog.readers]
         for i, t in enumerate(tasks):
             t.priority = base + rank[i]
