@@ -160,7 +160,9 @@ class Compiled(Batching, Generic[R]):
     """A compiled forward: call it like the function; ``await`` gives the outputs' arrays.
 
     Attributes:
-        programs: the prepared plans, by signature (read it to see what was compiled).
+        programs: the prepared plans, by signature (read it to see what was compiled); at
+            most ``dataflow._plans.MAX_PLANS`` (256), the oldest forgotten first.
+        evicted: how many plans were forgotten that way (a warning says so the first time).
         launches: how many plans were launched (a batch counts once).
         calls: how many calls were made.
     """
@@ -190,6 +192,7 @@ class Compiled(Batching, Generic[R]):
         self._version = getattr(fn, "parameter_version", None) if self._versioned else None
         self.launches = 0
         self.calls = 0
+        self.evicted = 0
         functools.update_wrapper(self, fn, updated=())
 
     def __repr__(self) -> str:

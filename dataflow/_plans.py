@@ -31,6 +31,7 @@ over) is not seen: call :meth:`Plans.clear` then.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -46,6 +47,12 @@ _ndarray = np.ndarray
 
 #: Marks an array argument's place among a call's static arguments (``Plans._split``).
 ARRAY_SLOT = object()
+
+#: The most plans a compiled forward keeps: past it, the oldest traced is forgotten (and
+#: traced again if called again). Each plan holds its graph and buffers; a server fed
+#: inputs of ever new shapes (or static values) would otherwise keep one per signature for
+#: good. Compiled.evicted counts the plans forgotten.
+MAX_PLANS = 256
 
 
 def with_arrays(statics: list[Any], arrays: list[Any]) -> list[Any]:
@@ -104,6 +111,7 @@ class Plans:
     # parameter_version when they were last checked (None: not a versioned module).
     _read: dict[Hashable, dict[str, Any]]
     _version: Any
+    evicted: int
 
     def clear(self) -> None:
         """Forget every compiled plan: the next call of each signature traces it again (after
@@ -121,6 +129,24 @@ class Plans:
             if any(current.get(name) is not array for name, array in read.items()):
                 self.programs.pop(key, None)
                 del self._read[key]
+
+    def _evict(self) -> None:
+        """More than MAX_PLANS plans: forget the oldest traced (a dict keeps that order), and
+        warn once per compiled forward (its signatures keep changing: see docs/serving.md)."""
+        oldest = next(iter(self.programs))
+        del self.programs[oldest]
+        self._read.pop(oldest, None)
+        self.evicted += 1
+        if self.evicted == 1:
+            name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+            warnings.warn(
+                f"compile({name}): more than {MAX_PLANS} signatures (input shapes, dtypes and "
+                "static arguments) were compiled; the oldest plans are forgotten and traced "
+                "again when called again. Bound the shapes a server accepts (pad or bucket "
+                "them), or pass changing values as arrays rather than static arguments",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     # -- signatures ------------------------------------------------------------------------
 
@@ -202,6 +228,8 @@ class Plans:
             found = self.programs[key] = await self._trace(arrays, statics)
             graph = found.graph
             self._read[key] = {name: graph.constants[name] for name in graph.parameters}
+            if len(self.programs) > MAX_PLANS:
+                self._evict()
         except Exception as exc:
             entry.error = exc
         finally:

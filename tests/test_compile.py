@@ -87,6 +87,31 @@ class TestCompile:
 
         dataflow.run(main)
 
+    def test_plans_are_bounded(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Past MAX_PLANS signatures the oldest plan is forgotten (it grew for good: one plan
+        per new shape or static value), a RuntimeWarning says so once, and a forgotten
+        signature called again is traced again and gives the right value."""
+        from dataflow import _plans
+
+        monkeypatch.setattr(_plans, "MAX_PLANS", 3)
+
+        async def scale(x: Any, k: float) -> Any:
+            return ops.multiply(x, k)
+
+        forward = dataflow.compile(scale)
+        x = _x(2, 3)
+
+        async def main() -> None:
+            with pytest.warns(RuntimeWarning, match="more than 3 signatures") as seen:
+                for k in range(6):
+                    np.testing.assert_allclose(await forward(x, float(k)), x * k)
+            assert len(seen) == 1
+            assert len(forward.programs) == 3 and forward.evicted == 3
+            np.testing.assert_allclose(await forward(x, 0.0), x * 0.0)  # traced again
+            assert forward.evicted == 4 and len(forward.programs) == 3
+
+        dataflow.run(main)
+
     def test_static_arguments_equal_only_by_value_compile_apart(self) -> None:
         """Static arguments that are == but that the program tells apart (2 and 2.0 in a
         tuple, 0.0 and -0.0) are two signatures (the second call reused the first's plan:
