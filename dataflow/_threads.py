@@ -37,6 +37,11 @@ _interop_default: int | None = None
 # Environment variables that choose BLAS's thread count.
 _ENV_INTRAOP = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 _intraop_chosen = False  # set_num_threads was called
+#: The largest thread count a setting takes: a C int, as BLAS's setters (and torch's) take. A
+#: larger one failed inside the C call (ctypes' ArgumentError from set_num_threads), or was
+#: taken as the size of an inter-op pool whose start went on making threads until the system
+#: refused one.
+MAX_THREADS = 2**31 - 1
 
 
 def _cores() -> int:
@@ -47,12 +52,17 @@ def _cores() -> int:
 
 
 def _check_count(n: object, what: str) -> int:
-    """``n`` if it is a positive int: another type is a DataflowTypeError, an int below 1 a
-    DataflowValueError (the rule of ``_errors``), both naming ``what``."""
+    """``n`` if it is a positive int up to :data:`MAX_THREADS`: another type is a
+    DataflowTypeError, an int out of that range a DataflowValueError (the rule of
+    ``_errors``), both naming ``what``."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise DataflowTypeError(f"{what} must be a positive int, got {type(n).__name__}: {n!r}")
     if n < 1:
         raise DataflowValueError(f"{what} must be a positive int, got {n!r}")
+    if n > MAX_THREADS:
+        raise DataflowValueError(
+            f"{what} must be a thread count of at most {MAX_THREADS} (a C int), got {n!r}"
+        )
     return n
 
 
@@ -67,11 +77,12 @@ def default_interop_threads() -> int:
     env = os.environ.get(_ENV_INTEROP)
     if env:
         try:
-            return _check_count(int(env), _ENV_INTEROP)
+            n = int(env)
         except ValueError:
             raise DataflowValueError(
                 f"${_ENV_INTEROP} must be a positive int, got {env!r}"
             ) from None
+        return _check_count(n, f"${_ENV_INTEROP}")
     return _cores()
 
 

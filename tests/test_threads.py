@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -62,6 +62,28 @@ class TestInterop:
             dataflow.Runtime(intraop_threads=bad)  # type: ignore[arg-type]
         with pytest.raises(dataflow.DataflowTypeError, match="max_pending"):
             dataflow.Runtime(max_pending=bad)  # type: ignore[arg-type]
+
+    def test_rejects_counts_past_a_c_int(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A count no C int holds is a DataflowValueError naming the setting, raised at the
+        call: set_num_threads raised ctypes' ArgumentError from BLAS's setter (after it had
+        stopped the adaptive governor), and an inter-op count was taken for a pool that
+        would start threads until the system refused one."""
+        huge = 2**64
+        calls: list[tuple[Callable[[], object], str]] = [
+            (lambda: dataflow.set_num_threads(huge), "set_num_threads"),
+            (lambda: dataflow.set_num_interop_threads(huge), "set_num_interop_threads"),
+            (lambda: dataflow.Runtime(interop_threads=huge), "interop_threads"),
+            (lambda: dataflow.Runtime(intraop_threads=huge), "intraop_threads"),
+        ]
+        for call, name in calls:
+            with pytest.raises(dataflow.DataflowValueError, match=rf"{name}.*at most 2147483647"):
+                call()
+        dataflow.set_num_interop_threads(_threads.MAX_THREADS)  # the largest is taken
+        assert dataflow.get_num_interop_threads() == 2**31 - 1
+        _threads._interop_default = None
+        monkeypatch.setenv("DATAFLOW_NUM_INTEROP_THREADS", str(huge))
+        with pytest.raises(dataflow.DataflowValueError, match=r"NUM_INTEROP_THREADS.*at most"):
+            dataflow.get_num_interop_threads()
 
     @pytest.mark.asyncio
     async def test_cannot_resize_running_pool(self) -> None:
