@@ -51,7 +51,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -62,7 +62,9 @@ __all__ = [
     "acquire",
     "crowd",
     "governed",
+    "limit_every",
     "release",
+    "restore_every",
     "stop",
 ]
 
@@ -286,6 +288,48 @@ def stop() -> None:
 
     with _lock, GRAPH_LOCK:
         GOVERNOR = None
+
+
+def limit_every(n: int) -> Any:
+    """Set every BLAS loaded to ``n`` threads, from whichever thread calls; the threadpoolctl
+    limiter that restores the counts from before (:func:`restore_every`)."""
+    from threadpoolctl import threadpool_limits
+
+    with _in_control():
+        return threadpool_limits(limits=n, user_api="blas")
+
+
+def restore_every(limiter: Any) -> None:
+    """Put back the counts from before :func:`limit_every` made ``limiter``."""
+    with _in_control():
+        limiter.restore_original_limits()
+
+
+@contextlib.contextmanager
+def _in_control() -> Iterator[None]:
+    """Let the calling thread set a pthreads OpenBLAS's count through threadpoolctl.
+
+    threadpoolctl (3.8 here) lets one thread at a time set such a count, its "controlling
+    thread": the first to set one, until it exits or its ``with threadpool_limits()`` block
+    ends. Elsewhere the call silently did nothing: ``set_num_threads(1)`` in the main
+    thread, then ``set_num_threads(2)`` (or ``intraop_threads=2``) in another left BLAS at 1;
+    two runtimes in two threads restored nothing from the second. The count is the
+    process's, and these calls are the program's own: the calling thread takes control for
+    the call, and gives it up after (a ``with threadpool_limits()`` block still open in
+    another thread takes it back to restore its counts). Older threadpoolctl versions have
+    no controlling thread.
+    """
+    import threadpoolctl
+
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread",
+                    None)  # fmt: skip
+    if clear is not None:
+        clear(force=True)
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear()  # (only if this thread still controls it)
 
 
 def _after_fork_in_child() -> None:

@@ -251,9 +251,7 @@ class Runtime:
             for observer in self._observers:
                 self._sched.observe(observer, True)
             if self.intraop_threads is not None:
-                from threadpoolctl import threadpool_limits
-
-                self._limits = threadpool_limits(limits=self.intraop_threads, user_api="blas")
+                self._limits = _blas.limit_every(self.intraop_threads)
             elif self._pool is not None and not self.simulate:
                 self._governed = _blas.acquire(self._pool.num_threads)
             await host.open()
@@ -375,7 +373,7 @@ class Runtime:
                     # it, but whichever is open on the loop (``current_runtime``).
                     _current.set(None)
             if self._limits is not None:
-                self._limits.restore_original_limits()
+                _blas.restore_every(self._limits)
                 self._limits = None
             if self._governed:
                 self._governed = False

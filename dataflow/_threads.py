@@ -125,12 +125,10 @@ def set_num_threads(n: int) -> None:
     For OpenBLAS this is process-wide (every inter-op thread shares it), so choose it once
     per process, usually ``cores // interop_threads``.
     """
-    from threadpoolctl import threadpool_limits
-
     global _intraop_chosen
     n = _check_count(n, "set_num_threads(n)")
     _blas.stop()
-    threadpool_limits(limits=n, user_api="blas")
+    _blas.limit_every(n)
     _intraop_chosen = True
 
 

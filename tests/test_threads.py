@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import dataflow
-from dataflow import _threads
+from dataflow import _blas, _threads
 
 
 @pytest.fixture(autouse=True)
@@ -109,6 +109,29 @@ class TestIntraop:
             return dataflow.get_num_threads()
 
         assert dataflow.run(main, intraop_threads=1) == 1
+        assert dataflow.get_num_threads() == 2
+
+    @pytest.mark.skipif(_blas._openblas() is None, reason="needs OpenBLAS's pthreads build")
+    def test_any_thread_sets_the_count(self) -> None:
+        """set_num_threads and intraop_threads= set BLAS's count from whichever thread calls:
+        threadpoolctl lets one thread set a pthreads OpenBLAS's count (the first that set
+        one, while it lives), and from another thread both silently did nothing."""
+        dataflow.set_num_threads(1)  # (the main thread set the count: threadpoolctl's owner)
+        seen: list[int] = []
+
+        async def main() -> int:
+            return dataflow.get_num_threads()
+
+        def elsewhere() -> None:
+            dataflow.set_num_threads(2)
+            seen.append(dataflow.get_num_threads())
+            seen.append(dataflow.run(main, intraop_threads=1, interop_threads=1))
+            seen.append(dataflow.get_num_threads())
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [2, 1, 2]
         assert dataflow.get_num_threads() == 2
 
 
