@@ -39,8 +39,10 @@ The governor is off (BLAS keeps one count) when the program chose the count itse
 count set otherwise while a governed runtime runs, with threadpoolctl say, is found at the
 governor's next change, and it steps aside), when the pool has one thread,
 and for BLAS builds without the serialization (OpenMP builds, MKL): see
-:func:`dataflow.parallel_info`. A child made by ``os.fork()`` starts ungoverned, with BLAS's
-own count (no runtime is open there).
+:func:`dataflow.parallel_info`. Runtimes that chose a count (``intraop_threads=``) hold it
+while open (:func:`hold`): none is governed meanwhile, and the last to close puts back the
+counts from before the first, whatever order they close in. A child made by ``os.fork()``
+starts ungoverned, with BLAS's own count (no runtime is open there).
 """
 
 from __future__ import annotations
@@ -60,12 +62,16 @@ __all__ = [
     "LONG_SECONDS",
     "BlasGovernor",
     "acquire",
+    "chosen",
     "crowd",
     "governed",
+    "held",
+    "hold",
     "limit_every",
     "release",
     "restore_every",
     "stop",
+    "unhold",
 ]
 
 #: A kernel that starts without a crowd gets BLAS's own count back only once no crowd has run
@@ -244,6 +250,8 @@ def acquire(interop_threads: int) -> bool:
     if fns is None:
         return False
     with _lock:
+        if _holders:  # an open runtime chose the count (``hold``)
+            return False
         if GOVERNOR is None:
             own = int(fns[1]())
             if own < 2:
@@ -290,6 +298,15 @@ def stop() -> None:
         GOVERNOR = None
 
 
+# The open runtimes that chose an intra-op count (``intraop_threads=``), with that count, in
+# the order they opened; and what puts BLAS's counts back when the last of them closes: the
+# threadpoolctl limiter the first one made (each library's count before it), or the count the
+# program chose meanwhile (set_num_threads).
+_holders: list[tuple[object, int]] = []
+_before: Any = None
+_chosen_since: int | None = None
+
+
 def limit_every(n: int) -> Any:
     """Set every BLAS loaded to ``n`` threads, from whichever thread calls; the threadpoolctl
     limiter that restores the counts from before (:func:`restore_every`)."""
@@ -332,16 +349,89 @@ def _in_control() -> Iterator[None]:
             clear()  # (only if this thread still controls it)
 
 
+def hold(owner: object, n: int) -> None:
+    """The runtime ``owner`` chose ``n`` intra-op threads and opens: every BLAS loaded gets
+    ``n`` (as :func:`dataflow.set_num_threads` sets them) until it closes (:func:`unhold`).
+
+    The counts are process-wide and runtimes close in any order (runtimes in two threads):
+    each one restoring the counts it found when it opened, the second found the first's and
+    put it back after the first had restored the original, for good. So the first to open
+    keeps the counts from before, the last to close puts them back, and one closing between
+    leaves the latest open one's count. While any is open no runtime adapts BLAS's count
+    (:func:`acquire`): a governor running stops, putting BLAS's own count back first (the
+    count the last one restores: it restored the governor's 1, once the governor had
+    stepped aside from the chosen count).
+    """
+    global GOVERNOR, _before, _chosen_since
+    from ._pool import GRAPH_LOCK
+
+    with _lock:
+        if not _holders:
+            with GRAPH_LOCK:
+                gov, GOVERNOR = GOVERNOR, None
+                if gov is not None:
+                    gov.restore()
+            _before, _chosen_since = limit_every(n), None
+        else:
+            limit_every(n)
+        _holders.append((owner, n))
+
+
+def unhold(owner: object) -> None:
+    """The runtime ``owner`` that :func:`hold` a count closes: the latest open one's count
+    where it was the latest, else nothing changes; the last one puts back the counts from
+    before the first (or the count the program chose since)."""
+    global _before, _chosen_since
+    with _lock:
+        index = next((i for i, (o, _) in enumerate(_holders) if o is owner), None)
+        if index is None:
+            return
+        _, n = _holders.pop(index)
+        if _holders:
+            latest = _holders[-1][1]
+            if index == len(_holders) and latest != n:
+                limit_every(latest)
+            return
+        before, chosen, _before, _chosen_since = _before, _chosen_since, None, None
+        if chosen is not None:
+            limit_every(chosen)
+        elif before is not None:
+            restore_every(before)
+
+
+def held() -> bool:
+    """Whether an open runtime chose the intra-op count (:func:`hold`)."""
+    return bool(_holders)
+
+
+def chosen(n: int) -> None:
+    """The program chose ``n`` intra-op threads (``set_num_threads``) while runtimes that
+    chose theirs are open: the last of them to close leaves ``n``, not the count from
+    before."""
+    global _chosen_since
+    with _lock:
+        if _holders:
+            _chosen_since = n
+
+
 def _after_fork_in_child() -> None:
     """In a child made by ``os.fork()``: no runtime is open here (the parent's are the
     parent's), so none governs BLAS: its own count back, the lock free (the child kept
-    the governor, and BLAS's governed count of 1, for good)."""
-    global GOVERNOR, _users
+    the governor, and BLAS's governed count of 1, for good). Likewise the counts from before
+    a runtime that chose one (``hold``)."""
+    global GOVERNOR, _users, _before, _chosen_since
     _lock._at_fork_reinit()  # type: ignore[attr-defined]
     gov, GOVERNOR, _users = GOVERNOR, None, 0
     if gov is not None:
         with contextlib.suppress(Exception):  # a BLAS that cannot be set: leave it
             gov.restore()
+    before, chosen, _before, _chosen_since = _before, _chosen_since, None, None
+    _holders.clear()
+    with contextlib.suppress(Exception):  # (threadpoolctl failing in the child: leave it)
+        if chosen is not None:
+            limit_every(chosen)
+        elif before is not None:
+            restore_every(before)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

@@ -162,7 +162,7 @@ class Runtime:
         self._sched: Scheduler = None  # type: ignore[assignment]  # set on entry
         self._pool: InteropPool | None = None
         self._token: contextvars.Token[Runtime | None] | None = None
-        self._limits: Any = None
+        self._held = False  # holds its intra-op count (see _blas.hold)
         self._governed = False  # holds the adaptive intra-op governor (see _blas)
         self._entered = False
         self._closed = False
@@ -251,7 +251,8 @@ class Runtime:
             for observer in self._observers:
                 self._sched.observe(observer, True)
             if self.intraop_threads is not None:
-                self._limits = _blas.limit_every(self.intraop_threads)
+                _blas.hold(self, self.intraop_threads)
+                self._held = True
             elif self._pool is not None and not self.simulate:
                 self._governed = _blas.acquire(self._pool.num_threads)
             await host.open()
@@ -372,9 +373,9 @@ class Runtime:
                     # The runtime entered before this one exited first (out of order): not
                     # it, but whichever is open on the loop (``current_runtime``).
                     _current.set(None)
-            if self._limits is not None:
-                _blas.restore_every(self._limits)
-                self._limits = None
+            if self._held:
+                self._held = False
+                _blas.unhold(self)
             if self._governed:
                 self._governed = False
                 _blas.release()

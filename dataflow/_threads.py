@@ -129,6 +129,7 @@ def set_num_threads(n: int) -> None:
     n = _check_count(n, "set_num_threads(n)")
     _blas.stop()
     _blas.limit_every(n)
+    _blas.chosen(n)
     _intraop_chosen = True
 
 

@@ -231,7 +231,7 @@ class TestRuntime:
         gate = threading.Event()
 
         async def main() -> tuple[int, int]:
-            h = held(np.zeros(2), gate)  # (this runtime chose BLAS's count: not governed)
+            h = held(np.zeros(2), gate)  # (this runtime has one thread: not governed)
             while dataflow.current_runtime().running == 0:  # type: ignore[union-attr]
                 await asyncio.sleep(0.001)
             async with dataflow.Runtime(interop_threads=2, private_pool=True):
@@ -243,7 +243,7 @@ class TestRuntime:
                 await asyncio.sleep(0.05)
                 return before, len(gov.counted)
 
-        assert dataflow.run(main, interop_threads=2, intraop_threads=2) == (0, 0)
+        assert dataflow.run(main, interop_threads=1) == (0, 0)
 
     def test_short_kernels_make_no_crowd(
         self, own_two: None, monkeypatch: pytest.MonkeyPatch
@@ -294,6 +294,88 @@ class TestRuntime:
 
         assert dataflow.run(main, interop_threads=2) == (True, True)
         assert _blas.GOVERNOR is None
+
+
+@needs_openblas
+class TestChosenCounts:
+    """Runtimes that chose their intra-op count (``intraop_threads=``): the count is the
+    process's, whatever order they close in."""
+
+    @staticmethod
+    async def _open(n: int, opened: asyncio.Event, close: asyncio.Event) -> None:
+        async with dataflow.Runtime(intraop_threads=n, interop_threads=1, private_pool=True):
+            opened.set()
+            await close.wait()
+
+    def test_runtimes_closed_out_of_order_restore_the_count_from_before(
+        self, own_two: None
+    ) -> None:
+        """The first to open closes first: BLAS keeps the one still open's count, and the
+        last to close puts back the count from before the first (each restored the count it
+        found: the second found the first's, and left it for good)."""
+
+        async def main() -> list[int]:
+            a_open, b_open, a_close, b_close = (asyncio.Event() for _ in range(4))
+            a = asyncio.create_task(self._open(1, a_open, a_close))
+            await a_open.wait()
+            b = asyncio.create_task(self._open(3, b_open, b_close))
+            await b_open.wait()
+            seen = [_blas_now()]
+            a_close.set()
+            await a
+            seen.append(_blas_now())
+            b_close.set()
+            await b
+            return [*seen, _blas_now()]
+
+        assert asyncio.run(main()) == [3, 3, 2]
+
+    def test_nested_runtimes_restore_each_outer_count(self, own_two: None) -> None:
+        async def main() -> list[int]:
+            seen = []
+            async with dataflow.Runtime(intraop_threads=1, interop_threads=1, private_pool=True):
+                async with dataflow.Runtime(
+                    intraop_threads=3, interop_threads=1, private_pool=True
+                ):
+                    seen.append(_blas_now())
+                seen.append(_blas_now())
+            return [*seen, _blas_now()]
+
+        assert asyncio.run(main()) == [3, 1, 2]
+
+    def test_a_count_the_program_sets_meanwhile_stays(self, own_two: None) -> None:
+        """set_num_threads while such a runtime is open: its count stays after the runtime
+        closes (it is the program's choice), not the count from before."""
+
+        async def main() -> int:
+            async with dataflow.Runtime(intraop_threads=1, interop_threads=1, private_pool=True):
+                dataflow.set_num_threads(3)
+            return _blas_now()
+
+        assert asyncio.run(main()) == 3
+
+    def test_opened_inside_a_governed_runtime_it_restores_blas_own_count(
+        self, own_two: None
+    ) -> None:
+        """A runtime that chose a count, opened while a governed runtime had set BLAS to one
+        thread (a crowd had just run), stops the governor (BLAS's own count back first): it
+        restored the governor's 1 at its close, after the governor had stepped aside from
+        its count, and BLAS kept one thread for good."""
+
+        async def main() -> tuple[int, bool, int]:
+            barrier = threading.Barrier(2)
+            x = np.zeros(4)
+            await dataflow.materialize([paired(x, barrier), paired(x, barrier)])
+            crowd = _blas_now()
+            async with dataflow.Runtime(intraop_threads=3, interop_threads=1, private_pool=True):
+                await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
+                await dataflow.materialize(count(x))  # (a kernel start the governor saw)
+                async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                    governed = _blas.GOVERNOR is not None  # (the count is chosen: not)
+            return crowd, governed, _blas_now()
+
+        assert dataflow.run(main, interop_threads=2) == (1, False, 2)
+        assert _blas_now() == 2
 
 
 class _Kernels:
