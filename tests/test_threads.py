@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 
@@ -307,6 +308,52 @@ class TestParallelInfo:
 
         assert "event loop: uvloop" in dataflow.run(main, loop="uvloop")
         assert "event loop: asyncio" in dataflow.run(main, loop="asyncio")
+
+
+class TestParallelInfoOfTheCallingRuntime:
+    """Inside a runtime (on its loop, or in one of its kernels) parallel_info reports that
+    runtime's pool, not the shared pool's default."""
+
+    @staticmethod
+    def _report() -> str:
+        return dataflow.parallel_info()
+
+    def test_a_private_pool(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Its size and kind, the shared pool beside it, and the warning (3 x 1 on 2 cores)
+        naming the runtime's own setting: the report said 2 (the cores, the default) and
+        warned of nothing."""
+        monkeypatch.setattr(_threads, "_cores", lambda: 2)
+
+        async def main() -> tuple[str, str]:
+            async with dataflow.Runtime(interop_threads=3, intraop_threads=1, private_pool=True):
+                return dataflow.parallel_info(), await dataflow.fork(self._report)
+
+        on_loop, in_kernel = dataflow.run(main, interop_threads=2)
+        for info in (on_loop, in_kernel):
+            assert "inter-op threads: 3 (this runtime's private pool; the shared pool: 2" in info
+            assert "intra-op threads (BLAS): 1\n" in info  # (the runtime chose it)
+            assert "3 x 1 = 3 exceeds the 2 cores" in info
+            assert "e.g. interop_threads=2." in info
+
+    def test_the_synchronous_mode(self) -> None:
+        """interop_threads=0 runs no pool: the report said the shared pool's default."""
+
+        async def main() -> str:
+            async with dataflow.Runtime(interop_threads=0):
+                return dataflow.parallel_info()
+
+        assert "inter-op threads: 0 (this runtime's synchronous mode" in asyncio.run(main())
+
+    def test_the_loop_of_a_kernels_runtime(self) -> None:
+        """In a kernel (a worker thread, no loop running there) the loop is the runtime's:
+        it was the loop new runs would get."""
+
+        async def main() -> str:
+            return await dataflow.fork(self._report)
+
+        info = dataflow.run(main, loop="asyncio")
+        assert "event loop: asyncio (" in info
+        assert "default for new runs" not in info
 
 
 class TestBusyIntegral:
