@@ -42,6 +42,7 @@ from ._pool import (
     release_shared_pool,
 )
 from ._scheduler import Scheduler, get_inline_threshold
+from ._scheduler._placement import check_threshold
 from ._task import Task
 from ._threads import _check_count, default_interop_threads
 from ._timeout import check_timeout
@@ -144,17 +145,11 @@ class Runtime:
             )
         self.max_pending = max_pending
         self.op_timeout = check_timeout(op_timeout, "op_timeout")
-        if inline_threshold is not None:
-            if isinstance(inline_threshold, bool) or not isinstance(inline_threshold, int | float):
-                raise DataflowTypeError(
-                    f"Runtime(inline_threshold=) must be a number of seconds, got "
-                    f"{type(inline_threshold).__name__}: {inline_threshold!r}"
-                )
-            if not inline_threshold >= 0:
-                raise DataflowValueError(
-                    f"Runtime(inline_threshold=) must be >= 0, got {inline_threshold!r}"
-                )
-        self._inline_threshold = inline_threshold
+        self._inline_threshold = (
+            None
+            if inline_threshold is None
+            else check_threshold(inline_threshold, "Runtime(inline_threshold=)")
+        )
         self._backend: Backend = make_backend(self, backend, options)
         # A reduction of a pending stack runs as a fold (``_fold``): local kernels only.
         self.folds = self._backend.name == "local"
