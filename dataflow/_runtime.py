@@ -35,6 +35,7 @@ from ._errors import DataflowError, DataflowTypeError, DataflowValueError, Unobs
 from ._instrument import check_observer
 from ._lookup import _by_loop, _current
 from ._pool import (
+    RUN_HAS_NO_POOL,
     InteropPool,
     acquire_shared_pool,
     on_pool_thread,
@@ -216,11 +217,19 @@ class Runtime:
         if (not self.private_pool and on_shared_pool_thread()) or (
             self.private_pool and on_pool_thread() and self.interop_threads == 0
         ):
+            # (The way out named for what was asked: private_pool=True was named to a runtime
+            # that had it, in the synchronous mode, and to dataflow.run, which has no option.)
+            own = (
+                "threads of its own: Runtime(private_pool=True) with interop_threads=1 or more "
+                "(the synchronous mode, interop_threads=0, has none)"
+                if self.interop_threads == 0
+                else "a pool of its own: Runtime(private_pool=True)"
+            )
             raise DataflowError(
                 "a Runtime cannot run on an inter-op pool thread (inside a kernel or a forked "
                 "plain function, e.g. dataflow.run() there): it would wait for the pool it is "
                 "running on. Make the function `async def` and fork it (it runs on the event "
-                "loop and can await ops), or give this Runtime private_pool=True."
+                f"loop and can await ops), or give the runtime {own}; {RUN_HAS_NO_POOL}."
             )
         self._entered = True
         self.host = host
