@@ -246,7 +246,8 @@ def note_seconds(sig: Signature, wall: float) -> None:
 def set_inline_threshold(seconds: float) -> None:
     """The process default: kernels faster than this run inline (default 50 us).
 
-    A runtime takes the default when it is created (``Runtime(inline_threshold=)`` sets its
+    A runtime takes the default when it opens (``async with``; a change later reaches the
+    runtimes opened after it, not one open already: ``Runtime(inline_threshold=)`` sets its
     own). 0 sends every op with a kernel time to the pool; a large value runs everything
     inline (sequentially, on the thread that dispatches or finishes its inputs).
     """
