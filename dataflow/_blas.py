@@ -39,10 +39,9 @@ The governor is off (BLAS keeps one count) when the program chose the count itse
 count set otherwise while a governed runtime runs, with threadpoolctl say, is found at the
 governor's next change, and it steps aside), when the pool has one thread,
 and for BLAS builds without the serialization (OpenMP builds, MKL): see
-:func:`dataflow.parallel_info`. Runtimes that chose a count (``intraop_threads=``) hold it
-while open (:func:`hold`): none is governed meanwhile, and the last to close puts back the
-counts from before the first, whatever order they close in. A child made by ``os.fork()``
-starts ungoverned, with BLAS's own count (no runtime is open there).
+:func:`dataflow.parallel_info`; nor while a runtime that chose its count is open
+(``_intraop``). A child made by ``os.fork()`` starts ungoverned, with BLAS's own count (no
+runtime is open there).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -62,16 +61,10 @@ __all__ = [
     "LONG_SECONDS",
     "BlasGovernor",
     "acquire",
-    "chosen",
     "crowd",
     "governed",
-    "held",
-    "hold",
-    "limit_every",
     "release",
-    "restore_every",
     "stop",
-    "unhold",
 ]
 
 #: A kernel that starts without a crowd gets BLAS's own count back only once no crowd has run
@@ -249,8 +242,10 @@ def acquire(interop_threads: int) -> bool:
     fns = _openblas()
     if fns is None:
         return False
+    from . import _intraop
+
     with _lock:
-        if _holders:  # an open runtime chose the count (``hold``)
+        if _intraop.held():  # an open runtime chose the count
             return False
         if GOVERNOR is None:
             own = int(fns[1]())
@@ -288,150 +283,30 @@ def release() -> None:
             gov.restore()
 
 
-def stop() -> None:
+def stop(restore: bool = False) -> None:
     """The program is choosing the intra-op count (``set_num_threads``, which sets it right
-    after): stop governing, and restore nothing, so that the count it sets stays."""
+    after): stop governing, and restore nothing, so that the count it sets stays; or, with
+    ``restore``, BLAS's own count first (``_intraop.hold``: the count it finds is the one
+    it puts back)."""
     global GOVERNOR
     from ._pool import GRAPH_LOCK
 
     with _lock, GRAPH_LOCK:
-        GOVERNOR = None
-
-
-# The open runtimes that chose an intra-op count (``intraop_threads=``), with that count, in
-# the order they opened; and what puts BLAS's counts back when the last of them closes: the
-# threadpoolctl limiter the first one made (each library's count before it), or the count the
-# program chose meanwhile (set_num_threads).
-_holders: list[tuple[object, int]] = []
-_before: Any = None
-_chosen_since: int | None = None
-
-
-def limit_every(n: int) -> Any:
-    """Set every BLAS loaded to ``n`` threads, from whichever thread calls; the threadpoolctl
-    limiter that restores the counts from before (:func:`restore_every`)."""
-    from threadpoolctl import threadpool_limits
-
-    with _in_control():
-        return threadpool_limits(limits=n, user_api="blas")
-
-
-def restore_every(limiter: Any) -> None:
-    """Put back the counts from before :func:`limit_every` made ``limiter``."""
-    with _in_control():
-        limiter.restore_original_limits()
-
-
-@contextlib.contextmanager
-def _in_control() -> Iterator[None]:
-    """Let the calling thread set a pthreads OpenBLAS's count through threadpoolctl.
-
-    threadpoolctl (3.8 here) lets one thread at a time set such a count, its "controlling
-    thread": the first to set one, until it exits or its ``with threadpool_limits()`` block
-    ends. Elsewhere the call silently did nothing: ``set_num_threads(1)`` in the main
-    thread, then ``set_num_threads(2)`` (or ``intraop_threads=2``) in another left BLAS at 1;
-    two runtimes in two threads restored nothing from the second. The count is the
-    process's, and these calls are the program's own: the calling thread takes control for
-    the call, and gives it up after (a ``with threadpool_limits()`` block still open in
-    another thread takes it back to restore its counts). Older threadpoolctl versions have
-    no controlling thread.
-    """
-    import threadpoolctl
-
-    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread",
-                    None)  # fmt: skip
-    if clear is not None:
-        clear(force=True)
-    try:
-        yield
-    finally:
-        if clear is not None:
-            clear()  # (only if this thread still controls it)
-
-
-def hold(owner: object, n: int) -> None:
-    """The runtime ``owner`` chose ``n`` intra-op threads and opens: every BLAS loaded gets
-    ``n`` (as :func:`dataflow.set_num_threads` sets them) until it closes (:func:`unhold`).
-
-    The counts are process-wide and runtimes close in any order (runtimes in two threads):
-    each one restoring the counts it found when it opened, the second found the first's and
-    put it back after the first had restored the original, for good. So the first to open
-    keeps the counts from before, the last to close puts them back, and one closing between
-    leaves the latest open one's count. While any is open no runtime adapts BLAS's count
-    (:func:`acquire`): a governor running stops, putting BLAS's own count back first (the
-    count the last one restores: it restored the governor's 1, once the governor had
-    stepped aside from the chosen count).
-    """
-    global GOVERNOR, _before, _chosen_since
-    from ._pool import GRAPH_LOCK
-
-    with _lock:
-        if not _holders:
-            with GRAPH_LOCK:
-                gov, GOVERNOR = GOVERNOR, None
-                if gov is not None:
-                    gov.restore()
-            _before, _chosen_since = limit_every(n), None
-        else:
-            limit_every(n)
-        _holders.append((owner, n))
-
-
-def unhold(owner: object) -> None:
-    """The runtime ``owner`` that :func:`hold` a count closes: the latest open one's count
-    where it was the latest, else nothing changes; the last one puts back the counts from
-    before the first (or the count the program chose since)."""
-    global _before, _chosen_since
-    with _lock:
-        index = next((i for i, (o, _) in enumerate(_holders) if o is owner), None)
-        if index is None:
-            return
-        _, n = _holders.pop(index)
-        if _holders:
-            latest = _holders[-1][1]
-            if index == len(_holders) and latest != n:
-                limit_every(latest)
-            return
-        before, chosen, _before, _chosen_since = _before, _chosen_since, None, None
-        if chosen is not None:
-            limit_every(chosen)
-        elif before is not None:
-            restore_every(before)
-
-
-def held() -> bool:
-    """Whether an open runtime chose the intra-op count (:func:`hold`)."""
-    return bool(_holders)
-
-
-def chosen(n: int) -> None:
-    """The program chose ``n`` intra-op threads (``set_num_threads``) while runtimes that
-    chose theirs are open: the last of them to close leaves ``n``, not the count from
-    before."""
-    global _chosen_since
-    with _lock:
-        if _holders:
-            _chosen_since = n
+        gov, GOVERNOR = GOVERNOR, None
+        if restore and gov is not None:
+            gov.restore()
 
 
 def _after_fork_in_child() -> None:
     """In a child made by ``os.fork()``: no runtime is open here (the parent's are the
     parent's), so none governs BLAS: its own count back, the lock free (the child kept
-    the governor, and BLAS's governed count of 1, for good). Likewise the counts from before
-    a runtime that chose one (``hold``)."""
-    global GOVERNOR, _users, _before, _chosen_since
+    the governor, and BLAS's governed count of 1, for good)."""
+    global GOVERNOR, _users
     _lock._at_fork_reinit()  # type: ignore[attr-defined]
     gov, GOVERNOR, _users = GOVERNOR, None, 0
     if gov is not None:
         with contextlib.suppress(Exception):  # a BLAS that cannot be set: leave it
             gov.restore()
-    before, chosen, _before, _chosen_since = _before, _chosen_since, None, None
-    _holders.clear()
-    with contextlib.suppress(Exception):  # (threadpoolctl failing in the child: leave it)
-        if chosen is not None:
-            limit_every(chosen)
-        elif before is not None:
-            restore_every(before)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

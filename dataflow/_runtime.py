@@ -28,7 +28,7 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
-from . import _blas, _loop
+from . import _blas, _intraop, _loop
 from ._backend import Backend, make_backend
 from ._defaults import DEFAULT_MAX_PENDING
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError, UnobservedTaskError
@@ -158,7 +158,7 @@ class Runtime:
         self._sched: Scheduler = None  # type: ignore[assignment]  # set on entry
         self._pool: InteropPool | None = None
         self._token: contextvars.Token[Runtime | None] | None = None
-        self._held = False  # holds its intra-op count (see _blas.hold)
+        self._held = False  # holds its intra-op count (see _intraop.hold)
         self._governed = False  # holds the adaptive intra-op governor (see _blas)
         self._entered = False
         self._closed = False
@@ -255,7 +255,7 @@ class Runtime:
             for observer in self._observers:
                 self._sched.observe(observer, True)
             if self.intraop_threads is not None:
-                _blas.hold(self, self.intraop_threads)
+                _intraop.hold(self, self.intraop_threads)
                 self._held = True
             elif self._pool is not None and not self.simulate:
                 self._governed = _blas.acquire(self._pool.num_threads)
@@ -379,7 +379,7 @@ class Runtime:
                     _current.set(None)
             if self._held:
                 self._held = False
-                _blas.unhold(self)
+                _intraop.unhold(self)
             if self._governed:
                 self._governed = False
                 _blas.release()

@@ -19,7 +19,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _blas
+from . import _blas, _intraop
 from ._errors import DataflowRuntimeError, DataflowTypeError, DataflowValueError
 from ._pool import shared_pool_size
 
@@ -128,8 +128,8 @@ def set_num_threads(n: int) -> None:
     global _intraop_chosen
     n = _check_count(n, "set_num_threads(n)")
     _blas.stop()
-    _blas.limit_every(n)
-    _blas.chosen(n)
+    _intraop.limit_every(n)
+    _intraop.chosen(n)
     _intraop_chosen = True
 
 
@@ -159,7 +159,7 @@ def _chosen(interop: int, cores: int, own: bool = False) -> list[str]:
         or (running is not None and running != cores)
     ):
         out.append("inter-op")
-    if intraop_chosen() or _blas.held():  # (held: an open runtime's intraop_threads=)
+    if intraop_chosen() or _intraop.held():  # (held: an open runtime's intraop_threads=)
         out.append("intra-op")
     return out
 
