@@ -225,6 +225,30 @@ class TestRuntime:
         assert dataflow.run(main, interop_threads=2) == (2, None)
         assert _blas_now() == 2
 
+    def test_a_count_set_and_put_back_meanwhile_is_restored_at_the_close(
+        self, own_two: None
+    ) -> None:
+        """Someone sets a count while BLAS is at the governor's 1 and puts the 1 back after
+        (a `with threadpool_limits()` block restores the count it found): the governor
+        stepped aside, and the runtime's close left BLAS at 1 for good. A count that is the
+        governor's again is restored to BLAS's own."""
+        assert _fns is not None
+        setter = _fns[0]
+
+        async def main() -> tuple[int | None, int]:
+            barrier = threading.Barrier(2)
+            x = np.zeros(4)
+            await dataflow.materialize([paired(x, barrier), paired(x, barrier)])
+            found = _blas_now()  # the governor's 1
+            setter(3)  # a block of someone else's starts...
+            await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
+            await dataflow.materialize(count(x))  # (the governor finds 3: steps aside)
+            setter(found)  # ...and ends, putting back what it found
+            return _blas.governed(), found
+
+        assert dataflow.run(main, interop_threads=2) == (None, 1)
+        assert _blas_now() == 2
+
     def test_kernels_running_before_it_do_not_count(self, own_two: None) -> None:
         """A governor made while another runtime's kernel runs ignores that kernel's end (it
         never counted its start)."""
