@@ -262,13 +262,9 @@ def parallel_info() -> str:
         )
     if not blas:
         lines.append("BLAS: none found by threadpoolctl")
-    for var in (
-        "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "OPENBLAS_CORETYPE",
-        _ENV_INTEROP,
-    ):
+    # Every variable that makes a count chosen (BLIS_NUM_THREADS warned unseen), and the
+    # kernels OpenBLAS runs.
+    for var in (*_ENV_INTRAOP, "OPENBLAS_CORETYPE", _ENV_INTEROP):
         if var in os.environ:
             lines.append(f"{var}={os.environ[var]}")
     lines.append(f"event loop: {_loop_name(rt)}")

@@ -244,6 +244,16 @@ class TestParallelInfo:
         assert "inter-op threads: 2 (default: the cores)" in info
         assert "intra-op threads (BLAS): 2 (default: BLAS's own" in info
 
+    def test_every_variable_that_chooses_a_count_is_shown(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """$BLIS_NUM_THREADS made the intra-op count chosen (and the report warn) without
+        the report showing it."""
+        for var in _threads._ENV_INTRAOP:
+            monkeypatch.setenv(var, "2")
+            assert f"\n{var}=2\n" in dataflow.parallel_info()
+            monkeypatch.delenv(var)
+
     def test_env_choice_warns(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """$OMP_NUM_THREADS is a choice: 2 x 2 on 2 cores is then warned about."""
         monkeypatch.setattr(_threads, "_cores", lambda: 2)
