@@ -90,11 +90,15 @@ def hold(owner: object, n: int) -> None:
     with _lock:
         first = not _holders
         _holders.append((owner, n))  # (first: a governor starting now sees it, see acquire)
-        if first:
-            _blas.stop(restore=True)
-            _before, _chosen_since = limit_every(n), None
-        else:
-            limit_every(n)
+        try:
+            if first:
+                _blas.stop(restore=True)
+                _before, _chosen_since = limit_every(n), None
+            else:
+                limit_every(n)
+        except BaseException:  # (the runtime does not open: it holds nothing)
+            _holders.pop()
+            raise
 
 
 def unhold(owner: object) -> None:

@@ -354,6 +354,30 @@ class TestChosenCounts:
 
         assert asyncio.run(main()) == [3, 3, 2]
 
+    def test_a_count_that_cannot_be_set_holds_nothing(
+        self, own_two: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """threadpoolctl failing as the runtime opens: the runtime does not open, and no
+        count stays held (a runtime opened later is governed again)."""
+        from dataflow import _intraop
+
+        def fail(n: int) -> None:
+            raise OSError("no BLAS here")
+
+        limit_every = _intraop.limit_every
+
+        async def main() -> bool:
+            monkeypatch.setattr(_intraop, "limit_every", fail)
+            with pytest.raises(OSError, match="no BLAS here"):
+                async with dataflow.Runtime(intraop_threads=1, private_pool=True):
+                    pass
+            monkeypatch.setattr(_intraop, "limit_every", limit_every)
+            async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                return _blas.GOVERNOR is not None
+
+        assert asyncio.run(main()) is True
+        assert not _intraop.held()
+
     def test_nested_runtimes_restore_each_outer_count(self, own_two: None) -> None:
         async def main() -> list[int]:
             seen = []
