@@ -68,6 +68,22 @@ short_paired = dataflow.op("short_paired_blas", meta=_same, handle=Arr, cost=_ti
 short_paired.intraop = True
 
 
+def _crowd() -> None:
+    """Two kernels side by side, as the scheduler reports them to the governor: BLAS at 1.
+    (Kernels on a barrier, ``paired``, are the real thing, but a suite's runs of their
+    signature may learn it GIL-bound: the lane then runs one at a time, and the barrier
+    breaks.)"""
+    from dataflow._pool import GRAPH_LOCK
+
+    gov = _blas.GOVERNOR
+    assert gov is not None
+    with GRAPH_LOCK:
+        gov.start_locked(-1)
+        gov.start_locked(-2)
+        gov.end_locked(-1)
+        gov.end_locked(-2)
+
+
 @pytest.fixture
 def own_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """BLAS at 2 threads and nothing chosen by the program, a short hold, no pairing in a
@@ -236,9 +252,8 @@ class TestRuntime:
         setter = _fns[0]
 
         async def main() -> tuple[int | None, int]:
-            barrier = threading.Barrier(2)
             x = np.zeros(4)
-            await dataflow.materialize([paired(x, barrier), paired(x, barrier)])
+            _crowd()
             found = _blas_now()  # the governor's 1
             setter(3)  # a block of someone else's starts...
             await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
@@ -411,9 +426,8 @@ class TestChosenCounts:
         its count, and BLAS kept one thread for good."""
 
         async def main() -> tuple[int, bool, int]:
-            barrier = threading.Barrier(2)
             x = np.zeros(4)
-            await dataflow.materialize([paired(x, barrier), paired(x, barrier)])
+            _crowd()
             crowd = _blas_now()
             async with dataflow.Runtime(intraop_threads=3, interop_threads=1, private_pool=True):
                 await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
