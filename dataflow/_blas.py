@@ -37,10 +37,12 @@ those transitions; a short kernel pays a comparison at its start and a test at i
 The governor is off (BLAS keeps one count) when the program chose the count itself
 (``intraop_threads=``, :func:`dataflow.set_num_threads` or a thread environment variable; a
 count set otherwise while a governed runtime runs, with threadpoolctl say, is found at the
-governor's next change, and it steps aside), when the pool has one thread,
+governor's next change, and it steps aside; a count put back since, the governor's again,
+is restored at the last close: :data:`_aside`), when the pool has one thread,
 and for BLAS builds without the serialization (OpenMP builds, MKL): see
-:func:`dataflow.parallel_info`. A child made by ``os.fork()`` starts ungoverned, with BLAS's
-own count (no runtime is open there).
+:func:`dataflow.parallel_info`; nor while a runtime that chose its count is open
+(``_intraop``). A child made by ``os.fork()`` starts ungoverned, with BLAS's own count (no
+runtime is open there).
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def acquire(interop_threads: int) -> bool:
     """A runtime with the default intra-op setting opens on ``interop_threads`` threads:
     govern BLAS's count while it runs, where that helps. True: call :func:`release` at its
     close."""
-    global GOVERNOR, _users
+    global GOVERNOR, _aside, _users
     if interop_threads < 2:
         return False
     from . import _threads
@@ -241,12 +243,17 @@ def acquire(interop_threads: int) -> bool:
     fns = _openblas()
     if fns is None:
         return False
+    from . import _intraop
+
     with _lock:
+        if _intraop.held():  # an open runtime chose the count
+            return False
         if GOVERNOR is None:
             own = int(fns[1]())
             if own < 2:
                 return False
             gov = BlasGovernor(fns[0], own, fns[1])
+            _aside = None  # (its own count is the count now)
             gov.paired = _paired
             if time.perf_counter() - _paired <= HOLD_SECONDS:
                 gov.change(1)
@@ -257,20 +264,37 @@ def acquire(interop_threads: int) -> bool:
 
 def _step_aside(gov: BlasGovernor) -> None:
     """``gov`` found a count it did not set: leave it, govern no more (this process's
-    runtimes open from now on find that count and govern again only if it is above 1)."""
-    global GOVERNOR
+    runtimes open from now on find that count and govern again only if it is above 1).
+    The last governed runtime's release puts BLAS's own count back only if the count is
+    again the one ``gov`` set (:data:`_aside`)."""
+    global GOVERNOR, _aside
     if GOVERNOR is gov:
-        GOVERNOR = None  # (so the last runtime's release restores nothing either)
+        GOVERNOR = None
+        _aside = gov
+
+
+#: The governor that stepped aside while governed runtimes are still open. A count someone
+#: else sets stays, but one put back since (a ``with threadpool_limits()`` block restores the
+#: count it found at its end: the governor's 1) is the governor's again: the last release
+#: restores BLAS's own count where the count is the one it set (``BlasGovernor.change``
+#: steps aside again otherwise). BLAS stayed at 1 for good after such a block.
+_aside: BlasGovernor | None = None
 
 
 def release() -> None:
     """The runtime that acquired the governor closed; the last one restores BLAS's count."""
-    global GOVERNOR, _paired, _users
+    global GOVERNOR, _aside, _paired, _users
     from ._pool import GRAPH_LOCK
 
     with _lock:
         _users -= 1
-        if _users > 0 or GOVERNOR is None:
+        if _users > 0:
+            return
+        if GOVERNOR is None:
+            aside, _aside = _aside, None
+            if aside is not None:
+                with GRAPH_LOCK:
+                    aside.restore()
             return
         with GRAPH_LOCK:
             gov, GOVERNOR = GOVERNOR, None
@@ -278,23 +302,27 @@ def release() -> None:
             gov.restore()
 
 
-def stop() -> None:
+def stop(restore: bool = False) -> None:
     """The program is choosing the intra-op count (``set_num_threads``, which sets it right
-    after): stop governing, and restore nothing, so that the count it sets stays."""
-    global GOVERNOR
+    after): stop governing, and restore nothing, so that the count it sets stays; or, with
+    ``restore``, BLAS's own count first (``_intraop.hold``: the count it finds is the one
+    it puts back)."""
+    global GOVERNOR, _aside
     from ._pool import GRAPH_LOCK
 
     with _lock, GRAPH_LOCK:
-        GOVERNOR = None
+        gov, GOVERNOR, _aside = GOVERNOR or _aside, None, None
+        if restore and gov is not None:
+            gov.restore()
 
 
 def _after_fork_in_child() -> None:
     """In a child made by ``os.fork()``: no runtime is open here (the parent's are the
     parent's), so none governs BLAS: its own count back, the lock free (the child kept
     the governor, and BLAS's governed count of 1, for good)."""
-    global GOVERNOR, _users
+    global GOVERNOR, _aside, _users
     _lock._at_fork_reinit()  # type: ignore[attr-defined]
-    gov, GOVERNOR, _users = GOVERNOR, None, 0
+    gov, GOVERNOR, _aside, _users = GOVERNOR or _aside, None, None, 0
     if gov is not None:
         with contextlib.suppress(Exception):  # a BLAS that cannot be set: leave it
             gov.restore()

@@ -29,6 +29,7 @@ from ._cli_trace import trace_group
 from ._defaults import resolve_loop_factory
 from ._errors import DataflowError
 from ._threads import (
+    MAX_THREADS,
     _version,
     default_interop_threads,
     parallel_info,
@@ -138,9 +139,11 @@ class _RunCommand(click.Command):
     metavar="MODULE",
     help="Run a module as a script (like python -m); what follows it is the module's argv.",
 )
-@click.option("--interop-threads", type=click.IntRange(min=1), help="Inter-op pool size.")
+@click.option("--interop-threads", type=click.IntRange(1, MAX_THREADS), help="Inter-op pool size.")
 @click.option(
-    "--intraop-threads", type=click.IntRange(min=1), help="BLAS threads per op (process-wide)."
+    "--intraop-threads",
+    type=click.IntRange(1, MAX_THREADS),
+    help="BLAS threads per op (process-wide).",
 )
 @click.option(
     "--loop",

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GRAPH_LOCK",
+    "RUN_HAS_NO_POOL",
     "InteropPool",
     "acquire_shared_pool",
     "current_pool",
@@ -299,6 +300,13 @@ def _fail_stuck(task: Task, exc: BaseException) -> None:
         pass
 
 
+#: How a program that calls ``dataflow.run`` gets a pool of its own (the errors that name
+#: ``private_pool=True`` say it: run has no such option).
+RUN_HAS_NO_POOL = (
+    "dataflow.run has no such option: asyncio.run an async function that opens "
+    "`async with dataflow.Runtime(private_pool=True): ...`"
+)
+
 # The process-wide pool, created lazily by the first runtime and joined by the last one.
 _shared: InteropPool | None = None
 _shared_users = 0
@@ -320,8 +328,8 @@ def acquire_shared_pool(num_threads: int) -> InteropPool:
             raise DataflowRuntimeError(
                 f"interop_threads={num_threads}: the shared inter-op pool is already running "
                 f"with {_shared.num_threads} thread(s) for another runtime, and a running pool "
-                "is not resized. Use the same count, or pass private_pool=True for a pool of "
-                "its own."
+                "is not resized. Use the same count, or give the runtime a pool of its own: "
+                f"Runtime(private_pool=True); {RUN_HAS_NO_POOL}."
             )
         _shared_users += 1
         return _shared

@@ -28,13 +28,14 @@ import contextvars
 from collections.abc import Callable
 from typing import Any
 
-from . import _blas, _loop
+from . import _blas, _intraop, _loop
 from ._backend import Backend, make_backend
 from ._defaults import DEFAULT_MAX_PENDING
 from ._errors import DataflowError, DataflowTypeError, DataflowValueError, UnobservedTaskError
 from ._instrument import check_observer
 from ._lookup import _by_loop, _current
 from ._pool import (
+    RUN_HAS_NO_POOL,
     InteropPool,
     acquire_shared_pool,
     on_pool_thread,
@@ -42,6 +43,7 @@ from ._pool import (
     release_shared_pool,
 )
 from ._scheduler import Scheduler, get_inline_threshold
+from ._scheduler._placement import check_threshold
 from ._task import Task
 from ._threads import _check_count, default_interop_threads
 from ._timeout import check_timeout
@@ -144,17 +146,11 @@ class Runtime:
             )
         self.max_pending = max_pending
         self.op_timeout = check_timeout(op_timeout, "op_timeout")
-        if inline_threshold is not None:
-            if isinstance(inline_threshold, bool) or not isinstance(inline_threshold, int | float):
-                raise DataflowTypeError(
-                    f"Runtime(inline_threshold=) must be a number of seconds, got "
-                    f"{type(inline_threshold).__name__}: {inline_threshold!r}"
-                )
-            if not inline_threshold >= 0:
-                raise DataflowValueError(
-                    f"Runtime(inline_threshold=) must be >= 0, got {inline_threshold!r}"
-                )
-        self._inline_threshold = inline_threshold
+        self._inline_threshold = (
+            None
+            if inline_threshold is None
+            else check_threshold(inline_threshold, "Runtime(inline_threshold=)")
+        )
         self._backend: Backend = make_backend(self, backend, options)
         # A reduction of a pending stack runs as a fold (``_fold``): local kernels only.
         self.folds = self._backend.name == "local"
@@ -162,7 +158,7 @@ class Runtime:
         self._sched: Scheduler = None  # type: ignore[assignment]  # set on entry
         self._pool: InteropPool | None = None
         self._token: contextvars.Token[Runtime | None] | None = None
-        self._limits: Any = None
+        self._held = False  # holds its intra-op count (see _intraop.hold)
         self._governed = False  # holds the adaptive intra-op governor (see _blas)
         self._entered = False
         self._closed = False
@@ -221,11 +217,19 @@ class Runtime:
         if (not self.private_pool and on_shared_pool_thread()) or (
             self.private_pool and on_pool_thread() and self.interop_threads == 0
         ):
+            # (The way out named for what was asked: private_pool=True was named to a runtime
+            # that had it, in the synchronous mode, and to dataflow.run, which has no option.)
+            own = (
+                "threads of its own: Runtime(private_pool=True) with interop_threads=1 or more "
+                "(the synchronous mode, interop_threads=0, has none)"
+                if self.interop_threads == 0
+                else "a pool of its own: Runtime(private_pool=True)"
+            )
             raise DataflowError(
                 "a Runtime cannot run on an inter-op pool thread (inside a kernel or a forked "
                 "plain function, e.g. dataflow.run() there): it would wait for the pool it is "
                 "running on. Make the function `async def` and fork it (it runs on the event "
-                "loop and can await ops), or give this Runtime private_pool=True."
+                f"loop and can await ops), or give the runtime {own}; {RUN_HAS_NO_POOL}."
             )
         self._entered = True
         self.host = host
@@ -251,9 +255,8 @@ class Runtime:
             for observer in self._observers:
                 self._sched.observe(observer, True)
             if self.intraop_threads is not None:
-                from threadpoolctl import threadpool_limits
-
-                self._limits = threadpool_limits(limits=self.intraop_threads, user_api="blas")
+                _intraop.hold(self, self.intraop_threads)
+                self._held = True
             elif self._pool is not None and not self.simulate:
                 self._governed = _blas.acquire(self._pool.num_threads)
             await host.open()
@@ -374,9 +377,9 @@ class Runtime:
                     # The runtime entered before this one exited first (out of order): not
                     # it, but whichever is open on the loop (``current_runtime``).
                     _current.set(None)
-            if self._limits is not None:
-                self._limits.restore_original_limits()
-                self._limits = None
+            if self._held:
+                self._held = False
+                _intraop.unhold(self)
             if self._governed:
                 self._governed = False
                 _blas.release()

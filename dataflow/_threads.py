@@ -19,7 +19,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _blas
+from . import _blas, _intraop
 from ._errors import DataflowRuntimeError, DataflowTypeError, DataflowValueError
 from ._pool import shared_pool_size
 
@@ -37,6 +37,11 @@ _interop_default: int | None = None
 # Environment variables that choose BLAS's thread count.
 _ENV_INTRAOP = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 _intraop_chosen = False  # set_num_threads was called
+#: The largest thread count a setting takes: a C int, as BLAS's setters (and torch's) take. A
+#: larger one failed inside the C call (ctypes' ArgumentError from set_num_threads), or was
+#: taken as the size of an inter-op pool whose start went on making threads until the system
+#: refused one.
+MAX_THREADS = 2**31 - 1
 
 
 def _cores() -> int:
@@ -47,12 +52,17 @@ def _cores() -> int:
 
 
 def _check_count(n: object, what: str) -> int:
-    """``n`` if it is a positive int: another type is a DataflowTypeError, an int below 1 a
-    DataflowValueError (the rule of ``_errors``), both naming ``what``."""
+    """``n`` if it is a positive int up to :data:`MAX_THREADS`: another type is a
+    DataflowTypeError, an int out of that range a DataflowValueError (the rule of
+    ``_errors``), both naming ``what``."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise DataflowTypeError(f"{what} must be a positive int, got {type(n).__name__}: {n!r}")
     if n < 1:
         raise DataflowValueError(f"{what} must be a positive int, got {n!r}")
+    if n > MAX_THREADS:
+        raise DataflowValueError(
+            f"{what} must be a thread count of at most {MAX_THREADS} (a C int), got {n!r}"
+        )
     return n
 
 
@@ -67,11 +77,12 @@ def default_interop_threads() -> int:
     env = os.environ.get(_ENV_INTEROP)
     if env:
         try:
-            return _check_count(int(env), _ENV_INTEROP)
+            n = int(env)
         except ValueError:
             raise DataflowValueError(
                 f"${_ENV_INTEROP} must be a positive int, got {env!r}"
             ) from None
+        return _check_count(n, f"${_ENV_INTEROP}")
     return _cores()
 
 
@@ -114,12 +125,11 @@ def set_num_threads(n: int) -> None:
     For OpenBLAS this is process-wide (every inter-op thread shares it), so choose it once
     per process, usually ``cores // interop_threads``.
     """
-    from threadpoolctl import threadpool_limits
-
     global _intraop_chosen
     n = _check_count(n, "set_num_threads(n)")
     _blas.stop()
-    threadpool_limits(limits=n, user_api="blas")
+    _intraop.limit_every(n)
+    _intraop.chosen(n)
     _intraop_chosen = True
 
 
@@ -138,22 +148,40 @@ def get_num_threads() -> int:
     return 1 if lib is None else int(lib.num_threads)
 
 
-def _chosen(interop: int, cores: int) -> list[str]:
-    """Which levels' counts were chosen rather than left at their defaults."""
+def _chosen(interop: int, cores: int, own: bool = False) -> list[str]:
+    """Which levels' counts were chosen rather than left at their defaults (``own``: the
+    inter-op count is the calling runtime's own pool's, see :func:`_own_pool`)."""
     out = []
-    running = shared_pool_size()
+    running = interop if own else shared_pool_size()
     if (
         _interop_default is not None
         or _ENV_INTEROP in os.environ
         or (running is not None and running != cores)
     ):
         out.append("inter-op")
-    if _intraop_chosen or any(var in os.environ for var in _ENV_INTRAOP):
+    if intraop_chosen() or _intraop.held():  # (held: an open runtime's intraop_threads=)
         out.append("intra-op")
     return out
 
 
-def _loop_name() -> str:
+def _own_pool(rt: Any) -> tuple[int, str] | None:
+    """Where the runtime ``rt`` the calling code belongs to (on its loop, or in one of its
+    kernels) runs its ops elsewhere than on the shared pool: that pool's size and what it
+    is; None otherwise (the shared pool's figures apply). parallel_info reported the shared
+    pool's default inside a runtime with a private pool of 3 threads (no warning for 3 x 2 on
+    2 cores), and 2 inter-op threads in the synchronous mode, which has none."""
+    if rt is None or rt.host is None or rt._closed or rt.backend.name != "local":
+        return None
+    if rt.interop_threads == 0:
+        return 0, "this runtime's synchronous mode: every op runs on the thread that calls it"
+    if rt.private_pool:
+        return rt.interop_threads, "this runtime's private pool"
+    return None
+
+
+def _loop_name(rt: Any) -> str:
+    """The event loop the calling code runs on, else the calling runtime's (in one of its
+    kernels), else the one new runs get."""
     import asyncio
 
     from ._loop import running_library
@@ -163,10 +191,16 @@ def _loop_name() -> str:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from ._defaults import resolve_loop_factory
+        host = None if rt is None or rt._closed else rt.host
+        if host is not None and host.library == "trio":
+            return "trio"
+        if host is not None and isinstance(host.key, asyncio.AbstractEventLoop):
+            loop = host.key
+        else:
+            from ._defaults import resolve_loop_factory
 
-        factory = resolve_loop_factory("auto")
-        return "uvloop (default for new runs)" if factory is not None else "asyncio"
+            factory = resolve_loop_factory("auto")
+            return "uvloop (default for new runs)" if factory is not None else "asyncio"
     mod = type(loop).__module__
     return "uvloop" if mod.startswith("uvloop") else f"asyncio ({type(loop).__name__})"
 
@@ -184,19 +218,28 @@ def parallel_info() -> str:
     """
     import numpy as np
 
+    from ._lookup import current_runtime
+
     cores = _cores()
-    interop = get_num_interop_threads()
-    running = shared_pool_size() is not None
+    rt = current_runtime()
+    pool = _own_pool(rt)
+    interop = get_num_interop_threads() if pool is None else pool[0]
+    shared = shared_pool_size()
     own = _blas.governed()  # a governed runtime runs: BLAS's count now may be its 1
     intra = get_num_threads() if own is None else own
-    chosen = _chosen(interop, cores)
+    chosen = _chosen(interop, cores, pool is not None)
+    if pool is None:
+        where = (" (shared pool running)" if shared is not None else "") + (
+            "" if "inter-op" in chosen else " (default: the cores)"
+        )
+    else:
+        beside = "" if shared is None else f"; the shared pool: {shared}, running"
+        where = f" ({pool[1]}{beside})"
     lines = [
         f"dataflow {_version()} on Python {platform.python_version()} ({sys.platform})",
         f"numpy {np.__version__}",
         f"cores available: {cores}",
-        f"inter-op threads: {interop}"
-        + (" (shared pool running)" if running else "")
-        + ("" if "inter-op" in chosen else " (default: the cores)"),
+        f"inter-op threads: {interop}{where}",
     ]
     blas = _blas_info()  # (threadpoolctl inspects the loaded libraries: read once)
     serial = any(_serial_blas(info) for info in blas)
@@ -219,16 +262,12 @@ def parallel_info() -> str:
         )
     if not blas:
         lines.append("BLAS: none found by threadpoolctl")
-    for var in (
-        "OMP_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "OPENBLAS_CORETYPE",
-        _ENV_INTEROP,
-    ):
+    # Every variable that makes a count chosen (BLIS_NUM_THREADS warned unseen), and the
+    # kernels OpenBLAS runs.
+    for var in (*_ENV_INTRAOP, "OPENBLAS_CORETYPE", _ENV_INTEROP):
         if var in os.environ:
             lines.append(f"{var}={os.environ[var]}")
-    lines.append(f"event loop: {_loop_name()}")
+    lines.append(f"event loop: {_loop_name(rt)}")
     if interop > 1 and intra > 1 and serial and "intra-op" in chosen:
         lines.append(
             "note: OpenBLAS runs one multithreaded call at a time, so GEMMs on several "
@@ -244,6 +283,8 @@ def parallel_info() -> str:
             f"set_num_threads({cores // interop})"
             if interop <= cores
             else f"set_num_interop_threads({max(1, cores // intra)})"
+            if pool is None
+            else f"interop_threads={max(1, cores // intra)}"
         )
         lines.append(
             f"WARNING: inter-op x intra-op threads = {interop} x {intra} = {interop * intra} "

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import DataflowTypeError, DataflowValueError
 from ._pool import GRAPH_LOCK
-from ._task import RUNNING
+from ._task import _NUMBERS, RUNNING
 
 if TYPE_CHECKING:
     from ._task import Task
@@ -40,7 +40,7 @@ def check_timeout(seconds: object, what: str) -> float | None:
     """``seconds`` as a float, or None; anything but a positive finite number is refused."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+    if type(seconds) is bool or not isinstance(seconds, _NUMBERS):  # (numpy's numbers too)
         raise DataflowTypeError(
             f"{what} must be a number of seconds or None, got {type(seconds).__name__}: {seconds!r}"
         )

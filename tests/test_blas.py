@@ -68,6 +68,22 @@ short_paired = dataflow.op("short_paired_blas", meta=_same, handle=Arr, cost=_ti
 short_paired.intraop = True
 
 
+def _crowd() -> None:
+    """Two kernels side by side, as the scheduler reports them to the governor: BLAS at 1.
+    (Kernels on a barrier, ``paired``, are the real thing, but a suite's runs of their
+    signature may learn it GIL-bound: the lane then runs one at a time, and the barrier
+    breaks.)"""
+    from dataflow._pool import GRAPH_LOCK
+
+    gov = _blas.GOVERNOR
+    assert gov is not None
+    with GRAPH_LOCK:
+        gov.start_locked(-1)
+        gov.start_locked(-2)
+        gov.end_locked(-1)
+        gov.end_locked(-2)
+
+
 @pytest.fixture
 def own_two(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """BLAS at 2 threads and nothing chosen by the program, a short hold, no pairing in a
@@ -225,13 +241,36 @@ class TestRuntime:
         assert dataflow.run(main, interop_threads=2) == (2, None)
         assert _blas_now() == 2
 
+    def test_a_count_set_and_put_back_meanwhile_is_restored_at_the_close(
+        self, own_two: None
+    ) -> None:
+        """Someone sets a count while BLAS is at the governor's 1 and puts the 1 back after
+        (a `with threadpool_limits()` block restores the count it found): the governor
+        stepped aside, and the runtime's close left BLAS at 1 for good. A count that is the
+        governor's again is restored to BLAS's own."""
+        assert _fns is not None
+        setter = _fns[0]
+
+        async def main() -> tuple[int | None, int]:
+            x = np.zeros(4)
+            _crowd()
+            found = _blas_now()  # the governor's 1
+            setter(3)  # a block of someone else's starts...
+            await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
+            await dataflow.materialize(count(x))  # (the governor finds 3: steps aside)
+            setter(found)  # ...and ends, putting back what it found
+            return _blas.governed(), found
+
+        assert dataflow.run(main, interop_threads=2) == (None, 1)
+        assert _blas_now() == 2
+
     def test_kernels_running_before_it_do_not_count(self, own_two: None) -> None:
         """A governor made while another runtime's kernel runs ignores that kernel's end (it
         never counted its start)."""
         gate = threading.Event()
 
         async def main() -> tuple[int, int]:
-            h = held(np.zeros(2), gate)  # (this runtime chose BLAS's count: not governed)
+            h = held(np.zeros(2), gate)  # (this runtime has one thread: not governed)
             while dataflow.current_runtime().running == 0:  # type: ignore[union-attr]
                 await asyncio.sleep(0.001)
             async with dataflow.Runtime(interop_threads=2, private_pool=True):
@@ -243,7 +282,7 @@ class TestRuntime:
                 await asyncio.sleep(0.05)
                 return before, len(gov.counted)
 
-        assert dataflow.run(main, interop_threads=2, intraop_threads=2) == (0, 0)
+        assert dataflow.run(main, interop_threads=1) == (0, 0)
 
     def test_short_kernels_make_no_crowd(
         self, own_two: None, monkeypatch: pytest.MonkeyPatch
@@ -294,6 +333,111 @@ class TestRuntime:
 
         assert dataflow.run(main, interop_threads=2) == (True, True)
         assert _blas.GOVERNOR is None
+
+
+@needs_openblas
+class TestChosenCounts:
+    """Runtimes that chose their intra-op count (``intraop_threads=``): the count is the
+    process's, whatever order they close in."""
+
+    @staticmethod
+    async def _open(n: int, opened: asyncio.Event, close: asyncio.Event) -> None:
+        async with dataflow.Runtime(intraop_threads=n, interop_threads=1, private_pool=True):
+            opened.set()
+            await close.wait()
+
+    def test_runtimes_closed_out_of_order_restore_the_count_from_before(
+        self, own_two: None
+    ) -> None:
+        """The first to open closes first: BLAS keeps the one still open's count, and the
+        last to close puts back the count from before the first (each restored the count it
+        found: the second found the first's, and left it for good)."""
+
+        async def main() -> list[int]:
+            a_open, b_open, a_close, b_close = (asyncio.Event() for _ in range(4))
+            a = asyncio.create_task(self._open(1, a_open, a_close))
+            await a_open.wait()
+            b = asyncio.create_task(self._open(3, b_open, b_close))
+            await b_open.wait()
+            seen = [_blas_now()]
+            a_close.set()
+            await a
+            seen.append(_blas_now())
+            b_close.set()
+            await b
+            return [*seen, _blas_now()]
+
+        assert asyncio.run(main()) == [3, 3, 2]
+
+    def test_a_count_that_cannot_be_set_holds_nothing(
+        self, own_two: None, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """threadpoolctl failing as the runtime opens: the runtime does not open, and no
+        count stays held (a runtime opened later is governed again)."""
+        from dataflow import _intraop
+
+        def fail(n: int) -> None:
+            raise OSError("no BLAS here")
+
+        limit_every = _intraop.limit_every
+
+        async def main() -> bool:
+            monkeypatch.setattr(_intraop, "limit_every", fail)
+            with pytest.raises(OSError, match="no BLAS here"):
+                async with dataflow.Runtime(intraop_threads=1, private_pool=True):
+                    pass
+            monkeypatch.setattr(_intraop, "limit_every", limit_every)
+            async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                return _blas.GOVERNOR is not None
+
+        assert asyncio.run(main()) is True
+        assert not _intraop.held()
+
+    def test_nested_runtimes_restore_each_outer_count(self, own_two: None) -> None:
+        async def main() -> list[int]:
+            seen = []
+            async with dataflow.Runtime(intraop_threads=1, interop_threads=1, private_pool=True):
+                async with dataflow.Runtime(
+                    intraop_threads=3, interop_threads=1, private_pool=True
+                ):
+                    seen.append(_blas_now())
+                seen.append(_blas_now())
+            return [*seen, _blas_now()]
+
+        assert asyncio.run(main()) == [3, 1, 2]
+
+    def test_a_count_the_program_sets_meanwhile_stays(self, own_two: None) -> None:
+        """set_num_threads while such a runtime is open: its count stays after the runtime
+        closes (it is the program's choice), not the count from before."""
+
+        async def main() -> int:
+            async with dataflow.Runtime(intraop_threads=1, interop_threads=1, private_pool=True):
+                dataflow.set_num_threads(3)
+            return _blas_now()
+
+        assert asyncio.run(main()) == 3
+
+    def test_opened_inside_a_governed_runtime_it_restores_blas_own_count(
+        self, own_two: None
+    ) -> None:
+        """A runtime that chose a count, opened while a governed runtime had set BLAS to one
+        thread (a crowd had just run), stops the governor (BLAS's own count back first): it
+        restored the governor's 1 at its close, after the governor had stepped aside from
+        its count, and BLAS kept one thread for good."""
+
+        async def main() -> tuple[int, bool, int]:
+            x = np.zeros(4)
+            _crowd()
+            crowd = _blas_now()
+            async with dataflow.Runtime(intraop_threads=3, interop_threads=1, private_pool=True):
+                await asyncio.sleep(_blas.HOLD_SECONDS * 1.5)
+                await dataflow.materialize(count(x))  # (a kernel start the governor saw)
+                async with dataflow.Runtime(interop_threads=2, private_pool=True):
+                    governed = _blas.GOVERNOR is not None  # (the count is chosen: not)
+            return crowd, governed, _blas_now()
+
+        assert dataflow.run(main, interop_threads=2) == (1, False, 2)
+        assert _blas_now() == 2
 
 
 class _Kernels:

@@ -197,6 +197,14 @@ class TestRun:
         assert r.returncode == 2 and "interop-threads" in r.stderr
         assert dataflow_cmd("run", "--loop", "tokio", "x.py").returncode == 2
 
+    def test_a_count_past_a_c_int_is_bad_usage(self) -> None:
+        """A thread count no C int holds exits 2 naming the option (--intraop-threads was a
+        ctypes traceback from BLAS's setter, --interop-threads a pool that tried to start
+        that many threads)."""
+        for option in ("--interop-threads", "--intraop-threads"):
+            r = dataflow_cmd("run", option, str(2**64), "x.py")
+            assert r.returncode == 2 and option in r.stderr and "Traceback" not in r.stderr
+
     @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
     def test_ctrl_c_exits_130(self, tmp_path: Path) -> None:
         """Ctrl-C cancels the tasks, joins the threads and exits 130."""

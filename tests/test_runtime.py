@@ -659,6 +659,45 @@ class TestPools:
                 async with dataflow.Runtime(interop_threads=3):
                     pass
 
+    def test_the_way_to_a_pool_of_its_own_fits_what_was_called(self) -> None:
+        """The errors that name private_pool=True say how dataflow.run gets one (it has no
+        such option), and a synchronous-mode runtime in a kernel is told that it needs
+        threads: it was told to take private_pool=True, which it had."""
+
+        async def nothing() -> None:
+            pass
+
+        def run_in_kernel() -> None:
+            dataflow.run(nothing)
+
+        def sync_runtime_in_kernel() -> None:
+            async def body() -> None:
+                async with dataflow.Runtime(interop_threads=0, private_pool=True):
+                    pass
+
+            asyncio.run(body())
+
+        def other_size() -> None:
+            dataflow.run(nothing, interop_threads=1)
+
+        async def main() -> list[str]:
+            out = []
+            for fn in (run_in_kernel, sync_runtime_in_kernel):
+                with pytest.raises(dataflow.TaskError) as info:
+                    await dataflow.fork(fn)
+                out.append(str(info.value.__cause__))
+            with pytest.raises(dataflow.DataflowRuntimeError) as clash:
+                await asyncio.to_thread(other_size)
+            return [*out, str(clash.value)]
+
+        in_kernel, sync, clash = dataflow.run(main, interop_threads=2)
+        for message in (in_kernel, clash):
+            assert "Runtime(private_pool=True); dataflow.run has no such option: asyncio.run" in (
+                message
+            )
+        assert "with interop_threads=1 or more" in sync
+        assert "give this Runtime private_pool=True" not in sync
+
     @pytest.mark.asyncio
     @pytest.mark.parametrize("private", [False, True])
     async def test_a_thread_the_system_refuses_leaves_no_pool_behind(

@@ -1106,6 +1106,26 @@ class TestMeasuredTime:
         assert inline == threading.get_ident() and pooled != threading.get_ident()
         assert dataflow.get_inline_threshold() == 50e-6
 
+    def test_numpys_numbers_are_seconds_too(self) -> None:
+        """The inline threshold and op_timeout take numpy's numbers as a Cost does, as
+        floats: np.float32(1e-4) was refused as "not a number of seconds" (np.float64 taken,
+        and kept as a numpy scalar the dispatch compared at every call); a bool is not one."""
+        before = dataflow.get_inline_threshold()
+        try:
+            dataflow.set_inline_threshold(np.float32(1e-4))  # type: ignore[arg-type]
+            assert type(dataflow.get_inline_threshold()) is float
+            dataflow.set_inline_threshold(np.int64(0))  # type: ignore[arg-type]
+            assert dataflow.get_inline_threshold() == 0.0
+        finally:
+            dataflow.set_inline_threshold(before)
+        rt = dataflow.Runtime(inline_threshold=np.float64(1e-4), op_timeout=np.float32(2))  # type: ignore[arg-type]
+        assert type(rt._inline_threshold) is float and type(rt.op_timeout) is float
+        for bad in (True, np.bool_(True), "1e-4"):
+            with pytest.raises(dataflow.DataflowTypeError, match="inline_threshold"):
+                dataflow.Runtime(inline_threshold=bad)  # type: ignore[arg-type]
+            with pytest.raises(dataflow.DataflowTypeError, match="set_inline_threshold"):
+                dataflow.set_inline_threshold(bad)  # type: ignore[arg-type]
+
 
 def _interval(x: Any, log: list[tuple[float, float]], gate: Any) -> Any:
     t0 = time.perf_counter()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 import dataflow
-from dataflow import _threads
+from dataflow import _blas, _threads
 
 
 @pytest.fixture(autouse=True)
@@ -63,6 +64,28 @@ class TestInterop:
         with pytest.raises(dataflow.DataflowTypeError, match="max_pending"):
             dataflow.Runtime(max_pending=bad)  # type: ignore[arg-type]
 
+    def test_rejects_counts_past_a_c_int(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A count no C int holds is a DataflowValueError naming the setting, raised at the
+        call: set_num_threads raised ctypes' ArgumentError from BLAS's setter (after it had
+        stopped the adaptive governor), and an inter-op count was taken for a pool that
+        would start threads until the system refused one."""
+        huge = 2**64
+        calls: list[tuple[Callable[[], object], str]] = [
+            (lambda: dataflow.set_num_threads(huge), "set_num_threads"),
+            (lambda: dataflow.set_num_interop_threads(huge), "set_num_interop_threads"),
+            (lambda: dataflow.Runtime(interop_threads=huge), "interop_threads"),
+            (lambda: dataflow.Runtime(intraop_threads=huge), "intraop_threads"),
+        ]
+        for call, name in calls:
+            with pytest.raises(dataflow.DataflowValueError, match=rf"{name}.*at most 2147483647"):
+                call()
+        dataflow.set_num_interop_threads(_threads.MAX_THREADS)  # the largest is taken
+        assert dataflow.get_num_interop_threads() == 2**31 - 1
+        _threads._interop_default = None
+        monkeypatch.setenv("DATAFLOW_NUM_INTEROP_THREADS", str(huge))
+        with pytest.raises(dataflow.DataflowValueError, match=r"NUM_INTEROP_THREADS.*at most"):
+            dataflow.get_num_interop_threads()
+
     @pytest.mark.asyncio
     async def test_cannot_resize_running_pool(self) -> None:
         """The shared pool is not resized under a running runtime."""
@@ -87,6 +110,29 @@ class TestIntraop:
             return dataflow.get_num_threads()
 
         assert dataflow.run(main, intraop_threads=1) == 1
+        assert dataflow.get_num_threads() == 2
+
+    @pytest.mark.skipif(_blas._openblas() is None, reason="needs OpenBLAS's pthreads build")
+    def test_any_thread_sets_the_count(self) -> None:
+        """set_num_threads and intraop_threads= set BLAS's count from whichever thread calls:
+        threadpoolctl lets one thread set a pthreads OpenBLAS's count (the first that set
+        one, while it lives), and from another thread both silently did nothing."""
+        dataflow.set_num_threads(1)  # (the main thread set the count: threadpoolctl's owner)
+        seen: list[int] = []
+
+        async def main() -> int:
+            return dataflow.get_num_threads()
+
+        def elsewhere() -> None:
+            dataflow.set_num_threads(2)
+            seen.append(dataflow.get_num_threads())
+            seen.append(dataflow.run(main, intraop_threads=1, interop_threads=1))
+            seen.append(dataflow.get_num_threads())
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [2, 1, 2]
         assert dataflow.get_num_threads() == 2
 
 
@@ -198,6 +244,16 @@ class TestParallelInfo:
         assert "inter-op threads: 2 (default: the cores)" in info
         assert "intra-op threads (BLAS): 2 (default: BLAS's own" in info
 
+    def test_every_variable_that_chooses_a_count_is_shown(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """$BLIS_NUM_THREADS made the intra-op count chosen (and the report warn) without
+        the report showing it."""
+        for var in _threads._ENV_INTRAOP:
+            monkeypatch.setenv(var, "2")
+            assert f"\n{var}=2\n" in dataflow.parallel_info()
+            monkeypatch.delenv(var)
+
     def test_env_choice_warns(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """$OMP_NUM_THREADS is a choice: 2 x 2 on 2 cores is then warned about."""
         monkeypatch.setattr(_threads, "_cores", lambda: 2)
@@ -262,6 +318,52 @@ class TestParallelInfo:
 
         assert "event loop: uvloop" in dataflow.run(main, loop="uvloop")
         assert "event loop: asyncio" in dataflow.run(main, loop="asyncio")
+
+
+class TestParallelInfoOfTheCallingRuntime:
+    """Inside a runtime (on its loop, or in one of its kernels) parallel_info reports that
+    runtime's pool, not the shared pool's default."""
+
+    @staticmethod
+    def _report() -> str:
+        return dataflow.parallel_info()
+
+    def test_a_private_pool(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Its size and kind, the shared pool beside it, and the warning (3 x 1 on 2 cores)
+        naming the runtime's own setting: the report said 2 (the cores, the default) and
+        warned of nothing."""
+        monkeypatch.setattr(_threads, "_cores", lambda: 2)
+
+        async def main() -> tuple[str, str]:
+            async with dataflow.Runtime(interop_threads=3, intraop_threads=1, private_pool=True):
+                return dataflow.parallel_info(), await dataflow.fork(self._report)
+
+        on_loop, in_kernel = dataflow.run(main, interop_threads=2)
+        for info in (on_loop, in_kernel):
+            assert "inter-op threads: 3 (this runtime's private pool; the shared pool: 2" in info
+            assert "intra-op threads (BLAS): 1\n" in info  # (the runtime chose it)
+            assert "3 x 1 = 3 exceeds the 2 cores" in info
+            assert "e.g. interop_threads=2." in info
+
+    def test_the_synchronous_mode(self) -> None:
+        """interop_threads=0 runs no pool: the report said the shared pool's default."""
+
+        async def main() -> str:
+            async with dataflow.Runtime(interop_threads=0):
+                return dataflow.parallel_info()
+
+        assert "inter-op threads: 0 (this runtime's synchronous mode" in asyncio.run(main())
+
+    def test_the_loop_of_a_kernels_runtime(self) -> None:
+        """In a kernel (a worker thread, no loop running there) the loop is the runtime's:
+        it was the loop new runs would get."""
+
+        async def main() -> str:
+            return await dataflow.fork(self._report)
+
+        info = dataflow.run(main, loop="asyncio")
+        assert "event loop: asyncio (" in info
+        assert "default for new runs" not in info
 
 
 class TestBusyIntegral:

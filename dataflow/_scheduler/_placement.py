@@ -33,6 +33,7 @@ __all__ = [
     "SPAWN_CPU_SHARE",
     "WARM_UP",
     "dispatcher_overlap",
+    "check_threshold",
     "get_inline_threshold",
     "leave_to_pool",
     "note_overlap",
@@ -245,19 +246,28 @@ def note_seconds(sig: Signature, wall: float) -> None:
 def set_inline_threshold(seconds: float) -> None:
     """The process default: kernels faster than this run inline (default 50 us).
 
-    A runtime takes the default when it is created (``Runtime(inline_threshold=)`` sets its
+    A runtime takes the default when it opens (``async with``; a change later reaches the
+    runtimes opened after it, not one open already: ``Runtime(inline_threshold=)`` sets its
     own). 0 sends every op with a kernel time to the pool; a large value runs everything
     inline (sequentially, on the thread that dispatches or finishes its inputs).
     """
     global _inline_threshold
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+    _inline_threshold = check_threshold(seconds, "set_inline_threshold(seconds):")
+
+
+def check_threshold(seconds: object, what: str) -> float:
+    """``seconds`` as a float if it is a number >= 0 (numpy's too, as a ``Cost`` takes them:
+    ``np.float32(1e-4)`` was refused as "not a number of seconds", ``np.float64`` taken); else
+    a DataflowTypeError or DataflowValueError naming ``what``."""
+    from .._task import _NUMBERS
+
+    if type(seconds) is bool or not isinstance(seconds, _NUMBERS):
         raise DataflowTypeError(
-            f"set_inline_threshold(seconds): must be a number of seconds, got "
-            f"{type(seconds).__name__}: {seconds!r}"
+            f"{what} must be a number of seconds, got {type(seconds).__name__}: {seconds!r}"
         )
     if not seconds >= 0:
-        raise DataflowValueError(f"set_inline_threshold(seconds): must be >= 0, got {seconds!r}")
-    _inline_threshold = float(seconds)
+        raise DataflowValueError(f"{what} must be >= 0, got {seconds!r}")
+    return float(seconds)
 
 
 def get_inline_threshold() -> float:
