@@ -854,6 +854,56 @@ class TestRequests:
         # The burst's requests started first: they are the older ones, and run first, in order.
         assert order == [f"new{j}-{k}" for j in range(3) for k in range(3)] + ["old0", "old1"]
 
+    def test_a_streaming_request_does_not_starve_a_newer_one(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An old request that keeps dispatching (a long job, another runtime's whole run on
+        the shared pool) no longer starves a newer one: once it has dispatched AGING_TASKS
+        more tasks, the newer request's work goes before what it dispatches next (the newer
+        request's op ran after all 300 of the old one's)."""
+        from dataflow._scheduler import _dispatch
+
+        monkeypatch.setattr(_dispatch, "AGING_TASKS", 50)
+        order: list[str] = []
+
+        def record(x: Any, name: str) -> Any:
+            order.append(name)
+            return x
+
+        mark = dataflow.op("mark", meta=lambda x, n: ops.spec_of(x), handle=ops.Tensor,
+                           inline=False)(record)  # fmt: skip
+
+        async def main() -> None:
+            gate = threading.Event()
+            busy = gate_op(np.zeros(1), gate)  # occupies the only worker
+            started = asyncio.Event()
+            newer_dispatched = asyncio.Event()
+
+            async def old() -> None:
+                handles = [mark(np.zeros(1), f"old{k}") for k in range(100)]
+                started.set()
+                await newer_dispatched.wait()
+                handles += [mark(np.zeros(1), f"old{k}") for k in range(100, 300)]
+                await asyncio.gather(*(_await(h) for h in handles))
+
+            async def newer() -> None:
+                await started.wait()
+                h = mark(np.zeros(1), "new")
+                newer_dispatched.set()
+                await h
+
+            both = asyncio.gather(old(), newer())
+            await asyncio.sleep(0.01)
+            gate.set()
+            await busy
+            await both
+
+        dataflow.run(main, interop_threads=1)
+        at = order.index("new")
+        # The old request's first 100 and about 50 more go first; then the newer one's op.
+        assert order[:100] == [f"old{k}" for k in range(100)]
+        assert 100 <= at < 200, at
+
 
 class Gated(ops.nn.Module):
     """Holds its first op until ``gate`` opens, then 50 pool ops: a batch that runs a while."""

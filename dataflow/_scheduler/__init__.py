@@ -139,7 +139,10 @@
 * **Ready order, and requests.** Work dispatched from a coroutine on the loop belongs to
   that coroutine's task (a request, in a server): its tasks take the request's age as their
   priority, so the oldest request's ready work runs first and a burst of new requests cannot
-  starve an old one (a captured graph run adds its static critical-path rank). Otherwise the
+  starve an old one (a captured graph run adds its static critical-path rank). The age is
+  aged (``_requests.AGING_TASKS``): a task takes the later of its request's start and its own
+  id less 4096, so a request that streams work for good (a long job, another runtime's whole
+  run on the shared pool) cannot starve a newer one either. Otherwise the
   queue is FIFO by issue order. The continuation above keeps a worker on the chain it is on
   (its data is in cache, and a chain's intermediate arrays die young).
 * **Work belongs to whoever still wants it.** When a request's task is cancelled (the client

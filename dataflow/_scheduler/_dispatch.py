@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 from ._base import stops_here
 from ._execution import running_task
 from ._limits import Limits
+from ._requests import AGING_TASKS
 
 __all__ = ["Scheduler"]
 
@@ -254,7 +255,11 @@ class Scheduler(Limits):
         quiet = on_loop and sig.inline is None and sig.seconds < self.await_here
         post = False
         if owner is not None and priority is None:
-            task.priority = owner.base
+            # The request's age, aged (AGING_TASKS): the later of its start and this task's
+            # id less the window.
+            base = owner.base
+            aged = task.id - AGING_TASKS
+            task.priority = base if base > aged else aged
         with GRAPH_LOCK:
             self.inflight += 1
             failed = gs.add(task) if inputs else None

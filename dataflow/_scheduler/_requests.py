@@ -30,7 +30,15 @@ if TYPE_CHECKING:
     pass
 from ._base import SchedulerBase
 
-__all__ = ["Requests", "handles_held"]
+__all__ = ["AGING_TASKS", "Requests", "handles_held"]
+
+#: How far, in tasks dispatched since, a request's age orders the ready queue: a task takes
+#: the later of its request's start and its own id less this. So the oldest request's work
+#: goes first (a burst of new requests cannot starve it), but a request that streams work
+#: for good (a long job, another runtime's whole `dataflow.run` on the shared pool) no longer
+#: starves a newer one either: once it has dispatched this many tasks more, the newer
+#: request's work goes before what it dispatches next.
+AGING_TASKS = 4096
 
 
 def _done(waiter: Any) -> bool:

@@ -48,6 +48,7 @@ from .._instrument import ACTIVE, GENERATION, HOOKED
 from .._pool import GRAPH_LOCK
 from .._protect import protect
 from .._scheduler._placement import SPAWN_CPU_SHARE
+from .._scheduler._requests import AGING_TASKS
 from .._signature import Signature
 from .._task import PENDING, READY, Task, _next_id
 from ._ir import ConstRef, NodeRef, iter_refs
@@ -210,7 +211,9 @@ def launch(
     sched = rt._sched
     owner = sched.request()
     if priority is None:
-        priority = owner.base if owner is not None else float(_next_id())
+        now = _next_id()
+        # The request's age, aged as a dispatched task's (_scheduler._requests.AGING_TASKS).
+        priority = float(now) if owner is None else max(owner.base, float(now - AGING_TASKS))
     default = rt.op_timeout
     timed = (prog.timed or default is not None) and sched.pool is not None
     if not timed:
