@@ -19,6 +19,8 @@ import platform
 import sys
 from typing import Any
 
+import numpy as np
+
 from . import _blas, _intraop
 from ._errors import DataflowRuntimeError, DataflowTypeError, DataflowValueError
 from ._pool import shared_pool_size
@@ -55,8 +57,9 @@ def _check_count(n: object, what: str) -> int:
     """``n`` if it is a positive int up to :data:`MAX_THREADS`: another type is a
     DataflowTypeError, an int out of that range a DataflowValueError (the rule of
     ``_errors``), both naming ``what``."""
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, bool | np.bool_) or not isinstance(n, int | np.integer):
         raise DataflowTypeError(f"{what} must be a positive int, got {type(n).__name__}: {n!r}")
+    n = int(n)  # (a numpy integer, as torch's setters take: os.cpu_count() // np.int64(2))
     if n < 1:
         raise DataflowValueError(f"{what} must be a positive int, got {n!r}")
     if n > MAX_THREADS:

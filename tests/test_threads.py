@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 
 import dataflow
@@ -50,7 +51,15 @@ class TestInterop:
         with pytest.raises(dataflow.DataflowValueError, match="positive int"):
             dataflow.set_num_interop_threads(bad)  # type: ignore[arg-type]
 
-    @pytest.mark.parametrize("bad", [1.5, "2", True])
+    def test_numpy_integers_are_counts(self) -> None:
+        """A numpy integer is a count, as torch's setters take it (`os.cpu_count() //
+        np.int64(2)`, a count read from an array): it was a DataflowTypeError."""
+        dataflow.set_num_interop_threads(np.int64(2))
+        got = dataflow.get_num_interop_threads()
+        assert got == 2 and type(got) is int
+        assert dataflow.Runtime(interop_threads=np.int32(1)).interop_threads == 1
+
+    @pytest.mark.parametrize("bad", [1.5, "2", True, np.True_, np.float64(2.0)])
     def test_rejects_counts_of_another_type_with_a_type_error(self, bad: object) -> None:
         """A count that is not an int is a DataflowTypeError (docs/api.md, "Errors")."""
         with pytest.raises(dataflow.DataflowTypeError, match="positive int, got"):
