@@ -54,10 +54,12 @@ class TestInterop:
     def test_numpy_integers_are_counts(self) -> None:
         """A numpy integer is a count, as torch's setters take it (`os.cpu_count() //
         np.int64(2)`, a count read from an array): it was a DataflowTypeError."""
-        dataflow.set_num_interop_threads(np.int64(2))
+        # (typed `int`, as torch's: a checker wants int(n); at run time numpy's are taken)
+        dataflow.set_num_interop_threads(np.int64(2))  # type: ignore[arg-type]
         got = dataflow.get_num_interop_threads()
         assert got == 2 and type(got) is int
-        assert dataflow.Runtime(interop_threads=np.int32(1)).interop_threads == 1
+        rt = dataflow.Runtime(interop_threads=np.int32(1))  # type: ignore[arg-type]
+        assert rt.interop_threads == 1
 
     @pytest.mark.parametrize("bad", [1.5, "2", True, np.True_, np.float64(2.0)])
     def test_rejects_counts_of_another_type_with_a_type_error(self, bad: object) -> None:
