@@ -522,6 +522,97 @@ class TestObserversNeverBreakARun:
         assert dataflow.run(main) is False
 
 
+class TestAttachedToBothScopes:
+    """An observer attached to the process and to a runtime too sees each event of that
+    runtime once, as one attached twice to one scope does."""
+
+    @staticmethod
+    async def _program() -> None:
+        await _chain(3)  # pool ops
+        x: Any = ops.asarray(np.ones(4))
+        for _ in range(3):
+            x = _inc(x)  # inline ops, on the lean path
+        await x
+        await dataflow.wait(dataflow.fork(_chain, 1))  # a fork, and a wait
+        with pytest.raises(dataflow.TaskError):
+            await ops.add(_failing(np.ones(2)), 1.0)  # a failed span, and one that never ran
+
+    def _run_with(self, observer: Any) -> None:
+        async def main() -> None:
+            async with dataflow.Runtime(private_pool=True) as rt:
+                rt.add_instrument(observer)
+                await self._program()
+
+        dataflow.add_instrument(observer)
+        try:
+            dataflow.run(main)
+        finally:
+            dataflow.remove_instrument(observer)
+
+    def test_a_recorder_records_each_task_once(self) -> None:
+        """One record per task (pool, inline, failed), one span per fork and wait, and one
+        count per task that never ran: a bounded buffer is not half full of copies."""
+        rec = dataflow.Recorder()
+        self._run_with(rec)
+        ids = [r[0] for r in rec.tasks]
+        assert len(ids) == len(set(ids)) == 11  # (1 + 3) + (1 + 3) + the fork's (1 + 1) + 1
+        assert len(rec.spans) == len({(s[0], s[1]) for s in rec.spans})
+        assert rec.unrun_failed == 1
+
+    def test_an_instrument_sees_each_event_once(self) -> None:
+        """Each hook is called once per event (not once per scope)."""
+        counts: collections.Counter[tuple[str, Any]] = collections.Counter()
+
+        class Counting(dataflow.Instrument):
+            def task_created(self, ts: int, task: Any) -> None:
+                counts["created", task.id] += 1
+
+            def task_started(self, ts: int, task: Any) -> None:
+                counts["started", task.id] += 1
+
+            def fork(self, ts: int, name: str, parent: str | None) -> None:
+                counts["fork", name] += 1
+
+        self._run_with(Counting())
+        assert counts and set(counts.values()) == {1}
+
+    @pytest.mark.parametrize("hook", ["task_started", "fork", "task_created"])
+    def test_one_that_raises_is_switched_off_in_both_and_reported_once(self, hook: str) -> None:
+        """It raised on this runtime's event: it is switched off in both scopes (or it would
+        raise, and be reported, again through the other one), with one report."""
+        inst = _Raising(hook, ValueError("hook"))
+        box: list[Any] = []
+
+        async def main() -> None:
+            async with dataflow.Runtime(private_pool=True) as rt:
+                rt.add_instrument(inst)
+                await self._program()
+                box.append(rt._sched.scope)
+
+        dataflow.add_instrument(inst)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                dataflow.run(main)
+        finally:
+            dataflow.remove_instrument(inst)
+        assert len([w for w in caught if f"raised in {hook}()" in str(w.message)]) == 1
+        assert inst not in box[0].instruments
+
+    def test_a_recorder_that_raises_is_reported_once(self) -> None:
+        """A recorder whose ``task`` raises, attached to both: one report, off in both."""
+
+        class Bad(dataflow.Recorder):
+            def task(self, *args: Any, **kwargs: Any) -> None:
+                raise ValueError("record")
+
+        rec = Bad()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._run_with(rec)
+        assert len([w for w in caught if "raised in task()" in str(w.message)]) == 1
+
+
 class TestFlatRecords:
     """An unbounded recorder's task records, kept flat (8 fields each, one list)."""
 
