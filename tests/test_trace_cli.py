@@ -153,6 +153,30 @@ class TestRunTrace:
         assert (tmp_path / "t.json").exists()
         assert not (tmp_path / "elsewhere" / "t.json").exists()
 
+    def test_the_program_s_own_file_is_refused(self, tmp_path: Path) -> None:
+        """`--trace script.py script.py` (by any name: a link, a folder's __main__.py, a -m
+        module's file) is refused before the run: the trace overwrote the script."""
+        script = write_script(tmp_path)
+        (tmp_path / "link.py").symlink_to(script)
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__main__.py").write_text(script.read_text())
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "__init__.py").write_text("")
+        (tmp_path / "pkg" / "__main__.py").write_text(script.read_text())
+        for trace, target in (
+            ("script.py", ["script.py"]),
+            ("link.py", ["script.py"]),
+            ("script.py", ["link.py"]),
+            ("app/__main__.py", ["app"]),
+            ("pkg/__main__.py", ["-m", "pkg"]),
+            ("pkg/__init__.py", ["-m", "pkg"]),
+        ):
+            before = {p: p.read_bytes() for p in tmp_path.rglob("*.py")}
+            proc = run_cli("run", "--trace", trace, *target, cwd=tmp_path)
+            assert proc.returncode == 2, (trace, target, proc.stderr)
+            assert f"--trace {trace} is the program's own file" in proc.stderr
+            assert {p: p.read_bytes() for p in tmp_path.rglob("*.py")} == before
+
     def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
         """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
         script = write_script(tmp_path)
