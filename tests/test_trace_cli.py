@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,79 @@ class TestTraceSummary:
         result = CliRunner().invoke(cli, ["trace", "summary", str(bad)])
         assert result.exit_code == 1
         assert "dataflow trace summary: error: TraceFormatError:" in result.stderr
+
+
+class TestFilesThatAreNotTraces:
+    """What `summary` and `render` read is bounded: a device or a pipe with no end, or a file
+    too big, is one error line, not a read until memory runs out."""
+
+    @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="/dev/zero")
+    def test_dev_zero(self, tmp_path: Path) -> None:
+        """/dev/zero is refused at its first bytes (it was read without end)."""
+        # The old reader ran until memory ran out: bounded here, not by the machine's.
+        limited = (
+            "import resource, runpy, sys; "
+            "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+            "sys.argv[0] = 'dataflow'; runpy.run_module('dataflow', run_name='__main__')"
+        )
+        paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OPENBLAS_NUM_THREADS": "1"}
+        for command in ("summary", "render"):
+            proc = subprocess.run(
+                [sys.executable, "-c", limited, "trace", command, "/dev/zero"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 1, proc.stderr
+            (line,) = proc.stderr.strip().splitlines()
+            assert line.startswith(f"dataflow trace {command}: error: TraceFormatError: ")
+            assert "/dev/zero is not JSON: a trace starts with { or [" in line
+
+    def test_binary_and_text_that_is_not_json(self, tmp_path: Path) -> None:
+        for name, data in (("b.json", b"\x89PNG\r\n\x1a\n"), ("s.py", b"import os\n")):
+            (tmp_path / name).write_bytes(data)
+            result = CliRunner().invoke(cli, ["trace", "summary", str(tmp_path / name)])
+            assert result.exit_code == 1
+            assert "is not JSON: a trace starts with { or [" in result.stderr
+
+    def test_too_big(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Over MAX_TRACE_BYTES: refused, a regular file by its size, a stream once read."""
+        from dataflow import _traceread
+
+        monkeypatch.setattr(_traceread, "MAX_TRACE_BYTES", 1000, raising=False)
+        monkeypatch.setattr(_traceread, "_CHUNK", 100, raising=False)
+        path = tmp_path / "big.json"
+        path.write_text('{"traceEvents": []' + " " * 2000 + "}")
+        with pytest.raises(_traceread.TraceFormatError, match=r"at most .* GiB, got 0\.0 GiB"):
+            load(path)
+        read, write = os.pipe()
+        os.write(write, path.read_bytes())
+        os.close(write)
+        try:
+            with pytest.raises(_traceread.TraceFormatError, match="got more than that"):
+                load(f"/dev/fd/{read}")
+        finally:
+            os.close(read)
+
+    def test_a_pipe_reads(self, saved_trace: Path) -> None:
+        """A trace given through a pipe (`<(gunzip -c t.json.gz)`) still reads."""
+        read, write = os.pipe()
+        data = saved_trace.read_bytes()
+
+        def feed() -> None:
+            os.write(write, data)
+            os.close(write)
+
+        writer = threading.Thread(target=feed)
+        writer.start()
+        try:
+            assert len(load(f"/dev/fd/{read}").tasks) == len(load(saved_trace).tasks)
+        finally:
+            writer.join()
+            os.close(read)
 
 
 class TestHostileTraces:
