@@ -613,6 +613,55 @@ class TestAttachedToBothScopes:
         assert len([w for w in caught if "raised in task()" in str(w.message)]) == 1
 
 
+class TestCompiledPlansObserved:
+    """While an instrument observes, a compiled forward runs a task per node (``_planrun``):
+    each node is reported created, with its input nodes as its inputs, as an op's task is."""
+
+    @staticmethod
+    async def _model(x: Any) -> Any:
+        a = ops.tanh(ops.matmul(x, x))
+        return ops.sum(ops.multiply(a, ops.add(a, 1.0)))
+
+    def test_nodes_are_created_with_their_inputs(self) -> None:
+        """Every task that starts was reported created first, and a node's ``inputs`` are
+        its input nodes' tasks: --progress showed `30/0 tasks done`, and a profile had no
+        dependency edge (no critical path) in a compiled forward while an instrument
+        observed."""
+        forward = dataflow.compile(self._model)
+        created: dict[int, tuple[str, tuple[str, ...]]] = {}
+        unannounced: list[str] = []
+
+        class Watch(dataflow.Instrument):
+            def task_created(self, ts: int, task: Any) -> None:
+                created[task.id] = (task.op, tuple(t.op for t in task.inputs))
+
+            def task_started(self, ts: int, task: Any) -> None:
+                if task.id not in created:
+                    unannounced.append(task.name)
+
+        async def main() -> None:
+            x = np.eye(32, dtype=np.float32)
+            for _ in range(3):
+                await forward(x)
+
+        inst = Watch()
+        dataflow.add_instrument(inst)
+        try:
+            with dataflow.profile() as prof:
+                dataflow.run(main, interop_threads=2)
+        finally:
+            dataflow.remove_instrument(inst)
+        assert not unannounced
+        nodes = [v for v in created.values() if v[0] in ("matmul", "tanh", "sum")]
+        assert ("tanh", ("matmul",)) in nodes and ("matmul", ()) in nodes
+        trace = prof.trace()
+        by_name = {t.name: t for t in trace.tasks}
+        for t in trace.tasks:
+            if t.op == "tanh":
+                assert [by_name[i].op for i in t.inputs] == ["matmul"]
+        assert len(prof.summary().critical_path) > 2
+
+
 class TestFlatRecords:
     """An unbounded recorder's task records, kept flat (8 fields each, one list)."""
 

@@ -219,6 +219,8 @@ def launch(
     starter = Task(prog.launch_sig, _start, (run,), None, rt)
     starter.priority = run.base - 1
     run.owner = owner
+    sched.emit("task_created", starter)  # (the nodes' tasks are reported as the launch makes them)
+    sched.emit("task_created", gather)
     if waiter is not None:
         gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
     with GRAPH_LOCK:
