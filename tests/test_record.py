@@ -233,6 +233,29 @@ class TestRecorder:
             dataflow.remove_instrument(rec)
         assert [t.op for t in rec.trace().tasks].count("old") == 0
 
+    def test_max_seconds_bounds_compiled_forwards(self) -> None:
+        """A compiled forward's nodes (the lean executor's span records) are dropped by age
+        too: each runner call counted its own records, never 256 in a plan of a few nodes,
+        so a server of compiled forwards kept every record (memory grew with the load)."""
+
+        async def model(x: Any) -> Any:
+            return ops.negative(ops.add(x, 1.0))
+
+        forward = dataflow.compile(model)
+        rec = dataflow.Recorder(max_seconds=1e-6)
+
+        async def main() -> int:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            x = np.ones(4)
+            await forward(x)
+            rt.add_instrument(rec)
+            for _ in range(1000):
+                await forward(x)
+            return len(rec.tasks)
+
+        assert dataflow.run(main) < 500  # (of 1000 records, one a call; trimmed every 256th)
+
     def test_two_trims_at_once_keep_the_fresh_records(self) -> None:
         """A trim on one thread (a dump's) and one on another (a pool thread's, as it records)
         run one after the other: interleaved, both saw the same old record first, and the
