@@ -86,6 +86,11 @@ def trace_render(path: str, output: str | None, width: int, arrows: str) -> None
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".svg", ".html", ".htm"):
         raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
+    if os.path.exists(out) and os.path.samefile(out, path):  # (a trace saved as .svg or .html)
+        raise click.UsageError(
+            f"-o {out}: that is the trace being read: the picture would overwrite it; give "
+            "another output path"
+        )
     trace = _load_trace(path, "render")
     if ext == ".svg":
         text = render_svg(trace, width=width, arrows=arrows)

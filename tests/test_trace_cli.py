@@ -549,6 +549,19 @@ class TestTraceRender:
         assert any(t.startswith("matmul: ") for t in texts)  # its legend entry
         assert {"time (s)", "time (ms)", "time (us)"} & set(texts)  # the unit fits the run
 
+    def test_the_trace_itself_as_the_output_is_refused(
+        self, saved_trace: Path, tmp_path: Path
+    ) -> None:
+        """A trace saved as t.svg (or t.html): `render t.svg` wrote the picture over it."""
+        for name, extra in (("t.svg", []), ("t.html", ["-o"])):
+            path = tmp_path / name
+            path.write_bytes(saved_trace.read_bytes())
+            args = ["trace", "render", str(path), *extra, *([str(path)] if extra else [])]
+            result = CliRunner().invoke(cli, args)
+            assert result.exit_code == 2, result.output
+            assert "that is the trace being read" in result.stderr
+            assert path.read_bytes() == saved_trace.read_bytes()
+
     def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
         """`-o x.html` embeds the SVG in a page with the summary and the op table."""
         out = tmp_path / "timeline.html"
