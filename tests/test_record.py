@@ -677,6 +677,7 @@ class TestCompiledPlansObserved:
         assert not unannounced
         nodes = [v for v in created.values() if v[0] in ("matmul", "tanh", "sum")]
         assert ("tanh", ("matmul",)) in nodes and ("matmul", ()) in nodes
+        assert ("_model", ("sum",)) in created.values()  # the gather, with the output node
         trace = prof.trace()
         by_name = {t.name: t for t in trace.tasks}
         for t in trace.tasks:

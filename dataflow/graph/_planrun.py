@@ -116,6 +116,8 @@ class PlanRun:
         sched = rt._sched
         for t in tasks:  # (created before any of them is queued, so before it starts)
             sched.emit("task_created", t)
+        if gather.inputs:  # (else reported by ``launch``: it may be queued already)
+            sched.emit("task_created", gather)
         owner = self.owner
         with GRAPH_LOCK:
             sched.inflight += len(tasks)
