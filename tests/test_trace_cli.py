@@ -520,6 +520,22 @@ class TestHostileTraces:
         assert "\x1b" not in result.stdout and "\r" not in result.stdout
         assert "a\\x1b[2J\\rb" in result.stdout
 
+    def test_a_newline_in_a_name_prints_no_line_of_its_own(self, tmp_path: Path) -> None:
+        """A name with a newline printed a line of the crafted file's choosing in the
+        summary ("wall time 1 ms" twice); it is escaped like any control character now."""
+        path = tmp_path / "t.json"
+        events = [
+            {"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": "w\nbusy  9 s"}},
+            {"ph": "X", "name": "a\nwall time  1 ms", "tid": 1, "ts": 1, "dur": 2},
+        ]
+        path.write_text(json.dumps({"traceEvents": events}))
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert [line for line in lines if line.startswith("wall time")] == [lines[0]]
+        assert not any(line.startswith("busy  9 s") for line in lines)
+        assert "a\\nwall time  1 ms#1" in result.stdout and "w\\nbusy  9 s" in result.stdout
+
     def test_foreign_values_in_args_render(self, tmp_path: Path) -> None:
         """flops given as a string (a foreign trace) is shown as it is, not a crash."""
         path = tmp_path / "t.json"
