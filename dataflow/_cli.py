@@ -24,7 +24,13 @@ from typing import Any, TextIO, cast
 import click
 
 from ._cli_hooks import run_hooks
-from ._cli_script import module_problem, print_user_traceback, run_target, target_problem
+from ._cli_script import (
+    module_problem,
+    overwrites_program,
+    print_user_traceback,
+    run_target,
+    target_problem,
+)
 from ._cli_trace import trace_group
 from ._defaults import resolve_loop_factory
 from ._errors import DataflowError
@@ -308,6 +314,14 @@ def _run_main(module: str | None, script: str | None, args: list[str], options: 
         if problem_line is not None:
             click.echo(f"dataflow run: error: {problem_line}", err=True)
             return 2
+    trace = options.get("trace")
+    if trace and (mine := overwrites_program(trace, module, script)) is not None:
+        click.echo(
+            f"dataflow run: error: --trace {trace} is the program's own file ({mine}): the "
+            "trace would overwrite it; give another path (e.g. trace.json)",
+            err=True,
+        )
+        return 2
     sys.argv = [script if script is not None else str(module), *args]
     try:
         with ExitStack() as stack:

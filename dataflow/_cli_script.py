@@ -128,6 +128,42 @@ def module_problem(module: str) -> str | None:
     return f"no module named {module!r}" if spec is None else None
 
 
+def program_files(module: str | None, script: str | None) -> list[str]:
+    """The files of the program ``dataflow run`` runs: the script, a folder's ``__main__``, or
+    the module's source (and a package's ``__main__``), those that exist. Called once the
+    target was found (``target_problem``, ``module_problem``: the module's parents are
+    imported already)."""
+    if script is not None:
+        if script == "-":
+            return []
+        if os.path.isdir(script):
+            return [p for m in _MAINS if os.path.exists(p := os.path.join(script, m))]
+        return [script] if os.path.exists(script) else []
+    found = []
+    for name in (str(module), f"{module}.__main__"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = getattr(spec, "origin", None)
+        if origin and os.path.exists(origin):
+            found.append(origin)
+    return found
+
+
+def overwrites_program(path: str, module: str | None, script: str | None) -> str | None:
+    """The program's file that writing ``path`` would overwrite, if any (``--trace``)."""
+    if not os.path.exists(path):
+        return None
+    for file in program_files(module, script):
+        try:
+            if os.path.samefile(path, file):
+                return file
+        except OSError:
+            continue
+    return None
+
+
 def run_target(module: str | None, script: str | None) -> None:
     """Run the module or the script as ``__main__`` (``sys.argv`` is already set)."""
     if module is not None:

@@ -44,10 +44,29 @@ def _load_trace(path: str, command: str) -> Trace:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 def trace_summary(path: str) -> None:
     """Print wall/busy time, parallelism, critical path and the per-op table of PATH."""
-    trace = _load_trace(path, "summary")
+    trace = _printable_names(_load_trace(path, "summary"))
     click.echo(printable(str(summarize(trace))))
     click.echo("")
     click.echo(printable(op_table(trace)))
+
+
+def _escape(name: str) -> str:
+    return (
+        name
+        if name.isprintable()
+        else "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+    )
+
+
+def _printable_names(trace: Trace) -> Trace:
+    """``trace`` with its task, op and thread names escaped (:func:`printable`) before they
+    are laid out: a newline in a name, which ``printable`` keeps as a line of the report,
+    printed lines of its own (a crafted file could add figures to the summary)."""
+    for t in trace.tasks:
+        t.name, t.op = _escape(t.name), _escape(t.op)
+        t.inputs = tuple(map(_escape, t.inputs))
+    trace.threads = {tid: _escape(name) for tid, name in trace.threads.items()}
+    return trace
 
 
 def printable(text: str) -> str:
@@ -86,6 +105,11 @@ def trace_render(path: str, output: str | None, width: int, arrows: str) -> None
     ext = os.path.splitext(out)[1].lower()
     if ext not in (".svg", ".html", ".htm"):
         raise click.UsageError(f"-o {out}: the output must end in .svg or .html")
+    if os.path.exists(out) and os.path.samefile(out, path):  # (a trace saved as .svg or .html)
+        raise click.UsageError(
+            f"-o {out}: that is the trace being read: the picture would overwrite it; give "
+            "another output path"
+        )
     trace = _load_trace(path, "render")
     if ext == ".svg":
         text = render_svg(trace, width=width, arrows=arrows)

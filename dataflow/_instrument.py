@@ -14,7 +14,9 @@ When nothing observes a runtime, its hot path pays one truthiness test of :data:
 process scope) and one of its own scope. An observer whose hook raises, whatever it raises
 (``KeyboardInterrupt`` included), is switched off in the scope it was attached to and
 reported once (a ``RuntimeWarning``, or a log line when warnings are errors); the run goes on.
-No observer can stop a worker thread or leave a task unfinished.
+No observer can stop a worker thread or leave a task unfinished. An observer attached to the
+process and to a runtime too sees each of that runtime's events once, and one that raises
+there is switched off in both (the runtime's scheduler dedups them: ``_scheduler._base``).
 
 Events (hook names):
 
@@ -52,6 +54,7 @@ __all__ = [
     "add_instrument",
     "emit",
     "remove_instrument",
+    "sync_process",
 ]
 
 _HOOKS = (
@@ -192,7 +195,7 @@ class Scope:
         try:
             removed = self.remove(observer)
             if self is PROCESS:
-                _sync()
+                sync_process()
             if not removed:  # another thread's call of the hook raised too, and said so
                 return
             try:
@@ -227,7 +230,7 @@ GENERATION = [0]
 HOOKED: list[Scope] = []
 
 
-def _sync() -> None:
+def sync_process() -> None:
     if PROCESS:
         if not ACTIVE:
             ACTIVE.append(PROCESS)
@@ -263,13 +266,13 @@ def add_instrument(observer: Any) -> None:
     To observe one runtime only, use ``runtime.add_instrument(observer)``.
     """
     PROCESS.add(observer)
-    _sync()
+    sync_process()
 
 
 def remove_instrument(observer: Any) -> None:
     """Detach an instrument or recorder from the process; a no-op when it is not attached."""
     PROCESS.remove(observer)
-    _sync()
+    sync_process()
 
 
 def emit(hook: str, *args: Any) -> None:

@@ -71,7 +71,9 @@ class TaskLogger:
 
     Lines are at debug level, with ``task``, ``op``, ``thread``, the output ``shape`` and
     ``dtype`` (``shapes``/``dtypes`` for ops with several outputs) and, at the end,
-    ``duration_ms``. ``dataflow run --log-tasks`` attaches one; in code::
+    ``duration_ms``. A failure is ``task failed`` with ``task``, ``op``, ``thread``, ``error``,
+    ``ran`` and ``duration_ms`` (``None`` when its kernel never started).
+    ``dataflow run --log-tasks`` attaches one; in code::
 
         dataflow.add_instrument(dataflow.TaskLogger())
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from typing import Any
 
 from ._errors import DataflowError
 from ._trace import Span, TaskSpan, Trace
 
-__all__ = ["MAX_JSON_DEPTH", "TraceFormatError", "from_chrome", "load"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_TRACE_BYTES", "TraceFormatError", "from_chrome", "load"]
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -31,6 +32,11 @@ __all__ = ["MAX_JSON_DEPTH", "TraceFormatError", "from_chrome", "load"]
 class TraceFormatError(DataflowError, ValueError):
     """A file is not a Chrome trace this module can read (a ``ValueError`` too)."""
 
+
+#: The largest trace file read (a million tasks take about 370 MB): a bigger file, or a
+#: stream with no end (``/dev/zero``), is refused rather than read until memory runs out.
+MAX_TRACE_BYTES = 1 << 30
+_CHUNK = 1 << 20
 
 #: How deep a trace's arrays and objects may nest (dataflow writes 4 levels).
 MAX_JSON_DEPTH = 64
@@ -49,13 +55,10 @@ def load(path: str | os.PathLike[str]) -> Trace:
     """
     source = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = _parse(f.read())
+        data = _parse(_read_text(path, source))
     except RecursionError:  # deeper than the C parser goes: far beyond the limit
         data = None
         deep = True
-    except UnicodeDecodeError as exc:
-        raise TraceFormatError(f"{source} is not UTF-8 JSON: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise TraceFormatError(f"{source} is not JSON: {exc}") from exc
     else:
@@ -65,6 +68,41 @@ def load(path: str | os.PathLike[str]) -> Trace:
             f"{source} nests arrays and objects more than {MAX_JSON_DEPTH} deep: not a trace"
         )
     return from_chrome(data, source=source)
+
+
+def _read_text(path: str | os.PathLike[str], source: str) -> str:
+    """The file's text, read with a bound: a file over :data:`MAX_TRACE_BYTES` is refused up
+    front (from its size) or once that much was read (a pipe, a device: ``/dev/zero`` has no
+    end, and was read until memory ran out), and one that does not start as JSON does (``{``
+    or ``[``, after white space) is refused at its first bytes."""
+    with open(path, "rb") as f:
+        info = os.fstat(f.fileno())
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_TRACE_BYTES:
+            raise TraceFormatError(_too_big(source, info.st_size))
+        data = bytearray()
+        started = False
+        while chunk := f.read(_CHUNK):
+            if not started and (head := chunk.lstrip()):
+                if head[:1] not in (b"{", b"["):
+                    raise TraceFormatError(
+                        f"{source} is not JSON: a trace starts with {{ or [, this with {head[:8]!r}"
+                    )
+                started = True
+            data += chunk
+            if len(data) > MAX_TRACE_BYTES:
+                raise TraceFormatError(_too_big(source, None))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(f"{source} is not UTF-8 JSON: {exc}") from exc
+
+
+def _too_big(source: str, size: int | None) -> str:
+    got = "more than that" if size is None else f"{size / 2**30:.1f} GiB"
+    return (
+        f"{source}: a trace file may be at most {MAX_TRACE_BYTES / 2**30:g} GiB, got {got}: "
+        "not read"
+    )
 
 
 def _parse(text: str) -> Any:

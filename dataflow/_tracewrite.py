@@ -5,7 +5,8 @@ and chrome://tracing):
 
 * an ``X`` slice per task run, on its thread's track (``pid`` = process id, ``tid`` = the
   thread's native id; ``ts``/``dur`` in microseconds), with ``args``: op, task, id, output
-  shape and dtype, flops, bytes, inputs, and ``queued_us`` (ready-but-not-started time);
+  shape and dtype, flops, bytes (a cost rule's ``inf`` as the string ``"inf"``: JSON has no
+  infinity), inputs, and ``queued_us`` (ready-but-not-started time);
 * ``M`` metadata: ``process_name``, ``thread_name`` (``loop`` for a thread that runs an event
   loop, ``interop-N`` for pool workers) and ``thread_sort_index``;
 * a flow (``s`` then ``f`` with ``bp: "e"``, same ``id``) from each task to each dependent;
@@ -26,6 +27,7 @@ checks everything. The data itself, and the analyses the writer shares with the 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -74,6 +76,12 @@ def to_chrome(trace: Trace, process_name: str = "dataflow") -> dict[str, Any]:
     loop_tid = next((tid for tid, n in trace.threads.items() if n == "loop"), 0)
     for t in trace.tasks:
         args: dict[str, Any] = {"task": t.name, "id": t.id, "op": t.op, **t.args}
+        for key in ("flops", "bytes"):
+            value = args.get(key)
+            if type(value) is float and not math.isfinite(value):
+                # (a cost rule may say inf, which JSON cannot: ``Infinity`` made the file one
+                # that Perfetto and strict parsers refuse)
+                args[key] = str(value)
         args["inputs"] = list(t.inputs)
         args["queued_us"] = _us(t.start - t.ready)
         if t.failed:

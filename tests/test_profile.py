@@ -420,6 +420,29 @@ class TestChromeTrace:
         summary = prof.summary()
         assert summary.failed == 1 and summary.unrun == 1
 
+    def test_an_infinite_cost_is_valid_json(self, tmp_path: Path) -> None:
+        """A cost rule may say ``Cost(flops=inf)``; the file said ``Infinity``, which is not
+        JSON (Perfetto and strict parsers refuse the whole file). It says ``"inf"`` now."""
+        costly = dataflow.op(
+            "costly", meta=ops.spec_of, handle=ops.Tensor, cost=lambda x: dataflow.Cost(np.inf, 8)
+        )(np.negative)
+
+        async def main() -> Any:
+            return await costly(np.ones(3))
+
+        with dataflow.profile() as prof:
+            dataflow.run(main)
+        prof.export_chrome_trace(tmp_path / "t.json")
+
+        def refuse(name: str) -> Any:
+            raise ValueError(f"not JSON: {name}")
+
+        data = json.loads((tmp_path / "t.json").read_text(), parse_constant=refuse)
+        check_chrome_trace(data)
+        (x,) = x_events(data)
+        assert x["args"]["flops"] == "inf" and x["args"]["bytes"] == 8
+        assert load(tmp_path / "t.json").tasks[0].args["flops"] == "inf"
+
     def test_foreign_trace_loads(self) -> None:
         """A Chrome trace not written by dataflow loads: slices become tasks, times rebased."""
         data = [

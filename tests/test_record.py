@@ -233,6 +233,29 @@ class TestRecorder:
             dataflow.remove_instrument(rec)
         assert [t.op for t in rec.trace().tasks].count("old") == 0
 
+    def test_max_seconds_bounds_compiled_forwards(self) -> None:
+        """A compiled forward's nodes (the lean executor's span records) are dropped by age
+        too: each runner call counted its own records, never 256 in a plan of a few nodes,
+        so a server of compiled forwards kept every record (memory grew with the load)."""
+
+        async def model(x: Any) -> Any:
+            return ops.negative(ops.add(x, 1.0))
+
+        forward = dataflow.compile(model)
+        rec = dataflow.Recorder(max_seconds=1e-6)
+
+        async def main() -> int:
+            rt = dataflow.current_runtime()
+            assert rt is not None
+            x = np.ones(4)
+            await forward(x)
+            rt.add_instrument(rec)
+            for _ in range(1000):
+                await forward(x)
+            return len(rec.tasks)
+
+        assert dataflow.run(main) < 500  # (of 1000 records, one a call; trimmed every 256th)
+
     def test_two_trims_at_once_keep_the_fresh_records(self) -> None:
         """A trim on one thread (a dump's) and one on another (a pool thread's, as it records)
         run one after the other: interleaved, both saw the same old record first, and the
@@ -520,6 +543,147 @@ class TestObserversNeverBreakARun:
                 return inst in rt._sched.scope.instruments
 
         assert dataflow.run(main) is False
+
+
+class TestAttachedToBothScopes:
+    """An observer attached to the process and to a runtime too sees each event of that
+    runtime once, as one attached twice to one scope does."""
+
+    @staticmethod
+    async def _program() -> None:
+        await _chain(3)  # pool ops
+        x: Any = ops.asarray(np.ones(4))
+        for _ in range(3):
+            x = _inc(x)  # inline ops, on the lean path
+        await x
+        await dataflow.wait(dataflow.fork(_chain, 1))  # a fork, and a wait
+        with pytest.raises(dataflow.TaskError):
+            await ops.add(_failing(np.ones(2)), 1.0)  # a failed span, and one that never ran
+
+    def _run_with(self, observer: Any) -> None:
+        async def main() -> None:
+            async with dataflow.Runtime(private_pool=True) as rt:
+                rt.add_instrument(observer)
+                await self._program()
+
+        dataflow.add_instrument(observer)
+        try:
+            dataflow.run(main)
+        finally:
+            dataflow.remove_instrument(observer)
+
+    def test_a_recorder_records_each_task_once(self) -> None:
+        """One record per task (pool, inline, failed), one span per fork and wait, and one
+        count per task that never ran: a bounded buffer is not half full of copies."""
+        rec = dataflow.Recorder()
+        self._run_with(rec)
+        ids = [r[0] for r in rec.tasks]
+        assert len(ids) == len(set(ids)) == 11  # (1 + 3) + (1 + 3) + the fork's (1 + 1) + 1
+        assert len(rec.spans) == len({(s[0], s[1]) for s in rec.spans})
+        assert rec.unrun_failed == 1
+
+    def test_an_instrument_sees_each_event_once(self) -> None:
+        """Each hook is called once per event (not once per scope)."""
+        counts: collections.Counter[tuple[str, Any]] = collections.Counter()
+
+        class Counting(dataflow.Instrument):
+            def task_created(self, ts: int, task: Any) -> None:
+                counts["created", task.id] += 1
+
+            def task_started(self, ts: int, task: Any) -> None:
+                counts["started", task.id] += 1
+
+            def fork(self, ts: int, name: str, parent: str | None) -> None:
+                counts["fork", name] += 1
+
+        self._run_with(Counting())
+        assert counts and set(counts.values()) == {1}
+
+    @pytest.mark.parametrize("hook", ["task_started", "fork", "task_created"])
+    def test_one_that_raises_is_switched_off_in_both_and_reported_once(self, hook: str) -> None:
+        """It raised on this runtime's event: it is switched off in both scopes (or it would
+        raise, and be reported, again through the other one), with one report."""
+        inst = _Raising(hook, ValueError("hook"))
+        box: list[Any] = []
+
+        async def main() -> None:
+            async with dataflow.Runtime(private_pool=True) as rt:
+                rt.add_instrument(inst)
+                await self._program()
+                box.append(rt._sched.scope)
+
+        dataflow.add_instrument(inst)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                dataflow.run(main)
+        finally:
+            dataflow.remove_instrument(inst)
+        assert len([w for w in caught if f"raised in {hook}()" in str(w.message)]) == 1
+        assert inst not in box[0].instruments
+
+    def test_a_recorder_that_raises_is_reported_once(self) -> None:
+        """A recorder whose ``task`` raises, attached to both: one report, off in both."""
+
+        class Bad(dataflow.Recorder):
+            def task(self, *args: Any, **kwargs: Any) -> None:
+                raise ValueError("record")
+
+        rec = Bad()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self._run_with(rec)
+        assert len([w for w in caught if "raised in task()" in str(w.message)]) == 1
+
+
+class TestCompiledPlansObserved:
+    """While an instrument observes, a compiled forward runs a task per node (``_planrun``):
+    each node is reported created, with its input nodes as its inputs, as an op's task is."""
+
+    @staticmethod
+    async def _model(x: Any) -> Any:
+        a = ops.tanh(ops.matmul(x, x))
+        return ops.sum(ops.multiply(a, ops.add(a, 1.0)))
+
+    def test_nodes_are_created_with_their_inputs(self) -> None:
+        """Every task that starts was reported created first, and a node's ``inputs`` are
+        its input nodes' tasks: --progress showed `30/0 tasks done`, and a profile had no
+        dependency edge (no critical path) in a compiled forward while an instrument
+        observed."""
+        forward = dataflow.compile(self._model)
+        created: dict[int, tuple[str, tuple[str, ...]]] = {}
+        unannounced: list[str] = []
+
+        class Watch(dataflow.Instrument):
+            def task_created(self, ts: int, task: Any) -> None:
+                created[task.id] = (task.op, tuple(t.op for t in task.inputs))
+
+            def task_started(self, ts: int, task: Any) -> None:
+                if task.id not in created:
+                    unannounced.append(task.name)
+
+        async def main() -> None:
+            x = np.eye(32, dtype=np.float32)
+            for _ in range(3):
+                await forward(x)
+
+        inst = Watch()
+        dataflow.add_instrument(inst)
+        try:
+            with dataflow.profile() as prof:
+                dataflow.run(main, interop_threads=2)
+        finally:
+            dataflow.remove_instrument(inst)
+        assert not unannounced
+        nodes = [v for v in created.values() if v[0] in ("matmul", "tanh", "sum")]
+        assert ("tanh", ("matmul",)) in nodes and ("matmul", ()) in nodes
+        assert ("_model", ("sum",)) in created.values()  # the gather, with the output node
+        trace = prof.trace()
+        by_name = {t.name: t for t in trace.tasks}
+        for t in trace.tasks:
+            if t.op == "tanh":
+                assert [by_name[i].op for i in t.inputs] == ["matmul"]
+        assert len(prof.summary().critical_path) > 2
 
 
 class TestFlatRecords:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,30 @@ class TestRunTrace:
         assert (tmp_path / "t.json").exists()
         assert not (tmp_path / "elsewhere" / "t.json").exists()
 
+    def test_the_program_s_own_file_is_refused(self, tmp_path: Path) -> None:
+        """`--trace script.py script.py` (by any name: a link, a folder's __main__.py, a -m
+        module's file) is refused before the run: the trace overwrote the script."""
+        script = write_script(tmp_path)
+        (tmp_path / "link.py").symlink_to(script)
+        (tmp_path / "app").mkdir()
+        (tmp_path / "app" / "__main__.py").write_text(script.read_text())
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "__init__.py").write_text("")
+        (tmp_path / "pkg" / "__main__.py").write_text(script.read_text())
+        for trace, target in (
+            ("script.py", ["script.py"]),
+            ("link.py", ["script.py"]),
+            ("script.py", ["link.py"]),
+            ("app/__main__.py", ["app"]),
+            ("pkg/__main__.py", ["-m", "pkg"]),
+            ("pkg/__init__.py", ["-m", "pkg"]),
+        ):
+            before = {p: p.read_bytes() for p in tmp_path.rglob("*.py")}
+            proc = run_cli("run", "--trace", trace, *target, cwd=tmp_path)
+            assert proc.returncode == 2, (trace, target, proc.stderr)
+            assert f"--trace {trace} is the program's own file" in proc.stderr
+            assert {p: p.read_bytes() for p in tmp_path.rglob("*.py")} == before
+
     def test_log_tasks_and_progress(self, tmp_path: Path) -> None:
         """--log-tasks logs each task's start and end; --progress stays off without a TTY."""
         script = write_script(tmp_path)
@@ -268,6 +293,79 @@ class TestTraceSummary:
         result = CliRunner().invoke(cli, ["trace", "summary", str(bad)])
         assert result.exit_code == 1
         assert "dataflow trace summary: error: TraceFormatError:" in result.stderr
+
+
+class TestFilesThatAreNotTraces:
+    """What `summary` and `render` read is bounded: a device or a pipe with no end, or a file
+    too big, is one error line, not a read until memory runs out."""
+
+    @pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="/dev/zero")
+    def test_dev_zero(self, tmp_path: Path) -> None:
+        """/dev/zero is refused at its first bytes (it was read without end)."""
+        # The old reader ran until memory ran out: bounded here, not by the machine's.
+        limited = (
+            "import resource, runpy, sys; "
+            "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)); "
+            "sys.argv[0] = 'dataflow'; runpy.run_module('dataflow', run_name='__main__')"
+        )
+        paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OPENBLAS_NUM_THREADS": "1"}
+        for command in ("summary", "render"):
+            proc = subprocess.run(
+                [sys.executable, "-c", limited, "trace", command, "/dev/zero"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert proc.returncode == 1, proc.stderr
+            (line,) = proc.stderr.strip().splitlines()
+            assert line.startswith(f"dataflow trace {command}: error: TraceFormatError: ")
+            assert "/dev/zero is not JSON: a trace starts with { or [" in line
+
+    def test_binary_and_text_that_is_not_json(self, tmp_path: Path) -> None:
+        for name, data in (("b.json", b"\x89PNG\r\n\x1a\n"), ("s.py", b"import os\n")):
+            (tmp_path / name).write_bytes(data)
+            result = CliRunner().invoke(cli, ["trace", "summary", str(tmp_path / name)])
+            assert result.exit_code == 1
+            assert "is not JSON: a trace starts with { or [" in result.stderr
+
+    def test_too_big(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Over MAX_TRACE_BYTES: refused, a regular file by its size, a stream once read."""
+        from dataflow import _traceread
+
+        monkeypatch.setattr(_traceread, "MAX_TRACE_BYTES", 1000, raising=False)
+        monkeypatch.setattr(_traceread, "_CHUNK", 100, raising=False)
+        path = tmp_path / "big.json"
+        path.write_text('{"traceEvents": []' + " " * 2000 + "}")
+        with pytest.raises(_traceread.TraceFormatError, match=r"at most .* GiB, got 0\.0 GiB"):
+            load(path)
+        read, write = os.pipe()
+        os.write(write, path.read_bytes())
+        os.close(write)
+        try:
+            with pytest.raises(_traceread.TraceFormatError, match="got more than that"):
+                load(f"/dev/fd/{read}")
+        finally:
+            os.close(read)
+
+    def test_a_pipe_reads(self, saved_trace: Path) -> None:
+        """A trace given through a pipe (`<(gunzip -c t.json.gz)`) still reads."""
+        read, write = os.pipe()
+        data = saved_trace.read_bytes()
+
+        def feed() -> None:
+            os.write(write, data)
+            os.close(write)
+
+        writer = threading.Thread(target=feed)
+        writer.start()
+        try:
+            assert len(load(f"/dev/fd/{read}").tasks) == len(load(saved_trace).tasks)
+        finally:
+            writer.join()
+            os.close(read)
 
 
 class TestHostileTraces:
@@ -422,6 +520,22 @@ class TestHostileTraces:
         assert "\x1b" not in result.stdout and "\r" not in result.stdout
         assert "a\\x1b[2J\\rb" in result.stdout
 
+    def test_a_newline_in_a_name_prints_no_line_of_its_own(self, tmp_path: Path) -> None:
+        """A name with a newline printed a line of the crafted file's choosing in the
+        summary ("wall time 1 ms" twice); it is escaped like any control character now."""
+        path = tmp_path / "t.json"
+        events = [
+            {"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": "w\nbusy  9 s"}},
+            {"ph": "X", "name": "a\nwall time  1 ms", "tid": 1, "ts": 1, "dur": 2},
+        ]
+        path.write_text(json.dumps({"traceEvents": events}))
+        result = CliRunner().invoke(cli, ["trace", "summary", str(path)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.splitlines()
+        assert [line for line in lines if line.startswith("wall time")] == [lines[0]]
+        assert not any(line.startswith("busy  9 s") for line in lines)
+        assert "a\\nwall time  1 ms#1" in result.stdout and "w\\nbusy  9 s" in result.stdout
+
     def test_foreign_values_in_args_render(self, tmp_path: Path) -> None:
         """flops given as a string (a foreign trace) is shown as it is, not a crash."""
         path = tmp_path / "t.json"
@@ -450,6 +564,19 @@ class TestTraceRender:
         texts = [t.text or "" for t in root.iter(f"{SVG}text")]
         assert any(t.startswith("matmul: ") for t in texts)  # its legend entry
         assert {"time (s)", "time (ms)", "time (us)"} & set(texts)  # the unit fits the run
+
+    def test_the_trace_itself_as_the_output_is_refused(
+        self, saved_trace: Path, tmp_path: Path
+    ) -> None:
+        """A trace saved as t.svg (or t.html): `render t.svg` wrote the picture over it."""
+        for name, extra in (("t.svg", []), ("t.html", ["-o"])):
+            path = tmp_path / name
+            path.write_bytes(saved_trace.read_bytes())
+            args = ["trace", "render", str(path), *extra, *([str(path)] if extra else [])]
+            result = CliRunner().invoke(cli, args)
+            assert result.exit_code == 2, result.output
+            assert "that is the trace being read" in result.stderr
+            assert path.read_bytes() == saved_trace.read_bytes()
 
     def test_html_page(self, saved_trace: Path, tmp_path: Path) -> None:
         """`-o x.html` embeds the SVG in a page with the summary and the op table."""

@@ -16,7 +16,7 @@ from .._errors import (
     CancelledTaskError,
     TaskError,
 )
-from .._instrument import ACTIVE, GENERATION, HOOKED, Scope
+from .._instrument import ACTIVE, GENERATION, HOOKED, PROCESS, Scope, sync_process
 from .._pool import GRAPH_LOCK, InteropPool, current_pool
 from .._protect import thaw
 from .._record import Recorder
@@ -191,6 +191,9 @@ class SchedulerBase:
         self._windowed: tuple[Any, ...] = ()
         self._overriding: tuple[tuple[Scope, Any], ...] = ()
         self._sinks_gen = -1
+        # The instruments' hook methods, per hook, each instrument once (``_methods``).
+        self._methods_cache: dict[str, tuple[tuple[Scope, Any, Any], ...]] = {}
+        self._methods_gen = -1
         # The generation the inline path's own span record is good for (-1: the general
         # case, ``_record_inline``), and the one recorder it goes to when there is one.
         self._fast_gen = -1
@@ -221,7 +224,15 @@ class SchedulerBase:
         with the recorders' append methods for the inline path, ``_inline_recorded``)."""
         gen = GENERATION[0]
         if gen != self._sinks_gen:
-            pairs = tuple((sc, rec) for sc in self._scopes() for rec in sc.recorders)
+            # A recorder attached to the process and to this runtime too gets each record once.
+            seen: set[int] = set()
+            found = []
+            for sc in self._scopes():
+                for rec in sc.recorders:
+                    if id(rec) not in seen:
+                        seen.add(id(rec))
+                        found.append((sc, rec))
+            pairs = tuple(found)
             for _, rec in pairs:
                 rec.thread()  # names the calling thread (the loop's, usually) in its trace
             self._sinks = pairs
@@ -237,45 +248,72 @@ class SchedulerBase:
             self._append1 = self._appends[0] if len(self._appends) == 1 else None
         return self._sinks
 
+    def _methods(self, hook: str) -> tuple[tuple[Scope, Any, Any], ...]:
+        """(scope, instrument, bound method) of each instrument observing this runtime that
+        defines ``hook``, each instrument once: one attached to the process and to this runtime
+        too sees each event once, as one attached twice to one scope does (cached by
+        GENERATION)."""
+        if GENERATION[0] != self._methods_gen:
+            self._methods_cache = {}
+            self._methods_gen = GENERATION[0]
+        found = self._methods_cache.get(hook)
+        if found is None:
+            seen: set[int] = set()
+            triples = []
+            for scope in self._scopes():
+                for inst, method in scope.methods(hook):
+                    if id(inst) not in seen:
+                        seen.add(id(inst))
+                        triples.append((scope, inst, method))
+            found = self._methods_cache[hook] = tuple(triples)
+        return found
+
+    def _switch_off(self, scope: Scope, observer: Any, hook: str, exc: BaseException) -> None:
+        """An observer raised: switch it off in ``scope`` (reported once, ``Scope.disable``) and
+        in this runtime's other scope too, quietly (else it raised, and was reported, again at
+        the next event it saw there)."""
+        scope.disable(observer, hook, exc)
+        for other in (PROCESS, self.scope):
+            if other is not scope and other.remove(observer) and other is PROCESS:
+                sync_process()
+
     def emit(self, hook: str, *args: Any) -> None:
         """Call ``hook`` on the instruments observing this runtime."""
         if not (HOOKED or self.hooked):
             return
-        ts = time.perf_counter_ns()
-        for scope in self._scopes():
-            scope.emit_at(ts, hook, *args)
+        self.emit_at(time.perf_counter_ns(), hook, *args)
 
     def emit_at(self, ts: int, hook: str, *args: Any) -> None:
         """``emit`` with a given timestamp (an event that happened elsewhere: Dask)."""
-        for scope in self._scopes():
-            scope.emit_at(ts, hook, *args)
+        for scope, inst, method in self._methods(hook):
+            try:
+                method(ts, *args)
+            except BaseException as exc:  # no observer may break a run
+                self._switch_off(scope, inst, hook, exc)
 
     def record(self, task: Task, start: int, end: int, failed: bool) -> None:
         """One span record of a task that ran, for the recorders observing this runtime."""
-        for scope in self._scopes():
-            for rec in scope.recorders:
-                try:
-                    rec.task(task, task.ready, start, end, failed)
-                except BaseException as exc:  # no observer may break a run
-                    scope.disable(rec, "task", exc)
+        for scope, rec in self.sinks():
+            try:
+                rec.task(task, task.ready, start, end, failed)
+            except BaseException as exc:  # no observer may break a run
+                self._switch_off(scope, rec, "task", exc)
 
     def record_unrun(self, cancelled: bool) -> None:
         """A task failed (an input failed) or was cancelled without running."""
-        for scope in self._scopes():
-            for rec in scope.recorders:
-                try:
-                    rec.unrun(cancelled)
-                except BaseException as exc:  # no observer may break a run
-                    scope.disable(rec, "unrun", exc)
+        for scope, rec in self.sinks():
+            try:
+                rec.unrun(cancelled)
+            except BaseException as exc:  # no observer may break a run
+                self._switch_off(scope, rec, "unrun", exc)
 
     def record_span(self, kind: str, name: str, start: int, end: int, parent: str | None) -> None:
         """A fork's or a wait's span ended (on the loop thread)."""
-        for scope in self._scopes():
-            for rec in scope.recorders:
-                try:
-                    rec.span(kind, name, start, end, parent)
-                except BaseException as exc:  # no observer may break a run
-                    scope.disable(rec, "span", exc)
+        for scope, rec in self.sinks():
+            try:
+                rec.span(kind, name, start, end, parent)
+            except BaseException as exc:  # no observer may break a run
+                self._switch_off(scope, rec, "span", exc)
 
     # -- transitions -------------------------------------------------------------------------
 

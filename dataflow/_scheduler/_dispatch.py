@@ -323,7 +323,7 @@ class Scheduler(Limits):
             try:
                 rec.task(task, start, start, end, False, inputs)
             except BaseException as exc:  # no observer may break a run
-                scope.disable(rec, "task", exc)
+                self._switch_off(scope, rec, "task", exc)
         if self._windowed:
             self._recorded += 1
             if not self._recorded & 255:

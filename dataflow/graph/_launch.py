@@ -239,6 +239,11 @@ def launch(
     starter = Task(prog.launch_sig, _start, (run,), None, rt)
     starter.priority = run.base - 1
     run.owner = owner
+    # (The nodes' tasks are reported created as the launch makes them, and the gather task
+    # then, holding its inputs, the output nodes' tasks: here only when it has none.)
+    sched.emit("task_created", starter)
+    if not gather.waiting:
+        sched.emit("task_created", gather)
     if waiter is not None:
         gather.waiters = [waiter]  # nobody else sees the task yet: no lock needed
     with GRAPH_LOCK:

@@ -209,7 +209,6 @@ class LeanRun:
             appends = sched._appends
             windowed = sched._windowed
             gen = sched._sinks_gen
-            spans = 0
         lock.acquire()
         while True:
             if not ready or self.stopped:
@@ -273,10 +272,13 @@ class LeanRun:
                         False)  # fmt: skip
                 for append in appends:
                     append(span)
-                spans += 1
-                if windowed and not spans & 255:  # windowed recorders forget the old records
-                    for rec in windowed:
-                        rec.trim(end)
+                if windowed:  # windowed recorders forget the old records, every 256th
+                    # (counted per runtime, as ``_record_inline`` counts: a count per runner
+                    # call never reached 256 on a plan of a few nodes, so nothing was trimmed)
+                    n = sched._recorded = sched._recorded + 1
+                    if not n & 255:
+                        for rec in windowed:
+                            rec.trim(end)
             args = None
             lock.acquire()
             values[i] = value

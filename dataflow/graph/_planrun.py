@@ -6,9 +6,10 @@ overrides ``Recorder.task``), a launch (``_launch.launch``) does not take the le
 a *launch* task instead, whose kernel (:meth:`PlanRun.start`) creates every node's task on a
 pool thread, links them with the program's static structure (no argument scans, no meta or
 cost rules, no handles) and queues those with no inputs; from there the scheduler runs them
-like any task, so the trace sees every node. A node task's kernel (:meth:`PlanRun.call`)
-drops an input's value once its last reader has run; the gather task's
-(:meth:`PlanRun.finish`) builds the outputs.
+like any task, so the trace sees every node: each node's task is reported created (with its
+input nodes' tasks as its ``inputs``, the dependency edges of the trace), then runs. A node
+task's kernel (:meth:`PlanRun.call`) drops an input's value once its last reader has run; the
+gather task's (:meth:`PlanRun.finish`) builds the outputs.
 """
 
 from __future__ import annotations
@@ -99,7 +100,12 @@ class PlanRun:
                 if seconds is not None:  # armed where it runs, never inline on the loop
                     t.fn = TimedKernel(call, t, seconds)
         self.left = [[None] * len(r) for r in prog.readers]
+        node_inputs = prog.inputs
         for i, t in enumerate(tasks):
+            # Its input nodes, as an op's task holds the tasks it reads: the instruments see
+            # them (``task_created``), and the recorders' dependency edges come from them.
+            if node_inputs[i]:
+                t.inputs = tuple([tasks[j] for j in node_inputs[i]])
             t.priority = base + rank[i]
             readers = prog.readers[i]
             if readers:
@@ -113,7 +119,12 @@ class PlanRun:
                 t.dependents = [gather]
             else:
                 t.dependents.append(gather)
+        gather.inputs = tuple([tasks[j] for j in prog.output_nodes])
         sched = rt._sched
+        for t in tasks:  # (created before any of them is queued, so before it starts)
+            sched.emit("task_created", t)
+        if gather.inputs:  # (else reported by ``launch``: it may be queued already)
+            sched.emit("task_created", gather)
         owner = self.owner
         with GRAPH_LOCK:
             sched.inflight += len(tasks)
