@@ -198,6 +198,7 @@ class SchedulerBase:
         # case, ``_record_inline``), and the one recorder it goes to when there is one.
         self._fast_gen = -1
         self._append1: Callable[[Any], None] | None = None
+        self._sinks_lock = threading.Lock()
         self._recorded = 0
 
     # -- observation (only when something observes: `if ACTIVE or self.watching`) ----------
@@ -222,31 +223,41 @@ class SchedulerBase:
     def sinks(self) -> tuple[tuple[Scope, Any], ...]:
         """(scope, recorder) of each recorder observing this runtime (cached by GENERATION,
         with the recorders' append methods for the inline path, ``_inline_recorded``)."""
-        gen = GENERATION[0]
-        if gen != self._sinks_gen:
-            # A recorder attached to the process and to this runtime too gets each record once.
-            seen: set[int] = set()
-            found = []
-            for sc in self._scopes():
-                for rec in sc.recorders:
-                    if id(rec) not in seen:
-                        seen.add(id(rec))
-                        found.append((sc, rec))
-            pairs = tuple(found)
-            for _, rec in pairs:
-                rec.thread()  # names the calling thread (the loop's, usually) in its trace
-            self._sinks = pairs
-            # A recorder that overrides ``task`` gets the call (``_inline_recorded``).
-            self._appends = tuple(rec._sink for _, rec in pairs if type(rec).task is Recorder.task)
-            self._overriding = tuple(
-                (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
-            )
-            self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
-            self._sinks_gen = gen
-            # A windowed recorder or one that overrides Recorder.task: the general case.
-            self._fast_gen = -1 if self._overriding or self._windowed else gen
-            self._append1 = self._appends[0] if len(self._appends) == 1 else None
+        if GENERATION[0] != self._sinks_gen:
+            # One thread at a time: two rebuilding at once (the loop and a worker, as observers
+            # come and go) could leave one's fields beside the other's generation, and records
+            # going to a detached recorder until the next change.
+            with self._sinks_lock:
+                gen = GENERATION[0]
+                if gen != self._sinks_gen:
+                    self._fast_gen = -1  # (the inline path's fields change: not meanwhile)
+                    self._rebuild_sinks(gen)
         return self._sinks
+
+    def _rebuild_sinks(self, gen: int) -> None:
+        """``sinks``' cache for generation ``gen`` (under ``_sinks_lock``)."""
+        # A recorder attached to the process and to this runtime too gets each record once.
+        seen: set[int] = set()
+        found = []
+        for sc in self._scopes():
+            for rec in sc.recorders:
+                if id(rec) not in seen:
+                    seen.add(id(rec))
+                    found.append((sc, rec))
+        pairs = tuple(found)
+        for _, rec in pairs:
+            rec.thread()  # names the calling thread (the loop's, usually) in its trace
+        self._sinks = pairs
+        # A recorder that overrides ``task`` gets the call (``_inline_recorded``).
+        self._appends = tuple(rec._sink for _, rec in pairs if type(rec).task is Recorder.task)
+        self._overriding = tuple(
+            (sc, rec) for sc, rec in pairs if type(rec).task is not Recorder.task
+        )
+        self._windowed = tuple(rec for _, rec in pairs if rec.max_seconds is not None)
+        self._append1 = self._appends[0] if len(self._appends) == 1 else None
+        self._sinks_gen = gen
+        # A windowed recorder or one that overrides Recorder.task: the general case (set last).
+        self._fast_gen = -1 if self._overriding or self._windowed else gen
 
     def _methods(self, hook: str) -> tuple[tuple[Scope, Any, Any], ...]:
         """(scope, instrument, bound method) of each instrument observing this runtime that
