@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataflow import Cost, Op, OpInputError, OpTypeError
+from dataflow import Cost, Op, OpIndexError, OpInputError, OpTypeError
 
 from ._checks import Shape, broadcast_shapes, check_output_size, shape_nbytes
 from ._tensor import Tensor, TensorSpec, declare
@@ -97,7 +97,7 @@ def _classify(op: str, key: Any) -> list[Any]:
                 "valid indices"
             )
     if sum(1 for it in out if it is Ellipsis) > 1:
-        raise OpInputError(f"{op}: an index can only have a single ellipsis ('...')")
+        raise OpIndexError(f"{op}: an index can only have a single ellipsis ('...')")
     return out
 
 
@@ -114,7 +114,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     if isinstance(item, int):
         n = shape[axis]
         if not -n <= item < n:
-            raise OpInputError(
+            raise OpIndexError(
                 f"{op}: index {item} is out of bounds for axis {axis} with size {n} "
                 f"(valid indices are {-n}..{n - 1})"
             )
@@ -125,7 +125,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     if arr.dtype.kind == "b":
         covered = shape[axis : axis + arr.ndim]
         if arr.shape != covered:
-            raise OpInputError(
+            raise OpIndexError(
                 f"{op}: boolean index of shape {arr.shape} does not match the indexed axes "
                 f"{covered} of shape {shape} (from axis {axis})"
             )
@@ -134,7 +134,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     lo, hi = int(arr.min()), int(arr.max())
     bad = lo if lo < -n else hi if hi >= n else None
     if bad is not None:
-        raise OpInputError(
+        raise OpIndexError(
             f"{op}: index {bad} is out of bounds for axis {axis} with size {n} "
             f"(valid indices are {-n}..{n - 1})"
         )
@@ -147,7 +147,7 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
     norm = tuple(it[0] if isinstance(it, tuple) else it for it in items)
     used = sum(_consumed(it) for it in items)
     if used > len(shape):
-        raise OpInputError(
+        raise OpIndexError(
             f"{op}: too many indices for an array of shape {shape}: it is "
             f"{len(shape)}-dimensional, but {used} were indexed"
         )
@@ -184,7 +184,7 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
             bshape = broadcast_shapes(op, *adv_shapes)
         except OpInputError:
             listed = " ".join(str(s) for s in adv_shapes if s)
-            raise OpInputError(
+            raise OpIndexError(
                 f"{op}: shape mismatch: the index arrays of shapes {listed} cannot be "
                 "broadcast together"
             ) from None

@@ -270,6 +270,24 @@ class TestErrors:
         with pytest.raises(OpTypeError, match=r"relu: argument 1 has dtype complex128"):
             ops.relu(np.ones(2, complex))
 
+    @pytest.mark.parametrize(
+        "call",
+        [
+            lambda m: m.add(np.ones(2, np.int8), 1000),
+            lambda m: m.minimum(2**40, np.ones(2, np.int32)),
+            lambda m: m.clip(np.ones(2, np.int8), 1000, None),
+        ],
+        ids=["add", "minimum", "clip"],
+    )
+    def test_python_int_out_of_range_is_an_overflow_error_like_numpy(self, call: Any) -> None:
+        """numpy raises OverflowError; the op raises an OpOverflowError (still an
+        OpInputError) at the call: it was an OpInputError alone, a ValueError."""
+        with pytest.raises(OverflowError):
+            call(np)
+        with pytest.raises(dataflow.OpOverflowError) as info:
+            call(ops)
+        assert isinstance(info.value, OpInputError)
+
     def test_python_int_out_of_range(self) -> None:
         """int8 + 1000 is refused (numpy raises OverflowError in the kernel)."""
         with pytest.raises(

@@ -399,6 +399,21 @@ class TestGetitem:
         with pytest.raises(OpInputError, match=expected):
             ops.asarray(X)[[0, 1], [0, 1, 2]]
 
+    @pytest.mark.parametrize(
+        "key",
+        [4, (slice(None), [0, -7]), (0, 0, 0, 0), (..., 0, ...), ([0, 1], [0, 1, 2]), np.ones(3, bool)],
+        ids=["int", "array", "too-many", "two-ellipses", "no-broadcast", "mask"],
+    )
+    def test_refused_indices_are_index_errors_like_numpy(self, key: Any) -> None:
+        """Where numpy raises IndexError, so does the op (an OpIndexError, still an
+        OpInputError): they were OpInputErrors alone, ValueErrors, which `except IndexError`
+        around indexing code written for numpy did not catch."""
+        with pytest.raises(IndexError):
+            X[key]
+        with pytest.raises(dataflow.OpIndexError) as info:
+            ops.asarray(X)[key]
+        assert isinstance(info.value, OpInputError)
+
     def test_float_index(self) -> None:
         """A float index is an OpTypeError listing the valid kinds."""
         with pytest.raises(OpTypeError, match=r"index item 0 has type float: only ints, slices"):
