@@ -110,15 +110,16 @@ def _binary(
             if ky is int:
                 check_int_scalar(name, 2, y, dtypes[1])
         out = dtypes[-1]
-        if ufunc is np.power and out.kind in "iu":
-            _check_int_exponent(y)
         # Equal shapes or a scalar operand: no broadcasting work, and no bigger output.
         if sx == sy or not sy:
-            return TensorSpec(sx, out)
-        if not sx:
-            return TensorSpec(sy, out)
-        shape = broadcast_shapes(name, sx, sy)
-        check_output_size(name, shape, out)
+            shape = sx
+        elif not sx:
+            shape = sy
+        else:
+            shape = broadcast_shapes(name, sx, sy)
+            check_output_size(name, shape, out)
+        if ufunc is np.power and out.kind in "iu" and 0 not in shape:
+            _check_int_exponent(y)  # (numpy refuses in the loop: an empty output never runs it)
         return TensorSpec(shape, out)
 
     def cost(x: Any, y: Any, /) -> Cost:

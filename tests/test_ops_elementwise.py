@@ -481,6 +481,13 @@ class TestPower:
         check(lambda: ops.power(i, 2), np.power(i, 2))
         check(lambda: ops.square(i), np.square(i))
 
+    @pytest.mark.parametrize(("xshape", "y"), [((0,), -3), ((2, 0), -1), ((1,), np.full(0, -3))])
+    def test_an_empty_integer_power_of_a_negative_int_is_empty(self, xshape: Any, y: Any) -> None:
+        """numpy refuses integers to negative powers in its loop, which an empty output never
+        runs: an empty array, as numpy gives (it was refused at the call)."""
+        x = np.ones(xshape, np.int64)
+        check(lambda: ops.power(x, y), np.power(x, y))
+
     def test_integers_to_a_negative_python_int_are_refused_at_the_call(self) -> None:
         """numpy raises ValueError in the kernel; a Python int exponent is known at the call."""
         i = ops.asarray(np.arange(1, 5))
