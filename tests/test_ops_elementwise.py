@@ -212,6 +212,13 @@ class TestSpecialValues:
         check(lambda: ops.maximum(x, 0.5), np.maximum(x, 0.5))
         check(lambda: ops.relu(x), np.array([np.nan, 0.0, 2.0]))
 
+    def test_where_of_a_python_int_past_float16_is_inf(self) -> None:
+        """where(c, 2**40, float16) is numpy's inf, not a task failed by numpy's cast warning
+        under warnings-as-errors (the kernel ran np.where bare)."""
+        c = np.array([True, False])
+        y = np.ones(2, np.float16)
+        check(lambda: ops.where(c, 2**40, y), np.array([np.inf, 1.0], np.float16))
+
     def test_float_overflow_in_multiply(self) -> None:
         """float32 overflow in multiply gives inf, not an error."""
         x = np.array([3e38], np.float32)
