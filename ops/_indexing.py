@@ -140,6 +140,9 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
         )
 
 
+_GAP = object()  # where an ellipsis that stands for no axis was (index_spec)
+
+
 def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
     """(output shape, the key to index with, whether it is a view) for ``x[key]``."""
     op = "getitem"
@@ -153,7 +156,9 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
         )
     if Ellipsis in items:
         at = items.index(Ellipsis)
-        items[at : at + 1] = [slice(None)] * (len(shape) - used)
+        # An ellipsis that stands for no axis still parts the advanced items around it, as
+        # in numpy (x[:, [1], ..., 3] on 3 axes puts their dimension first): a gap is kept.
+        items[at : at + 1] = [slice(None)] * (len(shape) - used) or [_GAP]
     else:
         items += [slice(None)] * (len(shape) - used)
     advanced = any(isinstance(it, tuple) for it in items)
@@ -163,6 +168,8 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
     insert = 0
     axis = 0
     for i, it in enumerate(items):
+        if it is _GAP:
+            continue
         if it is None:
             out.append(1)
         elif isinstance(it, slice):

@@ -322,6 +322,10 @@ INDICES: list[Any] = [
     (slice(None), np.ones((5, 6), bool)),
     (),
     Ellipsis,
+    # An ellipsis for no axis parts the advanced items: their dimensions go first, as numpy's
+    # (they went in place: the kernel returned (1, 4), the meta rule declared (4, 1)).
+    (slice(None), [1], ..., 3),
+    (slice(None), [1], ..., [3, 2]),
 ]
 
 
