@@ -21,7 +21,7 @@ import numpy as np
 
 from dataflow import Cost, Op, OpIndexError, OpInputError, OpTypeError
 
-from ._checks import Shape, broadcast_shapes, check_output_size, shape_nbytes
+from ._checks import Shape, broadcast_shapes, check_output_size, shape_nbytes, size_of
 from ._tensor import Tensor, TensorSpec, declare
 
 __all__ = ["getitem"]
@@ -165,6 +165,7 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
     out: list[int] = []
     adv_shapes: list[Shape] = []
     adv_at: list[int] = []  # positions (in items) of advanced items, ints included
+    arrays: list[tuple[Any, int]] = []  # integer index arrays and their axes, checked last
     insert = 0
     axis = 0
     for i, it in enumerate(items):
@@ -176,7 +177,10 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
             out.append(_slice_len(op, it, shape[axis]))
             axis += 1
         else:
-            _check_bounds(op, it, axis, shape)
+            if isinstance(it, int) or it[0].dtype.kind == "b":
+                _check_bounds(op, it, axis, shape)
+            else:
+                arrays.append((it, axis))
             if isinstance(it, int) and not advanced:
                 axis += 1
                 continue
@@ -195,6 +199,9 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
                 f"{op}: shape mismatch: the index arrays of shapes {listed} cannot be "
                 "broadcast together"
             ) from None
+        if size_of(bshape):  # (numpy checks no index array's bounds for an empty result)
+            for it, at in arrays:
+                _check_bounds(op, it, at, shape)
         adjacent = adv_at[-1] - adv_at[0] == len(adv_at) - 1
         at = insert if adjacent else 0
         out[at:at] = bshape

@@ -326,6 +326,9 @@ INDICES: list[Any] = [
     # (they went in place: the kernel returned (1, 4), the meta rule declared (4, 1)).
     (slice(None), [1], ..., 3),
     (slice(None), [1], ..., [3, 2]),
+    # An empty broadcast index: numpy checks no index array's bounds (ops refused these).
+    ([9], []),
+    (np.zeros(4, bool), [9]),
 ]
 
 
