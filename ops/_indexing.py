@@ -140,7 +140,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
         )
 
 
-_GAP = object()  # where an ellipsis that stands for no axis was (index_spec)
+_GAP: Any = object()  # where an ellipsis that stands for no axis was (index_spec)
 
 
 def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:

@@ -408,7 +408,14 @@ class TestGetitem:
 
     @pytest.mark.parametrize(
         "key",
-        [4, (slice(None), [0, -7]), (0, 0, 0, 0), (..., 0, ...), ([0, 1], [0, 1, 2]), np.ones(3, bool)],
+        [
+            4,
+            (slice(None), [0, -7]),
+            (0, 0, 0, 0),
+            (..., 0, ...),
+            ([0, 1], [0, 1, 2]),
+            np.ones(3, bool),
+        ],
         ids=["int", "array", "too-many", "two-ellipses", "no-broadcast", "mask"],
     )
     def test_refused_indices_are_index_errors_like_numpy(self, key: Any) -> None:
