@@ -11,14 +11,18 @@ float32 / float64, Fortran-order, reversed and strided arrays, NaN and inf). Whe
 raises at a step, the program may end there: every mode must then raise a ``DataflowError``
 of numpy's builtin class at that very op call. Errors that depend on the values (an integer
 array to a negative integer array's power) and the refusals docs/ops.md states on purpose are
-never drawn.
+never drawn. A step may run in a forked function under dataflow (``Step.fork``), a step may
+repeat an earlier one (for CSE) or with a literal equal but not the same (0.0 and -0.0, 2 and
+2.0), and the program returns its outputs as a tuple, one value, a list, a dict or nested.
 
 ``interpret`` runs a program with one of two op tables: ``numpy`` (the reference) or the
-step's dataflow spelling; it records which step raised, for "raised at the call".
+step's dataflow spelling (``interpret_forking``: with its forks); both record which step
+raised, for "raised at the call".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+import dataflow
 import ops
 from tests.test_ops_fuzz import _array, _clip, _sigmoid, _softmax
 
@@ -53,6 +58,7 @@ class Step:
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     pick: int | None = None  # split: which of its outputs is the step's value
+    fork: str = ""  # under dataflow: "async" / "plain", run by dataflow.fork of such a function
 
 
 def _relu(x: Any) -> Any:
@@ -188,6 +194,35 @@ def interpret(
             if failed is not None:
                 failed.append(k)
             raise
+    return STRUCTURES[program.structure]([values[i] for i in program.outputs])
+
+
+async def interpret_forking(
+    program: Program, inputs: Sequence[Any], failed: list[int] | None = None
+) -> Any:
+    """:func:`interpret` with each step's dataflow form, the steps drawn with ``fork`` run in
+    a forked ``async def`` or plain function (model code: awaiting one gives its pending
+    value, which the next ops take as it is)."""
+    values = list(inputs)
+
+    def one(k: int, step: Step) -> Any:
+        try:
+            return call(step, values, False)
+        except Exception:
+            if failed is not None:
+                failed.append(k)
+            raise
+
+    async def one_async(k: int, step: Step) -> Any:
+        return one(k, step)
+
+    with dataflow.model_code():
+        for k, step in enumerate(program.steps):
+            if step.fork:
+                fn: Any = one_async if step.fork == "async" else one
+                values.append(await dataflow.wait(dataflow.fork(fn, k, step)))
+            else:
+                values.append(one(k, step))
     return STRUCTURES[program.structure]([values[i] for i in program.outputs])
 
 
@@ -544,6 +579,10 @@ class Gen:
             value, exc = numpy_outcome(step, self.values)
             if exc is not None:
                 if allow_error and not _value_dependent(step, exc):
+                    if self.rng.random() < 0.2:
+                        step = dataclasses.replace(
+                            step, fork=("async", "plain")[self.rng.integers(2)]
+                        )
                     self.steps.append(step)
                     self.error = exc
                     return True
@@ -552,6 +591,8 @@ class Gen:
                 continue
             if any(np.size(v) > 3000 for v in (value if isinstance(value, tuple) else (value,))):
                 continue
+            if self.rng.random() < 0.1:
+                step = dataclasses.replace(step, fork=("async", "plain")[self.rng.integers(2)])
             self.steps.append(step)
             self.values.append(value)
             if step.op == "stack" and self.rng.random() < 0.5:  # what stack folding rewrites

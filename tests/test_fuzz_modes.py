@@ -3,16 +3,20 @@
 Each seed draws a random program of 5-30 ops (tests/_ops_programs.py says what it draws) and
 runs it as plain numpy, then
 
-* eagerly under dataflow (``dataflow.run``),
-* traced (``dataflow.trace``) and run as the graph, after each pass of docs/graph.md alone,
+* eagerly under dataflow (``dataflow.run``; inputs done or pending Tensors, ops inline or
+  all on the pool),
+* traced (``dataflow.trace``, as a function or as a module whose parameters are the
+  program's constant arrays) and run as the graph, after each pass of docs/graph.md alone,
   after ``optimize()`` with either fusion engine, and saved and loaded (``Graph.save``,
   ``dataflow.load``), plain and optimized, on the traced inputs and on fresh ones,
 * compiled (``dataflow.compile``): the first call, the cached call, fresh inputs.
 
 Every mode must give numpy's values (NaN equal to NaN; ints and bools exact, floats to a
-tolerance for their width), dtypes and shapes; where numpy raises, every mode must raise a
-``DataflowError`` of numpy's builtin class at the op call that numpy refused (the graph modes
-have no graph then). ``DATAFLOW_FUZZ_SEEDS=3000`` runs more seeds than CI's default.
+tolerance for their width), dtypes, shapes and output structure, and the passes the unoptimized
+graph's bits; where numpy raises, every mode must raise a ``DataflowError`` of numpy's builtin
+class at the op call that numpy refused (the graph modes have no graph then). Known deviations
+are left out of the draws (tests/_ops_programs.py). ``DATAFLOW_FUZZ_SEEDS=3000`` runs more
+seeds than CI's default (about 80 ms a seed).
 """
 
 from __future__ import annotations
@@ -38,7 +42,14 @@ from dataflow.graph import (
     fold_stack_reductions,
     fuse_elementwise,
 )
-from tests._ops_programs import STRUCTURES, Program, draw, flatten, interpret
+from tests._ops_programs import (
+    STRUCTURES,
+    Program,
+    draw,
+    flatten,
+    interpret,
+    interpret_forking,
+)
 from tests.test_ops_fuzz import _pending
 
 SEEDS = int(os.environ.get("DATAFLOW_FUZZ_SEEDS", "120"))
@@ -70,7 +81,7 @@ def _program_fn(program: Program, failed: list[int], wrap: Any = None) -> Any:
     async def program_fn(*xs: Any) -> Any:
         if wrap is not None:
             xs = tuple(wrap(x) for x in xs)
-        return interpret(program, xs, reference=False, failed=failed)
+        return await interpret_forking(program, xs, failed)
 
     return program_fn
 
@@ -85,7 +96,7 @@ class _ProgramModule(ops.nn.Module):
             setattr(self, f"p{k}", a)
 
     async def forward(self, *xs: Any) -> Any:
-        return interpret(self._program, xs, reference=False, failed=self._failed)
+        return await interpret_forking(self._program, xs, self._failed)
 
 
 def _arrays(program: Program) -> list[np.ndarray[Any, Any]]:
