@@ -492,6 +492,9 @@ class Gen:
             ref = self.pick(fits)
             if ref is not None:
                 items[:1] = [ref]
+                # (ops.getitem: an ndarray value indexed by a pending Tensor, x[t], is numpy's
+                # own indexing, which asks the Tensor for its array: NotReadyError, as docs)
+                return Step("getitem", "ops", (x, tuple(items)))
         key: Any = tuple(items) if len(items) != 1 or self.rng.random() < 0.3 else items[0]
         if isinstance(key, list):  # (numpy reads a list of ints as one index array)
             key = (key,)
