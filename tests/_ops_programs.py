@@ -561,7 +561,9 @@ class Gen:
                 [np.int32, np.float32] if a.dtype.itemsize == 4 else [np.int64, np.float64]
             )
             args[k] = np.ascontiguousarray(a).view(other[int(self.rng.integers(2))])
-        return Step(step.op, self.form(step.op), tuple(args), dict(step.kwargs), step.pick)
+        # (a step of constants only keeps its ops form: in another, numpy would compute it)
+        form = self.form(step.op) if _reads_a_value(args) else step.form
+        return Step(step.op, form, tuple(args), dict(step.kwargs), step.pick)
 
     def _softmax(self) -> Step | None:  # (an empty input gives an empty output on purpose)
         x = self.pick(lambda v: np.size(v) > 0)
@@ -640,6 +642,12 @@ class Gen:
     def other_inputs(self, program: Program) -> list[np.ndarray[Any, Any]]:
         """Fresh inputs of the program's shapes and dtypes (other values, other layouts)."""
         return [self.array(x.shape, x.dtype) for x in program.inputs]
+
+
+def _reads_a_value(arg: Any) -> bool:
+    if isinstance(arg, Ref):
+        return True
+    return type(arg) in (list, tuple) and any(_reads_a_value(a) for a in arg)
 
 
 def _value_dependent(step: Step, exc: BaseException) -> bool:
