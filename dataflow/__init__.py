@@ -20,9 +20,11 @@ from ._errors import DataflowTypeError as DataflowTypeError
 from ._errors import DataflowValueError as DataflowValueError
 from ._errors import NoRuntimeError as NoRuntimeError
 from ._errors import NotReadyError as NotReadyError
+from ._errors import OpIndexError as OpIndexError
 from ._errors import OpInputError as OpInputError
 from ._errors import OpNotFoundError as OpNotFoundError
 from ._errors import OpOutputError as OpOutputError
+from ._errors import OpOverflowError as OpOverflowError
 from ._errors import OpTimeoutError as OpTimeoutError
 from ._errors import OpTypeError as OpTypeError
 from ._errors import TaskError as TaskError
@@ -76,6 +78,8 @@ for _error in (
     NoRuntimeError,
     NotReadyError,
     OpInputError,
+    OpIndexError,
+    OpOverflowError,
     OpTypeError,
     OpNotFoundError,
     OpTimeoutError,
@@ -147,6 +151,8 @@ __all__ = (
     "NoRuntimeError",
     "NotReadyError",
     "OpInputError",
+    "OpIndexError",
+    "OpOverflowError",
     "OpTypeError",
     "OpOutputError",
     "OpNotFoundError",

@@ -34,8 +34,10 @@ __all__ = [
     "DataflowValueError",
     "NoRuntimeError",
     "NotReadyError",
+    "OpIndexError",
     "OpInputError",
     "OpNotFoundError",
+    "OpOverflowError",
     "OpTypeError",
     "OpOutputError",
     "OpTimeoutError",
@@ -94,6 +96,16 @@ class OpInputError(DataflowError, ValueError):
 
 class OpTypeError(DataflowError, TypeError):
     """An op was called with inputs of the wrong type or dtype (raised at the call site)."""
+
+
+class OpIndexError(OpInputError, IndexError):
+    """An index that does not fit the array (out of range, too many, a mask of another shape):
+    an ``IndexError``, as numpy's, and an :class:`OpInputError` (raised at the call site)."""
+
+
+class OpOverflowError(OpInputError, OverflowError):
+    """A Python int argument out of the range of the dtype the op computes in: an
+    ``OverflowError``, as numpy's, and an :class:`OpInputError` (raised at the call site)."""
 
 
 class OpNotFoundError(DataflowError, LookupError):

@@ -6,7 +6,9 @@ leaves ``y`` alone). For a task that does not run at dispatch, each writeable nd
 its arguments (containers walked) is, at dispatch:
 
 * **copied** when it is small (at most :data:`COPY_BYTES`, 64 KiB: a few microseconds), so
-  the kernel sees the array as it was at the call, exactly numpy's answer; or
+  the kernel sees the array as it was at the call, exactly numpy's answer: the copy keeps the
+  memory order (``copy("K")``), since numpy's float sums add in memory order (a Fortran-order
+  array's C-order copy summed to another float32); or
 * **frozen** otherwise: the array and every array it is a view of are made read-only until
   every task reading them has run, then made writeable again. A write meanwhile raises
   numpy's ``ValueError: assignment destination is read-only`` at the write, instead of a
@@ -82,7 +84,7 @@ def _leaf(task: Task, frozen: list[np.ndarray[Any, Any]]) -> Any:
         if type(v) is _ndarray:
             if v.flags.writeable:
                 if v.nbytes <= COPY_BYTES:
-                    return v.copy()
+                    return v.copy("K")
             elif id(v) not in _frozen:  # read-only by the caller's choice: nothing to do
                 return v
             _freeze(v, task)  # (or already frozen for another task: one more reader)
@@ -123,7 +125,7 @@ def protect(task: Task) -> None:
                 if a.nbytes <= COPY_BYTES:
                     if new is None:
                         new = list(args)
-                    new[i] = a.copy()
+                    new[i] = a.copy("K")
                     continue
             elif id(a) not in _frozen:  # read-only by the caller's choice: nothing to do
                 continue

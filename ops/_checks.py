@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import numpy as np
 
-from dataflow import Future, NotReadyError, OpInputError, OpTypeError
+from dataflow import Future, NotReadyError, OpInputError, OpOverflowError, OpTypeError
 
 from ._tensor import Tensor
 
@@ -264,7 +264,7 @@ def check_int_scalar(op: str, pos: int | str, value: int, dtype: np.dtype[Any]) 
             else "no integer dtype holds both: use a float dtype "
             "(ops.asarray(x, dtype=np.float64)) or a value in range"
         )
-        raise OpInputError(
+        raise OpOverflowError(
             f"{op}: Python integer {value} ({_label(pos)}) is out of bounds for {dtype} "
             f"[{lo}, {hi}]: {fix}"
         )

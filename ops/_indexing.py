@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dataflow import Cost, Op, OpInputError, OpTypeError
+from dataflow import Cost, Op, OpIndexError, OpInputError, OpTypeError
 
-from ._checks import Shape, broadcast_shapes, check_output_size, shape_nbytes
+from ._checks import Shape, broadcast_shapes, check_output_size, shape_nbytes, size_of
 from ._tensor import Tensor, TensorSpec, declare
 
 __all__ = ["getitem"]
@@ -97,7 +97,7 @@ def _classify(op: str, key: Any) -> list[Any]:
                 "valid indices"
             )
     if sum(1 for it in out if it is Ellipsis) > 1:
-        raise OpInputError(f"{op}: an index can only have a single ellipsis ('...')")
+        raise OpIndexError(f"{op}: an index can only have a single ellipsis ('...')")
     return out
 
 
@@ -114,7 +114,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     if isinstance(item, int):
         n = shape[axis]
         if not -n <= item < n:
-            raise OpInputError(
+            raise OpIndexError(
                 f"{op}: index {item} is out of bounds for axis {axis} with size {n} "
                 f"(valid indices are {-n}..{n - 1})"
             )
@@ -125,7 +125,7 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     if arr.dtype.kind == "b":
         covered = shape[axis : axis + arr.ndim]
         if arr.shape != covered:
-            raise OpInputError(
+            raise OpIndexError(
                 f"{op}: boolean index of shape {arr.shape} does not match the indexed axes "
                 f"{covered} of shape {shape} (from axis {axis})"
             )
@@ -134,10 +134,13 @@ def _check_bounds(op: str, item: Any, axis: int, shape: Shape) -> None:
     lo, hi = int(arr.min()), int(arr.max())
     bad = lo if lo < -n else hi if hi >= n else None
     if bad is not None:
-        raise OpInputError(
+        raise OpIndexError(
             f"{op}: index {bad} is out of bounds for axis {axis} with size {n} "
             f"(valid indices are {-n}..{n - 1})"
         )
+
+
+_GAP: Any = object()  # where an ellipsis that stands for no axis was (index_spec)
 
 
 def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
@@ -147,29 +150,37 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
     norm = tuple(it[0] if isinstance(it, tuple) else it for it in items)
     used = sum(_consumed(it) for it in items)
     if used > len(shape):
-        raise OpInputError(
+        raise OpIndexError(
             f"{op}: too many indices for an array of shape {shape}: it is "
             f"{len(shape)}-dimensional, but {used} were indexed"
         )
     if Ellipsis in items:
         at = items.index(Ellipsis)
-        items[at : at + 1] = [slice(None)] * (len(shape) - used)
+        # An ellipsis that stands for no axis still parts the advanced items around it, as
+        # in numpy (x[:, [1], ..., 3] on 3 axes puts their dimension first): a gap is kept.
+        items[at : at + 1] = [slice(None)] * (len(shape) - used) or [_GAP]
     else:
         items += [slice(None)] * (len(shape) - used)
     advanced = any(isinstance(it, tuple) for it in items)
     out: list[int] = []
     adv_shapes: list[Shape] = []
     adv_at: list[int] = []  # positions (in items) of advanced items, ints included
+    arrays: list[tuple[Any, int]] = []  # integer index arrays and their axes, checked last
     insert = 0
     axis = 0
     for i, it in enumerate(items):
+        if it is _GAP:
+            continue
         if it is None:
             out.append(1)
         elif isinstance(it, slice):
             out.append(_slice_len(op, it, shape[axis]))
             axis += 1
         else:
-            _check_bounds(op, it, axis, shape)
+            if isinstance(it, int) or it[0].dtype.kind == "b":
+                _check_bounds(op, it, axis, shape)
+            else:
+                arrays.append((it, axis))
             if isinstance(it, int) and not advanced:
                 axis += 1
                 continue
@@ -184,10 +195,13 @@ def index_spec(shape: Shape, key: Any) -> tuple[Shape, tuple[Any, ...], bool]:
             bshape = broadcast_shapes(op, *adv_shapes)
         except OpInputError:
             listed = " ".join(str(s) for s in adv_shapes if s)
-            raise OpInputError(
+            raise OpIndexError(
                 f"{op}: shape mismatch: the index arrays of shapes {listed} cannot be "
                 "broadcast together"
             ) from None
+        if size_of(bshape):  # (numpy checks no index array's bounds for an empty result)
+            for it, at in arrays:
+                _check_bounds(op, it, at, shape)
         adjacent = adv_at[-1] - adv_at[0] == len(adv_at) - 1
         at = insert if adjacent else 0
         out[at:at] = bshape

@@ -70,6 +70,16 @@ class TestCompile:
         assert isinstance(out, np.ndarray)
         np.testing.assert_allclose(out, _reference(m, x), rtol=1e-5, atol=1e-6)
 
+    def test_a_0d_input_compiles(self) -> None:
+        """A program of a 0-d input compiles with the trace check on (it was refused: the
+        check's perturbed 0-d input was a numpy scalar, traced as a literal)."""
+        forward = dataflow.compile(_add)
+
+        async def main() -> Any:
+            return await forward(np.asarray(2.0), np.ones(3))
+
+        np.testing.assert_array_equal(dataflow.run(main), np.full(3, 3.0))
+
     def test_traces_once_per_signature(self) -> None:
         """Repeated calls reuse the plan; a new shape, dtype or static value compiles anew."""
         m = Mlp()

@@ -370,6 +370,19 @@ class TestTracerWarning:
             dataflow.trace(f, ops.asarray(np.ones(3)))
         assert any("other ops for other input values" in str(w.message) for w in record)
 
+    @pytest.mark.parametrize("dtype", [np.float64, np.int32, np.bool_])
+    def test_a_0d_input_traces_without_warnings(self, dtype: Any) -> None:
+        """A 0-d input is perturbed into a 0-d array, not a numpy scalar, for the check: the
+        second trace took the scalar for a literal argument and warned on every 0-d input."""
+
+        async def f(x: Any) -> Any:
+            return ops.add(x, 1)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            graph = dataflow.trace(f, np.asarray(1, dtype))
+        assert graph.nodes[0].args == (InputRef(0), 1)
+
     def test_check_can_be_skipped(self) -> None:
         """check=False traces once: the input-dependent constant goes unnoticed."""
 

@@ -483,6 +483,19 @@ class TestFusion:
         assert _fused(fused)[0].engine == "numexpr"
         _equal_results(graph, fused, _rand(3, 5, seed=1), exact=False)
 
+    def test_numexpr_engine_broadcasts_empty_arrays_like_numpy(self) -> None:
+        """An empty operand runs the numpy kernel: numexpr broadcast (1, 0) with (3, 0) to
+        (1, 0), and the task failed on its declared (3, 0)."""
+        pytest.importorskip("numexpr")
+
+        async def f(x: Any, y: Any) -> Any:
+            return ops.subtract(x, ops.multiply(y, 2.0))
+
+        x, y = np.ones((1, 0)), np.ones((3, 0))
+        fused = fuse_elementwise(dataflow.trace(f, x, y), engine="numexpr")
+        assert _fused(fused)[0].engine == "numexpr"
+        assert fused.run(x, y).shape == (3, 0)
+
     def test_numexpr_engine_falls_back_for_mixed_dtypes(self) -> None:
         """A group numexpr cannot express exactly runs the numpy kernel: exact results."""
 

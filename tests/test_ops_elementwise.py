@@ -212,6 +212,13 @@ class TestSpecialValues:
         check(lambda: ops.maximum(x, 0.5), np.maximum(x, 0.5))
         check(lambda: ops.relu(x), np.array([np.nan, 0.0, 2.0]))
 
+    def test_where_of_a_python_int_past_float16_is_inf(self) -> None:
+        """where(c, 2**40, float16) is numpy's inf, not a task failed by numpy's cast warning
+        under warnings-as-errors (the kernel ran np.where bare)."""
+        c = np.array([True, False])
+        y = np.ones(2, np.float16)
+        check(lambda: ops.where(c, 2**40, y), np.array([np.inf, 1.0], np.float16))
+
     def test_float_overflow_in_multiply(self) -> None:
         """float32 overflow in multiply gives inf, not an error."""
         x = np.array([3e38], np.float32)
@@ -269,6 +276,24 @@ class TestErrors:
         """relu needs a real dtype."""
         with pytest.raises(OpTypeError, match=r"relu: argument 1 has dtype complex128"):
             ops.relu(np.ones(2, complex))
+
+    @pytest.mark.parametrize(
+        "call",
+        [
+            lambda m: m.add(np.ones(2, np.int8), 1000),
+            lambda m: m.minimum(2**40, np.ones(2, np.int32)),
+            lambda m: m.clip(np.ones(2, np.int8), 1000, None),
+        ],
+        ids=["add", "minimum", "clip"],
+    )
+    def test_python_int_out_of_range_is_an_overflow_error_like_numpy(self, call: Any) -> None:
+        """numpy raises OverflowError; the op raises an OpOverflowError (still an
+        OpInputError) at the call: it was an OpInputError alone, a ValueError."""
+        with pytest.raises(OverflowError):
+            call(np)
+        with pytest.raises(dataflow.OpOverflowError) as info:
+            call(ops)
+        assert isinstance(info.value, OpInputError)
 
     def test_python_int_out_of_range(self) -> None:
         """int8 + 1000 is refused (numpy raises OverflowError in the kernel)."""
@@ -462,6 +487,13 @@ class TestPower:
         i = rand((6,), np.int8, 4)
         check(lambda: ops.power(i, 2), np.power(i, 2))
         check(lambda: ops.square(i), np.square(i))
+
+    @pytest.mark.parametrize(("xshape", "y"), [((0,), -3), ((2, 0), -1), ((1,), np.full(0, -3))])
+    def test_an_empty_integer_power_of_a_negative_int_is_empty(self, xshape: Any, y: Any) -> None:
+        """numpy refuses integers to negative powers in its loop, which an empty output never
+        runs: an empty array, as numpy gives (it was refused at the call)."""
+        x = np.ones(xshape, np.int64)
+        check(lambda: ops.power(x, y), np.power(x, y))
 
     def test_integers_to_a_negative_python_int_are_refused_at_the_call(self) -> None:
         """numpy raises ValueError in the kernel; a Python int exponent is known at the call."""

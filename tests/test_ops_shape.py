@@ -322,6 +322,13 @@ INDICES: list[Any] = [
     (slice(None), np.ones((5, 6), bool)),
     (),
     Ellipsis,
+    # An ellipsis for no axis parts the advanced items: their dimensions go first, as numpy's
+    # (they went in place: the kernel returned (1, 4), the meta rule declared (4, 1)).
+    (slice(None), [1], ..., 3),
+    (slice(None), [1], ..., [3, 2]),
+    # An empty broadcast index: numpy checks no index array's bounds (ops refused these).
+    ([9], []),
+    (np.zeros(4, bool), [9]),
 ]
 
 
@@ -398,6 +405,28 @@ class TestGetitem:
         expected = r"shape mismatch: the index arrays of shapes \(2,\) \(3,\)"
         with pytest.raises(OpInputError, match=expected):
             ops.asarray(X)[[0, 1], [0, 1, 2]]
+
+    @pytest.mark.parametrize(
+        "key",
+        [
+            4,
+            (slice(None), [0, -7]),
+            (0, 0, 0, 0),
+            (..., 0, ...),
+            ([0, 1], [0, 1, 2]),
+            np.ones(3, bool),
+        ],
+        ids=["int", "array", "too-many", "two-ellipses", "no-broadcast", "mask"],
+    )
+    def test_refused_indices_are_index_errors_like_numpy(self, key: Any) -> None:
+        """Where numpy raises IndexError, so does the op (an OpIndexError, still an
+        OpInputError): they were OpInputErrors alone, ValueErrors, which `except IndexError`
+        around indexing code written for numpy did not catch."""
+        with pytest.raises(IndexError):
+            X[key]
+        with pytest.raises(dataflow.OpIndexError) as info:
+            ops.asarray(X)[key]
+        assert isinstance(info.value, OpInputError)
 
     def test_float_index(self) -> None:
         """A float index is an OpTypeError listing the valid kinds."""

@@ -67,6 +67,25 @@ class TestSmallArraysAreCopied:
         value, _ = _deferred(view, mutate)
         np.testing.assert_array_equal(value, np.arange(0.0, 20.0, 2))
 
+    @pytest.mark.parametrize("layout", ["F", "reversed"])
+    def test_the_copy_keeps_the_memory_order(self, layout: str) -> None:
+        """A deferred float32 sum of a Fortran-order (or reversed) array is numpy's, bit for
+        bit: the copy was C-order, and numpy's float sums add in memory order."""
+        x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
+        x = np.asfortranarray(x) if layout == "F" else x[::-1, ::-1]
+        assert np.sum(x) != np.sum(np.ascontiguousarray(x)) or layout != "F"
+
+        async def main() -> Any:
+            return await ops.sum(x)  # queued for the pool (inline threshold 0): copied
+
+        old = dataflow.get_inline_threshold()
+        dataflow.set_inline_threshold(0.0)
+        try:
+            got = dataflow.run(main, interop_threads=2)
+        finally:
+            dataflow.set_inline_threshold(old)
+        assert got == np.sum(x) and got.dtype == np.float32
+
     def test_arrays_inside_containers(self) -> None:
         """Arrays inside a list argument are protected like top-level ones."""
         parts = [np.ones(3), np.ones(3)]

@@ -31,9 +31,14 @@ TraceOnce = Callable[
 
 
 def perturb(value: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray[Any, Any]:
-    """An array like ``value`` (shape, dtype) with different values."""
+    """An array like ``value`` (shape, dtype) with different values.
+
+    Always an ndarray: arithmetic on a 0-d array gives a numpy scalar, which the second trace
+    took for a literal argument, not an input (every 0-d input was reported as a value the
+    program computed, and ``compile`` refused the program).
+    """
     kind = value.dtype.kind
-    out: np.ndarray[Any, Any]
+    out: Any
     if kind == "b":
         out = ~value
     elif kind in "iu":
@@ -42,7 +47,7 @@ def perturb(value: np.ndarray[Any, Any], rng: np.random.Generator) -> np.ndarray
         out = (value + rng.standard_normal(value.shape) + 0.5).astype(value.dtype)
     else:
         out = value.copy()
-    return out
+    return np.asarray(out)
 
 
 def _same_array(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:

@@ -273,7 +273,11 @@ class FusedOp:
 
         def numexpr_kernel(*args: Any) -> Any:
             ne = _numexpr()
-            if ne is None or not all(isinstance(a, np.ndarray) and a.dtype == dtype for a in args):
+            # (An empty operand: numexpr broadcasts (1, 0) with (3, 0) to (1, 0), and there
+            # is nothing to compute.)
+            if ne is None or not all(
+                isinstance(a, np.ndarray) and a.dtype == dtype and a.size for a in args
+            ):
                 return fallback(*args)
             local = {f"a{i}": a for i, a in enumerate(args)}
             local.update(consts)
