@@ -104,6 +104,33 @@ def _unpicklable_kernel(x: Any) -> Any:
     raise Unpicklable("the original")
 
 
+class Coded(Exception):
+    """An exception whose constructor takes other arguments than its message (pickle calls
+    the class with ``args``, the message alone, which this constructor refuses)."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class Locked(Exception):
+    """An exception holding an attribute that does not pickle (a lock)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+        self.code = 5
+
+
+def _coded_kernel(x: Any) -> Any:
+    raise Coded(7, "bad thing")
+
+
+def _locked_kernel(x: Any) -> Any:
+    raise Locked("holds a lock")
+
+
 def _exit_kernel(x: Any, how: str) -> Any:
     """Raise what ends a program: sys.exit(3), or a KeyboardInterrupt."""
     if how == "exit":
@@ -147,6 +174,8 @@ gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=
 die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
+coded = ops.define("coded", _coded_kernel, ops.spec_of, inline=False)
+locked = ops.define("locked", _locked_kernel, ops.spec_of, inline=False)
 exiting = ops.define("exiting", _exit_kernel, lambda x, how: ops.spec_of(x), inline=False)
 wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
 wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
@@ -564,6 +593,35 @@ class TestErrors:
         assert "Unpicklable: the original" in str(cause) and "could not be pickled" in str(cause)
         assert any("_unpicklable_kernel" in note for note in cause.__notes__)
         assert bad.exception() is err, "dependents fail with the failed task's own error"
+
+    def test_exceptions_with_their_own_constructor_arrive_as_themselves(self, address: str) -> None:
+        """A kernel's exception whose __init__ takes other arguments than its message (or
+        that holds an attribute that does not pickle) is chained as itself, as on the local
+        backend, with its attributes: it was a RuntimeError("... could not be pickled"), so
+        the TaskError's type, ``except Coded`` and ``err.__cause__.code`` all differed."""
+        errors: dict[str, list[TaskError]] = {"local": [], "dask": []}
+
+        async def main(backend: str, options: dict[str, Any]) -> None:
+            async with dataflow.Runtime(backend=backend, **options):
+                for op in (coded, locked):
+                    with pytest.raises(TaskError) as info:
+                        await ops.add(op(np.ones(2)), 1.0)
+                    errors[backend].append(info.value)
+
+        dataflow.run(main, "local", {})
+        dataflow.run(main, "dask", {"address": address, "local_threshold": 0.0})
+        for here, there in zip(errors["local"], errors["dask"], strict=True):
+            assert type(there) is type(here), (here, there)
+            assert type(there.__cause__) is type(here.__cause__), repr(there.__cause__)
+            assert there.__cause__.args == here.__cause__.args  # type: ignore[union-attr]
+            assert "dask worker" in str(there) and "could not be pickled" not in str(there)
+        cause_coded, cause_locked = (e.__cause__ for e in errors["dask"])
+        assert isinstance(cause_coded, Coded)
+        assert (cause_coded.code, cause_coded.detail) == (7, "bad thing")
+        assert isinstance(cause_locked, Locked) and cause_locked.code == 5
+        assert not hasattr(cause_locked, "lock")
+        assert any("could not be pickled: lock" in n for n in cause_locked.__notes__)
+        assert any("_locked_kernel" in n for n in cause_locked.__notes__)
 
     def test_dependents_share_a_failure_that_is_not_the_kernels(self, address: str) -> None:
         """A task that could not run at all (here: its batch, which Dask's scheduler cannot

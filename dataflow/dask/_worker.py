@@ -104,7 +104,13 @@ class KernelFailed(Exception):
     """
 
     def __init__(
-        self, task: str, op: str, worker: str, exc: BaseException, loading: bool = False
+        self,
+        task: str,
+        op: str,
+        worker: str,
+        exc: BaseException,
+        loading: bool = False,
+        shipped: Any = None,
     ) -> None:
         super().__init__(task, op, worker, exc)
         self.task = task
@@ -112,6 +118,11 @@ class KernelFailed(Exception):
         self.worker = worker
         self.exc = exc
         self.loading = loading  # the worker could not load the op (its module, say)
+        # What pickles as ``exc`` (``_portable``): ``exc`` itself, or a ``_Rebuild`` of it.
+        self._shipped = exc if shipped is None else shipped
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KernelFailed, (self.task, self.op, self.worker, self._shipped, self.loading))
 
     def __str__(self) -> str:
         # describe(): the kernel's exception may have a __str__ that raises itself.
@@ -160,12 +171,68 @@ def fill(value: Any, deps: list[Any]) -> Any:
     return replace(value, leaf)
 
 
-def _picklable(exc: BaseException) -> BaseException:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{describe(exc)} (the original could not be pickled)")
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """An exception of ``cls`` with ``args`` and the attributes ``state``, made without
+    calling its ``__init__`` (unpickling a :class:`_Rebuild`)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    if state:
+        exc.__setstate__(state)
     return exc
+
+
+class _Rebuild:
+    """Pickles as the exception ``exc``, rebuilt on the client from its class, its ``args``
+    and the attributes in ``state``, without calling its class.
+
+    Pickle rebuilds an exception by calling its class with its ``args``, which an exception
+    with a constructor of its own refuses (``def __init__(self, code, detail)`` passing a
+    message up: ``args`` is the message alone), so the original could not travel back.
+    """
+
+    __slots__ = ("exc", "state")
+
+    def __init__(self, exc: BaseException, state: dict[str, Any]) -> None:
+        self.exc = exc
+        self.state = state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self.exc), self.exc.args, self.state))
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:
+        return False
+    return True
+
+
+def _portable(exc: BaseException) -> tuple[BaseException, Any]:
+    """(the exception the client gets, what pickles as it) for a kernel's exception.
+
+    The exception itself where it pickles; else, for a class that leaves pickling to
+    ``BaseException`` (its constructor refuses its ``args``, or an attribute does not pickle),
+    the same exception rebuilt without its constructor and without the attributes that do
+    not pickle (a note names them); else a ``RuntimeError`` describing it (a class whose own
+    ``__reduce__`` refuses, or that the client could not import).
+    """
+    if _pickles(exc):
+        return exc, exc
+    if type(exc).__reduce__ is BaseException.__reduce__:
+        attrs = vars(exc)
+        state = {k: v for k, v in attrs.items() if _pickles(v)}
+        left = sorted(k for k in attrs if k not in state)
+        if left:
+            state["__notes__"] = [
+                *state.get("__notes__", ()),
+                f"(attributes left on the worker, they could not be pickled: {', '.join(left)})",
+            ]
+        carrier = _Rebuild(exc, state)
+        if _pickles(carrier):
+            return exc, carrier
+    stand_in = RuntimeError(f"{describe(exc)} (the original could not be pickled)")
+    return stand_in, stand_in
 
 
 @functools.lru_cache(maxsize=1024)
@@ -210,7 +277,7 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     if failed is not None:
         # Raised here, outside the except block, so that it has no __context__: Dask pickles
         # an error with its context (tblib), and the kernel's own exception may not pickle
-        # (that is what _picklable replaced), which would lose the KernelFailed altogether.
+        # (that is what _portable replaced), which would lose the KernelFailed altogether.
         raise failed
     if call.topic is not None:
         worker = _this_worker()
@@ -228,10 +295,10 @@ def _failure(call: Call, exc: BaseException, start: int, loading: bool = False) 
     tb = "".join(traceback.format_tb(exc.__traceback__))
     note = f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}"
     exc.add_note(note)
-    shipped = _picklable(exc)
-    if shipped is not exc:
-        shipped.add_note(note)
-    return KernelFailed(call.name, call.op, where, shipped, loading)
+    given, shipped = _portable(exc)
+    if given is not exc:
+        given.add_note(note)
+    return KernelFailed(call.name, call.op, where, given, loading, shipped)
 
 
 def _this_worker() -> Any:
