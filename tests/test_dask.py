@@ -728,6 +728,28 @@ class TestNewCore:
         assert compiled.launches >= 2
 
 
+class TestAfterTheRuntime:
+    def test_a_value_left_on_the_cluster_says_so(self, address: str) -> None:
+        """A pending tensor awaited after its Dask runtime closed (the block returned it) says
+        that its value was left on the cluster and what to do; it said "was not run: it was
+        cancelled on Dask". A value awaited inside the block stays valid after it."""
+
+        async def main() -> tuple[Any, Any]:
+            async with dask(address):
+                fetched = ops.tanh(np.zeros(3)) * 2.0
+                await fetched
+                left = ops.tanh(np.ones(3)) * 2.0
+            return fetched, left
+
+        fetched, left = asyncio.run(main())
+        np.testing.assert_array_equal(fetched.result(), np.zeros(3))
+        with pytest.raises(CancelledTaskError) as info:
+            left.result()
+        message = str(info.value)
+        assert message.startswith(f"{left.task.name}: its value was left on the Dask cluster")
+        assert "inside the `async with dataflow.Runtime(...)` block" in message
+
+
 class TestCancellation:
     @pytest.mark.asyncio
     async def test_cancel_before_it_ran(self, address: str) -> None:

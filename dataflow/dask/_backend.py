@@ -204,6 +204,7 @@ class DaskBackend(Revival):
                 self._timed.clear()
             self._timed_drained = None
         self._relay.close()
+        self._release_unfetched()
         self._scattered.clear()
         self._errors.clear()
         client, self.client = self.client, (None if self._own_client else self.client)

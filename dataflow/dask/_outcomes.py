@@ -271,6 +271,31 @@ class Outcomes(BackendBase):
             futures, self._dropping = self._dropping, []
         self._spawn(self._cancel_futures(futures))
 
+    def _release_unfetched(self) -> None:
+        """Fail the tasks whose values are still on the cluster as the runtime closes.
+
+        Values come back only when awaited; the runtime's exit waits for the cluster to
+        compute them, but they go with its client. A handle awaited after the exit (a
+        pending tensor the ``async with`` block returned) said "was not run: it was
+        cancelled on Dask", from a fetch started after the runtime closed; it now says what
+        happened and what to do, and the futures are released before the client closes.
+        """
+        for task in list(self._sent_tasks):
+            rem = task.value
+            if type(rem) is not Remote or task.state >= DONE:
+                continue
+            err = CancelledTaskError(
+                f"{task.name}: its value was left on the Dask cluster when its runtime closed "
+                "(a value comes back to the client only when awaited): await it, or "
+                "`await dataflow.materialize(...)` what the block returns, inside the "
+                "`async with dataflow.Runtime(...)` block"
+            )
+            with GRAPH_LOCK:
+                if task.state < DONE:
+                    self._settle_locked(task, rem)
+                    self._end_locked(task, err, True, keep_inputs=False)
+        self._sent_tasks.clear()
+
     # -- values back to the client ------------------------------------------------------------
 
     def _want(self, task: Task) -> None:

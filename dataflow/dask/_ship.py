@@ -220,6 +220,7 @@ class Shipping(Outcomes):
                 if task.state == READY:
                     task.state = RUNNING
                     self._remote[task.id] = task
+                    self._sent_tasks.add(task)
                     watched.append((task, rem))
                 else:  # cancelled (and counted) from another thread while being sent
                     rem.settled = True
