@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,7 +21,14 @@ import pytest
 
 import dataflow
 import ops
-from dataflow import CancelledTaskError, DataflowError, OpInputError, OpOutputError, TaskError
+from dataflow import (
+    CancelledTaskError,
+    DataflowError,
+    OpInputError,
+    OpOutputError,
+    OpTimeoutError,
+    TaskError,
+)
 from dataflow.dask import Call as _Call
 from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
@@ -509,6 +517,29 @@ class TestWorkerSide:
         assert isinstance(info.value.exc, OpOutputError)
         assert info.value.task == "liar#1"
 
+    def test_a_timed_kernel_runs_under_its_timeout(self, tmp_path: Path) -> None:
+        """A Call with a timeout fails with OpTimeoutError (which travels back pickled) once
+        its kernel outlives it; within it, the kernel's value or its own error comes back."""
+        timed = _Call(_gate_kernel, (1.0, str(tmp_path)), None, "gate#1", "gate", 1, None,
+                      False, None, None, 0.05)  # fmt: skip
+        try:
+            with pytest.raises(KernelFailed) as info:
+                run_op(timed, [])
+        finally:
+            (tmp_path / "go").touch()  # the kernel's thread, left running, ends
+        back = pickle.loads(pickle.dumps(info.value))
+        for failed in (info.value, back):
+            assert type(failed.exc) is OpTimeoutError, repr(failed.exc)
+            assert (failed.exc.task, failed.exc.op) == ("gate#1", "gate")
+            assert "longer than the 0.05 s timeout of op 'gate'" in str(failed.exc)
+        quick = _Call(np.add, (1.0, 2.0), None, "add#2", "add", 2, None, False, None, None, 30.0)
+        assert run_op(quick, []) == 3.0
+        raising = _Call(_coded_kernel, (1.0,), None, "coded#3", "coded", 3, None, False, None,
+                        None, 30.0)  # fmt: skip
+        with pytest.raises(KernelFailed) as raised:
+            run_op(raising, [])
+        assert type(raised.value.exc) is Coded
+
     def test_declared_ops_travel_by_name(self) -> None:
         """A declared op's kernel is found on the worker by its registry name."""
         call = _Call(
@@ -726,6 +757,36 @@ class TestNewCore:
         np.testing.assert_allclose(y2, y)
         np.testing.assert_allclose(z, np.tanh((x + 1.0) * 2.0 + 1.0))
         assert compiled.launches >= 2
+
+
+class TestTimeouts:
+    def test_op_timeout_applies_on_the_cluster(self, address: str, tmp_path: Path) -> None:
+        """A kernel on the cluster that outlives the runtime's op_timeout fails its task, and
+        its dependents, with OpTimeoutError, as on the local backend: it ran to its end, and
+        the run with it, with no error at all."""
+        errors: list[BaseException] = []
+
+        async def main() -> None:
+            async with dask(address, op_timeout=0.3) as rt:
+                stuck = gate(np.ones(2), str(tmp_path))
+                after = ops.add(stuck, 1.0)
+                try:
+                    with pytest.raises(OpTimeoutError) as info:
+                        await after
+                finally:
+                    (tmp_path / "go").touch()  # let the kernel's thread end
+                errors.append(info.value)
+                with pytest.raises(OpTimeoutError) as again:
+                    await stuck
+                assert again.value is info.value, "dependents share the timed-out task's error"
+                assert counters(rt).sent == 2
+                np.testing.assert_array_equal(await ops.add(np.ones(2), 1.0), [2.0, 2.0])
+
+        dataflow.run(main)
+        err = errors[0]
+        assert isinstance(err, TimeoutError) and isinstance(err, TaskError)
+        assert err.op == "gate" and "dask worker" in str(err), str(err)
+        assert "longer than the 0.3 s timeout of op 'gate'" in str(err), str(err)
 
 
 class TestAfterTheRuntime:

@@ -236,8 +236,9 @@ class DaskBackend(Revival):
     ) -> Any:
         """Place the task (see :func:`place`): on the client, or queue it for Dask.
 
-        ``priority`` and ``timeout`` apply when the task stays on the client: Dask orders the
-        tasks it runs itself, and a kernel running on a worker is not timed out.
+        ``priority`` applies when the task stays on the client: Dask orders the tasks it runs
+        itself. ``timeout`` applies on either side: a kernel on the cluster runs under it on
+        its worker (``_worker.run_op``).
         """
         sched = self._sched
         if sched.closed:
@@ -251,7 +252,7 @@ class DaskBackend(Revival):
             return sched.submit(
                 sig, fn, args, kwargs, inputs, ready, priority, timeout, values, light
             )
-        return self._submit_remote(sig, fn, args, kwargs, inputs)
+        return self._submit_remote(sig, fn, args, kwargs, inputs, timeout)
 
     # -- cancel, completion -------------------------------------------------------------------
 

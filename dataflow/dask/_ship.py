@@ -48,13 +48,14 @@ class Shipping(Outcomes):
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
         inputs: tuple[Task, ...],
+        timeout: float | None = None,
     ) -> Task:
         task = Task(sig, fn, args, kwargs, self.runtime, inputs)
         timed = bool(ACTIVE) or self._sched.watching
         if timed:
             self._sched.emit("task_created", task)
             self._timed[task.id] = task
-        task.value = Remote(f"{sig.name}-{self.token}-{task.id}", timed)
+        task.value = Remote(f"{sig.name}-{self.token}-{task.id}", timed, timeout)
         sched = self._sched
         # The request dispatching it (a coroutine on the loop): if it is cancelled, what it
         # sent that nobody else wants is cancelled on the cluster (``_drop_sent_locked``).
@@ -277,10 +278,12 @@ class Shipping(Outcomes):
         if op is not None and op.module != "__main__":
             fn = op.qualname
             check = None  # the worker's own op has it
-        topic = self._topic if task.value.timed else None
+        rem: Remote = task.value
+        topic = self._topic if rem.timed else None
         call = Call(
-            fn, args, kwargs, task.name, sig.name, task.id, topic, bool(slots), sig.spec, check
-        )
+            fn, args, kwargs, task.name, sig.name, task.id, topic, bool(slots), sig.spec, check,
+            rem.timeout,
+        )  # fmt: skip
         return call, slots
 
     def _fail_unsent(self, task: Task, exc: BaseException) -> None:

@@ -11,6 +11,7 @@ naming the task and the worker, with the original exception (or a printable stan
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import pickle
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import OpNotFoundError, describe
+from .._errors import OpNotFoundError, OpTimeoutError, describe
 from .._registry import lookup_op
 from .._signature import Signature
 from .._walk import replace
@@ -52,7 +53,19 @@ class Call:
     a task or a key).
     """
 
-    __slots__ = ("args", "check", "fn", "kwargs", "name", "op", "refs", "spec", "task_id", "topic")
+    __slots__ = (
+        "args",
+        "check",
+        "fn",
+        "kwargs",
+        "name",
+        "op",
+        "refs",
+        "spec",
+        "task_id",
+        "timeout",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -66,7 +79,9 @@ class Call:
         refs: bool,
         spec: Any = None,
         check: Any = None,
+        timeout: float | None = None,
     ) -> None:
+        self.timeout = timeout  # the op's timeout (seconds), as on the local backend
         self.spec = spec
         self.check = check  # None when fn is a registry name (the worker's op has it)
         self.fn = fn
@@ -92,6 +107,7 @@ class Call:
                 self.refs,
                 self.spec,
                 self.check,
+                self.timeout,
             ),
         )
 
@@ -208,18 +224,22 @@ def _pickles(value: Any) -> bool:
     return True
 
 
+# The reductions of the built-in exceptions: "call the class with args, then set __dict__".
+_BUILTIN_REDUCE = (BaseException.__reduce__, OSError.__reduce__)
+
+
 def _portable(exc: BaseException) -> tuple[BaseException, Any]:
     """(the exception the client gets, what pickles as it) for a kernel's exception.
 
-    The exception itself where it pickles; else, for a class that leaves pickling to
-    ``BaseException`` (its constructor refuses its ``args``, or an attribute does not pickle),
-    the same exception rebuilt without its constructor and without the attributes that do
-    not pickle (a note names them); else a ``RuntimeError`` describing it (a class whose own
-    ``__reduce__`` refuses, or that the client could not import).
+    The exception itself where it pickles; else, for a class that leaves pickling to the
+    built-in exceptions (its constructor refuses its ``args``, as ``dataflow.TaskError``'s
+    keywords do, or an attribute does not pickle), the same exception rebuilt without its
+    constructor and without the attributes that do not pickle (a note names them); else a
+    ``RuntimeError`` describing it (a class whose own ``__reduce__`` refuses).
     """
     if _pickles(exc):
         return exc, exc
-    if type(exc).__reduce__ is BaseException.__reduce__:
+    if type(exc).__reduce__ in _BUILTIN_REDUCE:
         attrs = vars(exc)
         state = {k: v for k, v in attrs.items() if _pickles(v)}
         left = sorted(k for k in attrs if k not in state)
@@ -262,7 +282,10 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     else:
         fn, check = call.fn, call.check
     try:
-        value = fn(*args, **kwargs) if kwargs else fn(*args)
+        if call.timeout is not None:
+            value = _run_timed(call, fn, args, kwargs)
+        else:
+            value = fn(*args, **kwargs) if kwargs else fn(*args)
         if check is not None and call.spec is not None:  # what the meta rule declared
             sig = Signature(call.op, call.spec)
             sig.check = check
@@ -283,6 +306,48 @@ def run_op(call: Call, deps: list[Any]) -> Any:
         worker = _this_worker()
         if worker is not None:
             _log_timing(worker, call, start, failed=False)
+    return value
+
+
+def _run_timed(call: Call, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """The kernel's value, run under the op's timeout as on the local backend.
+
+    A thread cannot be interrupted, so the kernel runs on a thread of its own that this one
+    waits for at most ``call.timeout`` seconds; past that, the task fails with
+    :class:`~dataflow.OpTimeoutError` and the worker's thread goes on to its next task, while
+    the kernel's thread finishes in the background and its outcome is dropped (the local
+    backend's pool starts a replacement thread instead). Only ops with a timeout pay for the
+    thread.
+    """
+    seconds = call.timeout
+    assert seconds is not None
+    outcome: list[Any] = []
+    done = threading.Event()
+    context = contextvars.copy_context()
+
+    def kernel() -> None:
+        try:
+            outcome.append((True, context.run(fn, *args, **(kwargs or {}))))
+        except BaseException as exc:  # the kernel's own, raised on the worker's thread below
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=kernel, name=f"dataflow-timed {call.name}", daemon=True)
+    thread.start()
+    if not done.wait(seconds):
+        raise OpTimeoutError(
+            f"{call.name} timed out: its kernel ran longer than the {seconds:g} s timeout of "
+            f"op {call.op!r}. A running kernel cannot be interrupted: it is left to finish "
+            "in the background on its Dask worker and its result will be discarded. Raise "
+            "the timeout (dataflow.op(..., timeout=) or Runtime(op_timeout=)) if the op is "
+            "just slow, or find out why it hangs.",
+            task=call.name,
+            op=call.op,
+        )
+    ok, value = outcome[0]
+    if not ok:
+        raise value
     return value
 
 
