@@ -262,7 +262,7 @@ def small_input(steps: int = 5, batch: int = 2, channels: int = 8) -> Array:
     return np.random.default_rng(1).random((steps, batch, channels), dtype=np.float32)
 
 
-def dask(address: str | None, **options: Any) -> dataflow.Runtime:
+def dask(address: Any, **options: Any) -> dataflow.Runtime:
     """A Dask runtime that ships every op (local_threshold=0) unless told otherwise."""
     options.setdefault("local_threshold", 0.0)
     rt = dataflow.Runtime(backend="dask", address=address, **options)
@@ -331,6 +331,18 @@ class TestBackendChoice:
 
         with pytest.raises(DataflowError, match=r"cannot connect .*127\.0\.0\.1:9"):
             dataflow.run(main)
+
+    def test_a_cluster_object_as_address(self, cluster: Any) -> None:
+        """address= a cluster object (documented) connects to its scheduler: the client the
+        runtime made from the object joined the cluster's own loop, and every fetch failed
+        (or the run hung)."""
+
+        async def main() -> Any:
+            async with dask(cluster) as rt:
+                assert counters(rt).client.asynchronous
+                return await ops.add(np.ones(2), 1.0)
+
+        np.testing.assert_array_equal(dataflow.run(main), [2.0, 2.0])
 
     def test_sync_client_is_rejected_with_advice(self, address: str) -> None:
         """client= must be asynchronous on the runtime's loop; the error shows how."""

@@ -160,10 +160,17 @@ class DaskBackend(Revival):
                     "address=c.scheduler.address and the runtime connects its own"
                 )
             return
+        # A cluster object (a LocalCluster, say) is connected to by its scheduler's address:
+        # given the object, distributed's Client joins the cluster's own event loop (a thread
+        # of its own for a cluster started synchronously), and so is not asynchronous on
+        # this one: every fetch failed (a TypeError), or a run hung.
+        address = self.address
+        if not isinstance(address, str):
+            address = getattr(address, "scheduler_address", address)
         client = None
         try:
             client = distributed.Client(
-                self.address,
+                address,
                 asynchronous=True,
                 set_as_default=False,
                 timeout=self.connect_timeout,
