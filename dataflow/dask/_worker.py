@@ -94,22 +94,20 @@ class Call:
         self.refs = refs
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            Call,
-            (
-                self.fn,
-                self.args,
-                self.kwargs,
-                self.name,
-                self.op,
-                self.task_id,
-                self.topic,
-                self.refs,
-                self.spec,
-                self.check,
-                self.timeout,
-            ),
+        fields = (
+            self.fn,
+            self.args,
+            self.kwargs,
+            self.name,
+            self.op,
+            self.task_id,
+            self.topic,
+            self.refs,
+            self.spec,
+            self.check,
         )
+        # (The timeout only where there is one: a call without travels as before it existed.)
+        return (Call, fields if self.timeout is None else (*fields, self.timeout))
 
 
 class KernelFailed(Exception):
