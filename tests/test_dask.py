@@ -429,6 +429,21 @@ class TestEnsemble:
             assert c.status == "running"
         np.testing.assert_array_equal(y, [3.0, 3.0, 3.0])
 
+    @pytest.mark.asyncio
+    async def test_a_profiled_runtime_on_a_given_client_is_let_go(self, address: str) -> None:
+        """A runtime that reported kernel spans through a client it was given (left open)
+        leaves no handler on it: Dask's unsubscribe_topic keeps the handler (the backend's
+        bound method), so the client held every such runtime, and all it held, until it
+        closed. (Dask keeps its handlers in Client._event_handlers.)"""
+        async with distributed.Client(address, asynchronous=True, set_as_default=False) as c:
+            for _ in range(3):
+                async with dask(client=c, address=None) as rt:
+                    with dataflow.profile():
+                        np.testing.assert_array_equal(await add(np.ones(2), 1.0), [2.0, 2.0])
+                    assert counters(rt)._subscribed
+            held = [h for h in c._event_handlers.values() if getattr(h, "__self__", None)]
+            assert not any(isinstance(h.__self__, DaskBackend) for h in held), held
+
 
 class TestShipping:
     @pytest.mark.asyncio

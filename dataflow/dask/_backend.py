@@ -220,6 +220,12 @@ class DaskBackend(Revival):
         try:
             if self._subscribed:
                 client.unsubscribe_topic(self._topic)
+                # Dask's unsubscribe_topic tells the scheduler but keeps the handler, this
+                # backend's bound method: a client given with client= (left open) held every
+                # runtime that reported kernel spans through it until the client closed.
+                handlers = getattr(client, "_event_handlers", None)
+                if isinstance(handlers, dict):
+                    handlers.pop(self._topic, None)
             if self._own_client:
                 async with HangUpQuietly(client):
                     await client.close()
