@@ -816,6 +816,25 @@ class TestTimeouts:
         assert "longer than the 0.3 s timeout of op 'gate'" in str(err), str(err)
 
 
+class TestClientClosed:
+    @pytest.mark.asyncio
+    async def test_a_client_closed_mid_run_says_so(self, address: str, tmp_path: Path) -> None:
+        """A client given with client= and closed while the runtime's ops run fails them with
+        a CancelledTaskError that says so (it said "it was cancelled on Dask"), and the
+        runtime still closes."""
+        client = distributed.Client(address, asynchronous=True, set_as_default=False)
+        async with client as c, dask(client=c, address=None) as rt:
+            held = ops.add(gate(np.ones(2), str(tmp_path)), 1.0)
+            try:
+                while counters(rt).sent < 2:
+                    await asyncio.sleep(0.01)
+                await c.close()
+            finally:
+                (tmp_path / "go").touch()
+            with pytest.raises(CancelledTaskError, match="its Dask client was closed"):
+                await held
+
+
 class TestAfterTheRuntime:
     def test_a_value_left_on_the_cluster_says_so(self, address: str) -> None:
         """A pending tensor awaited after its Dask runtime closed (the block returned it) says

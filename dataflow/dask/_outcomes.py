@@ -200,6 +200,9 @@ class Outcomes(BackendBase):
         if err is None:
             if self._sched.cancelling:
                 why = "its runtime was closing"
+            elif getattr(self.client, "status", None) in ("closing", "closed"):
+                # (Dask cancels every future of a client that closes, and gives no reason.)
+                why = "its Dask client was closed while the runtime used it"
             else:
                 reason = cancel_reason(rem.future) if rem.future is not None else ""
                 why = "it was cancelled on Dask" + (f" ({reason})" if reason else "")
