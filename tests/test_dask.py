@@ -131,6 +131,21 @@ class Locked(Exception):
         self.code = 5
 
 
+def _by_value_class() -> type[Exception]:
+    class ByValue(Exception):
+        """An exception class the standard pickle cannot find by name (as a class of the
+        client's ``__main__`` on a worker process, which cloudpickle sent there by value)."""
+
+    return ByValue
+
+
+ByValue = _by_value_class()
+
+
+def _by_value_kernel(x: Any) -> Any:
+    raise ByValue("defined by value")
+
+
 def _coded_kernel(x: Any) -> Any:
     raise Coded(7, "bad thing")
 
@@ -183,6 +198,7 @@ die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
 coded = ops.define("coded", _coded_kernel, ops.spec_of, inline=False)
+by_value = ops.define("by_value", _by_value_kernel, ops.spec_of, inline=False)
 locked = ops.define("locked", _locked_kernel, ops.spec_of, inline=False)
 exiting = ops.define("exiting", _exit_kernel, lambda x, how: ops.spec_of(x), inline=False)
 wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
@@ -680,6 +696,17 @@ class TestErrors:
         assert not hasattr(cause_locked, "lock")
         assert any("could not be pickled: lock" in n for n in cause_locked.__notes__)
         assert any("_locked_kernel" in n for n in cause_locked.__notes__)
+
+    @pytest.mark.asyncio
+    async def test_an_exception_class_sent_by_value_arrives_as_itself(self, address: str) -> None:
+        """An exception whose class only cloudpickle can send (one of the client's __main__,
+        which reached the workers by value) arrives as itself: the worker checked it with the
+        standard pickle, and sent a RuntimeError("... could not be pickled") instead."""
+        async with dask(address):
+            with pytest.raises(ByValue) as info:
+                await by_value(np.ones(2))
+        assert type(info.value.__cause__) is ByValue, repr(info.value.__cause__)
+        assert info.value.__cause__.args == ("defined by value",)
 
     def test_dependents_share_a_failure_that_is_not_the_kernels(self, address: str) -> None:
         """A task that could not run at all (here: its batch, which Dask's scheduler cannot

@@ -11,6 +11,7 @@ naming the task and the worker, with the original exception (or a printable stan
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib
@@ -215,8 +216,14 @@ class _Rebuild:
 
 
 def _pickles(value: Any) -> bool:
+    """Whether ``value`` travels back to the client as Dask sends a task's error: with Dask's
+    pickle, which falls back to cloudpickle (for what the client's ``__main__`` defined, which
+    reached the worker by value; the standard pickle cannot find it by name there)."""
+    codec: Any = pickle
+    with contextlib.suppress(ImportError):  # (else run outside Dask, as some tests do)
+        from distributed.protocol import pickle as codec
     try:
-        pickle.loads(pickle.dumps(value))
+        codec.loads(codec.dumps(value))
     except Exception:
         return False
     return True
