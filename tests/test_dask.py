@@ -146,6 +146,11 @@ def _by_value_kernel(x: Any) -> Any:
     raise ByValue("defined by value")
 
 
+def _locked_arg_kernel(x: Any, lock: Any) -> Any:
+    with lock:
+        return x
+
+
 def _coded_kernel(x: Any) -> Any:
     raise Coded(7, "bad thing")
 
@@ -198,6 +203,9 @@ die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
 coded = ops.define("coded", _coded_kernel, ops.spec_of, inline=False)
+locked_arg = ops.define(
+    "locked_arg", _locked_arg_kernel, lambda x, lock: ops.spec_of(x), inline=False
+)
 by_value = ops.define("by_value", _by_value_kernel, ops.spec_of, inline=False)
 locked = ops.define("locked", _locked_kernel, ops.spec_of, inline=False)
 exiting = ops.define("exiting", _exit_kernel, lambda x, how: ops.spec_of(x), inline=False)
@@ -707,6 +715,25 @@ class TestErrors:
                 await by_value(np.ones(2))
         assert type(info.value.__cause__) is ByValue, repr(info.value.__cause__)
         assert info.value.__cause__.args == ("defined by value",)
+
+    @pytest.mark.asyncio
+    async def test_an_argument_that_does_not_pickle_is_named(
+        self, address: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """An op whose argument does not pickle fails alone, with an error that says what
+        does not pickle: it said "Could not serialize object of type _MapExpr", Dask's graph
+        expression, with the cause two exceptions down."""
+        caplog.set_level(logging.CRITICAL, logger="distributed.protocol.pickle")
+        async with dask(address):
+            bad = locked_arg(np.ones(2), threading.Lock())
+            good = ops.add(np.ones(2), 1.0)
+            np.testing.assert_array_equal(await good, [2.0, 2.0])
+            with pytest.raises(TaskError) as info:
+                await ops.add(bad, 1.0)
+        message = str(info.value)
+        assert message.startswith(f"{bad.task.name} could not be sent to the Dask cluster: ")
+        assert "cannot pickle '_thread.lock' object" in message, message
+        assert "an op's arguments must pickle" in message and "_MapExpr" not in message
 
     def test_dependents_share_a_failure_that_is_not_the_kernels(self, address: str) -> None:
         """A task that could not run at all (here: its batch, which Dask's scheduler cannot

@@ -189,15 +189,17 @@ class Shipping(Outcomes):
                         run_op, [call], [slots], key=[task.value.key], pure=False
                     )
                 except Exception as exc:
-                    fail(task, self._unsendable(task, exc))
+                    hint = " (an op's arguments must pickle to travel to the workers)"
+                    fail(task, self._unsendable(task, _pickling_error(call, exc), hint))
                     continue
                 pairs.append((task, fut))
             return pairs
         return list(zip(sent, futures, strict=True))
 
-    def _unsendable(self, task: Task, exc: BaseException) -> TaskError:
+    def _unsendable(self, task: Task, exc: BaseException, hint: str = "") -> TaskError:
+        """The error of a task that could not be sent (``exc``: why)."""
         err = TaskError(
-            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}",
+            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}{hint}",
             task=task.name,
             op=task.op,
         )
@@ -294,3 +296,17 @@ class Shipping(Outcomes):
         with GRAPH_LOCK:
             self._timed.pop(task.id, None)
             self._sched._fail_locked(task, err)
+
+
+def _pickling_error(call: Call, exc: BaseException) -> BaseException:
+    """Why ``call`` cannot be sent: the error pickling it alone raises (cloudpickle, Dask's
+    last resort), which names what does not pickle (``cannot pickle '_thread.lock'
+    object``); ``exc`` when it pickles. Dask's own error names its graph expression instead
+    (``Could not serialize object of type _MapExpr``), with the cause two exceptions down."""
+    try:
+        import cloudpickle
+
+        cloudpickle.dumps(call)
+    except Exception as own:
+        return own
+    return exc
