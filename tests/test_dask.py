@@ -151,8 +151,24 @@ def _locked_arg_kernel(x: Any, lock: Any) -> Any:
         return x
 
 
+class Named(Exception):
+    """An exception whose one-argument constructor builds its message: pickle calls it again
+    with that message, and garbles it ("no such thing: no such thing: x")."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no such thing: {name}")
+
+
 def _coded_kernel(x: Any) -> Any:
     raise Coded(7, "bad thing")
+
+
+def _named_kernel(x: Any) -> Any:
+    raise Named("x")
+
+
+def _grouped_kernel(x: Any) -> Any:
+    raise ExceptionGroup("several", [Named("y"), Coded(8, "in a group")])
 
 
 def _locked_kernel(x: Any) -> Any:
@@ -203,6 +219,8 @@ die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
 coded = ops.define("coded", _coded_kernel, ops.spec_of, inline=False)
+named = ops.define("named", _named_kernel, ops.spec_of, inline=False)
+grouped = ops.define("grouped", _grouped_kernel, ops.spec_of, inline=False)
 locked_arg = ops.define(
     "locked_arg", _locked_arg_kernel, lambda x, lock: ops.spec_of(x), inline=False
 )
@@ -680,12 +698,14 @@ class TestErrors:
         """A kernel's exception whose __init__ takes other arguments than its message (or
         that holds an attribute that does not pickle) is chained as itself, as on the local
         backend, with its attributes: it was a RuntimeError("... could not be pickled"), so
-        the TaskError's type, ``except Coded`` and ``err.__cause__.code`` all differed."""
+        the TaskError's type, ``except Coded`` and ``err.__cause__.code`` all differed; one
+        whose constructor builds its message from one argument came back with its message
+        garbled ("no such thing: no such thing: x"), alone or inside an ExceptionGroup."""
         errors: dict[str, list[TaskError]] = {"local": [], "dask": []}
 
         async def main(backend: str, options: dict[str, Any]) -> None:
             async with dataflow.Runtime(backend=backend, **options):
-                for op in (coded, locked):
+                for op in (coded, locked, named, grouped):
                     with pytest.raises(TaskError) as info:
                         await ops.add(op(np.ones(2)), 1.0)
                     errors[backend].append(info.value)
@@ -695,9 +715,10 @@ class TestErrors:
         for here, there in zip(errors["local"], errors["dask"], strict=True):
             assert type(there) is type(here), (here, there)
             assert type(there.__cause__) is type(here.__cause__), repr(there.__cause__)
-            assert there.__cause__.args == here.__cause__.args  # type: ignore[union-attr]
+            assert repr(there.__cause__) == repr(here.__cause__)
             assert "dask worker" in str(there) and "could not be pickled" not in str(there)
-        cause_coded, cause_locked = (e.__cause__ for e in errors["dask"])
+        assert repr(errors["dask"][2].__cause__) == "Named('no such thing: x')"
+        cause_coded, cause_locked = (e.__cause__ for e in errors["dask"][:2])
         assert isinstance(cause_coded, Coded)
         assert (cause_coded.code, cause_coded.detail) == (7, "bad thing")
         assert isinstance(cause_locked, Locked) and cause_locked.code == 5

@@ -197,65 +197,105 @@ def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, A
 
 
 class _Rebuild:
-    """Pickles as the exception ``exc``, rebuilt on the client from its class, its ``args``
-    and the attributes in ``state``, without calling its class.
+    """Pickles as an exception of ``cls`` rebuilt on the client from its ``args`` and the
+    attributes in ``state``, without calling its class.
 
     Pickle rebuilds an exception by calling its class with its ``args``, which an exception
     with a constructor of its own refuses (``def __init__(self, code, detail)`` passing a
-    message up: ``args`` is the message alone), so the original could not travel back.
+    message up: ``args`` is the message alone) or, worse, accepts and garbles (``def
+    __init__(self, name)`` passing up ``f"no such thing: {name}"`` came back as ``"no such
+    thing: no such thing: x"``).
     """
 
-    __slots__ = ("exc", "state")
+    __slots__ = ("args", "cls", "state")
 
-    def __init__(self, exc: BaseException, state: dict[str, Any]) -> None:
-        self.exc = exc
+    def __init__(self, cls: type[BaseException], args: Any, state: dict[str, Any]) -> None:
+        self.cls = cls
+        self.args = args
         self.state = state
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self.exc), self.exc.args, self.state))
+        return (_rebuild, (self.cls, self.args, self.state))
 
 
-def _pickles(value: Any) -> bool:
-    """Whether ``value`` travels back to the client as Dask sends a task's error: with Dask's
-    pickle, which falls back to cloudpickle (for what the client's ``__main__`` defined, which
-    reached the worker by value; the standard pickle cannot find it by name there)."""
+def _round_trip(value: Any) -> Any:
+    """``value`` sent back as Dask sends a task's error: with Dask's pickle, which falls back
+    to cloudpickle (for what the client's ``__main__`` defined, which reached the worker by
+    value; the standard pickle cannot find it by name there). Raises when it cannot."""
     codec: Any = pickle
     with contextlib.suppress(ImportError):  # (else run outside Dask, as some tests do)
         from distributed.protocol import pickle as codec
+    return codec.loads(codec.dumps(value))
+
+
+def _pickles(value: Any) -> bool:
     try:
-        codec.loads(codec.dumps(value))
+        _round_trip(value)
     except Exception:
         return False
     return True
+
+
+def _same(exc: BaseException, back: Any) -> bool:
+    """Whether ``back`` (``exc`` sent back) is the same exception: its class and ``args``."""
+    if type(back).__qualname__ != type(exc).__qualname__:
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        return (
+            back.message == exc.message
+            and len(back.exceptions) == len(exc.exceptions)
+            and all(_same(e, b) for e, b in zip(exc.exceptions, back.exceptions, strict=True))
+        )
+    try:
+        return bool(back.args == exc.args)
+    except Exception:  # (arguments that do not compare, arrays say: their class is enough)
+        return True
 
 
 # The reductions of the built-in exceptions: "call the class with args, then set __dict__".
 _BUILTIN_REDUCE = (BaseException.__reduce__, OSError.__reduce__)
 
 
+def _shipped(exc: BaseException) -> Any:
+    """What pickles as ``exc`` and arrives as the same exception; None if nothing does."""
+    try:
+        if _same(exc, _round_trip(exc)):
+            return exc
+    except Exception:
+        pass
+    if type(exc).__reduce__ not in _BUILTIN_REDUCE:
+        return None  # its class pickles itself, and refuses
+    args = exc.args
+    if isinstance(exc, BaseExceptionGroup):  # its exceptions, each shipped
+        parts = [_shipped(e) for e in exc.exceptions]
+        if any(p is None for p in parts):
+            return None
+        args = (exc.message, parts)
+    attrs = vars(exc)
+    state = {k: v for k, v in attrs.items() if _pickles(v)}
+    left = sorted(k for k in attrs if k not in state)
+    if left:
+        state["__notes__"] = [
+            *state.get("__notes__", ()),
+            f"(attributes left on the worker, they could not be pickled: {', '.join(left)})",
+        ]
+    carrier = _Rebuild(type(exc), args, state)
+    return carrier if _pickles(carrier) else None
+
+
 def _portable(exc: BaseException) -> tuple[BaseException, Any]:
     """(the exception the client gets, what pickles as it) for a kernel's exception.
 
-    The exception itself where it pickles; else, for a class that leaves pickling to the
-    built-in exceptions (its constructor refuses its ``args``, as ``dataflow.TaskError``'s
-    keywords do, or an attribute does not pickle), the same exception rebuilt without its
-    constructor and without the attributes that do not pickle (a note names them); else a
-    ``RuntimeError`` describing it (a class whose own ``__reduce__`` refuses).
+    The exception itself where it arrives as itself; else, for a class that leaves pickling
+    to the built-in exceptions (its constructor refuses or garbles its ``args``, as
+    ``dataflow.TaskError``'s keywords do, or an attribute does not pickle), the same
+    exception rebuilt without its constructor and without the attributes that do not
+    pickle (a note names them); else a ``RuntimeError`` describing it (a class whose own
+    ``__reduce__`` refuses).
     """
-    if _pickles(exc):
-        return exc, exc
-    if type(exc).__reduce__ in _BUILTIN_REDUCE:
-        attrs = vars(exc)
-        state = {k: v for k, v in attrs.items() if _pickles(v)}
-        left = sorted(k for k in attrs if k not in state)
-        if left:
-            state["__notes__"] = [
-                *state.get("__notes__", ()),
-                f"(attributes left on the worker, they could not be pickled: {', '.join(left)})",
-            ]
-        carrier = _Rebuild(exc, state)
-        if _pickles(carrier):
-            return exc, carrier
+    shipped = _shipped(exc)
+    if shipped is not None:
+        return exc, shipped
     stand_in = RuntimeError(f"{describe(exc)} (the original could not be pickled)")
     return stand_in, stand_in
 
