@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,7 +21,14 @@ import pytest
 
 import dataflow
 import ops
-from dataflow import CancelledTaskError, DataflowError, OpInputError, OpOutputError, TaskError
+from dataflow import (
+    CancelledTaskError,
+    DataflowError,
+    OpInputError,
+    OpOutputError,
+    OpTimeoutError,
+    TaskError,
+)
 from dataflow.dask import Call as _Call
 from dataflow.dask import DaskBackend, KernelFailed, WorkerLostError, run_op
 from dataflow.dask import Ref as _Ref
@@ -104,6 +112,69 @@ def _unpicklable_kernel(x: Any) -> Any:
     raise Unpicklable("the original")
 
 
+class Coded(Exception):
+    """An exception whose constructor takes other arguments than its message (pickle calls
+    the class with ``args``, the message alone, which this constructor refuses)."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class Locked(Exception):
+    """An exception holding an attribute that does not pickle (a lock)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+        self.code = 5
+
+
+def _by_value_class() -> type[Exception]:
+    class ByValue(Exception):
+        """An exception class the standard pickle cannot find by name (as a class of the
+        client's ``__main__`` on a worker process, which cloudpickle sent there by value)."""
+
+    return ByValue
+
+
+ByValue = _by_value_class()
+
+
+def _by_value_kernel(x: Any) -> Any:
+    raise ByValue("defined by value")
+
+
+def _locked_arg_kernel(x: Any, lock: Any) -> Any:
+    with lock:
+        return x
+
+
+class Named(Exception):
+    """An exception whose one-argument constructor builds its message: pickle calls it again
+    with that message, and garbles it ("no such thing: no such thing: x")."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no such thing: {name}")
+
+
+def _coded_kernel(x: Any) -> Any:
+    raise Coded(7, "bad thing")
+
+
+def _named_kernel(x: Any) -> Any:
+    raise Named("x")
+
+
+def _grouped_kernel(x: Any) -> Any:
+    raise ExceptionGroup("several", [Named("y"), Coded(8, "in a group")])
+
+
+def _locked_kernel(x: Any) -> Any:
+    raise Locked("holds a lock")
+
+
 def _exit_kernel(x: Any, how: str) -> Any:
     """Raise what ends a program: sys.exit(3), or a KeyboardInterrupt."""
     if how == "exit":
@@ -147,6 +218,14 @@ gate = ops.define("gate", _gate_kernel, lambda x, where: ops.spec_of(x), inline=
 die = dataflow.op("die", meta=_like, handle=Arr, inline=False)(_die_kernel)
 unprintable = dataflow.op("unprintable", meta=_like, handle=Arr, inline=False)(_unprintable_kernel)
 unpicklable = dataflow.op("unpicklable", meta=_like, handle=Arr, inline=False)(_unpicklable_kernel)
+coded = ops.define("coded", _coded_kernel, ops.spec_of, inline=False)
+named = ops.define("named", _named_kernel, ops.spec_of, inline=False)
+grouped = ops.define("grouped", _grouped_kernel, ops.spec_of, inline=False)
+locked_arg = ops.define(
+    "locked_arg", _locked_arg_kernel, lambda x, lock: ops.spec_of(x), inline=False
+)
+by_value = ops.define("by_value", _by_value_kernel, ops.spec_of, inline=False)
+locked = ops.define("locked", _locked_kernel, ops.spec_of, inline=False)
 exiting = ops.define("exiting", _exit_kernel, lambda x, how: ops.spec_of(x), inline=False)
 wrong_shape = ops.define("wrong_shape", _wrong_shape_kernel, ops.spec_of, inline=False)
 wrong_dtype = ops.define("wrong_dtype", _wrong_dtype_kernel, ops.spec_of, inline=False)
@@ -225,7 +304,7 @@ def small_input(steps: int = 5, batch: int = 2, channels: int = 8) -> Array:
     return np.random.default_rng(1).random((steps, batch, channels), dtype=np.float32)
 
 
-def dask(address: str | None, **options: Any) -> dataflow.Runtime:
+def dask(address: Any, **options: Any) -> dataflow.Runtime:
     """A Dask runtime that ships every op (local_threshold=0) unless told otherwise."""
     options.setdefault("local_threshold", 0.0)
     rt = dataflow.Runtime(backend="dask", address=address, **options)
@@ -294,6 +373,18 @@ class TestBackendChoice:
 
         with pytest.raises(DataflowError, match=r"cannot connect .*127\.0\.0\.1:9"):
             dataflow.run(main)
+
+    def test_a_cluster_object_as_address(self, cluster: Any) -> None:
+        """address= a cluster object (documented) connects to its scheduler: the client the
+        runtime made from the object joined the cluster's own loop, and every fetch failed
+        (or the run hung)."""
+
+        async def main() -> Any:
+            async with dask(cluster) as rt:
+                assert counters(rt).client.asynchronous
+                return await ops.add(np.ones(2), 1.0)
+
+        np.testing.assert_array_equal(dataflow.run(main), [2.0, 2.0])
 
     def test_sync_client_is_rejected_with_advice(self, address: str) -> None:
         """client= must be asynchronous on the runtime's loop; the error shows how."""
@@ -379,6 +470,21 @@ class TestEnsemble:
             assert counters(rt).sent == 1
             assert c.status == "running"
         np.testing.assert_array_equal(y, [3.0, 3.0, 3.0])
+
+    @pytest.mark.asyncio
+    async def test_a_profiled_runtime_on_a_given_client_is_let_go(self, address: str) -> None:
+        """A runtime that reported kernel spans through a client it was given (left open)
+        leaves no handler on it: Dask's unsubscribe_topic keeps the handler (the backend's
+        bound method), so the client held every such runtime, and all it held, until it
+        closed. (Dask keeps its handlers in Client._event_handlers.)"""
+        async with distributed.Client(address, asynchronous=True, set_as_default=False) as c:
+            for _ in range(3):
+                async with dask(client=c, address=None) as rt:
+                    with dataflow.profile():
+                        np.testing.assert_array_equal(await add(np.ones(2), 1.0), [2.0, 2.0])
+                    assert counters(rt)._subscribed
+            held = [h for h in c._event_handlers.values() if getattr(h, "__self__", None)]
+            assert not any(isinstance(h.__self__, DaskBackend) for h in held), held
 
 
 class TestShipping:
@@ -480,6 +586,29 @@ class TestWorkerSide:
         assert isinstance(info.value.exc, OpOutputError)
         assert info.value.task == "liar#1"
 
+    def test_a_timed_kernel_runs_under_its_timeout(self, tmp_path: Path) -> None:
+        """A Call with a timeout fails with OpTimeoutError (which travels back pickled) once
+        its kernel outlives it; within it, the kernel's value or its own error comes back."""
+        timed = _Call(_gate_kernel, (1.0, str(tmp_path)), None, "gate#1", "gate", 1, None,
+                      False, None, None, 0.05)  # fmt: skip
+        try:
+            with pytest.raises(KernelFailed) as info:
+                run_op(timed, [])
+        finally:
+            (tmp_path / "go").touch()  # the kernel's thread, left running, ends
+        back = pickle.loads(pickle.dumps(info.value))
+        for failed in (info.value, back):
+            assert type(failed.exc) is OpTimeoutError, repr(failed.exc)
+            assert (failed.exc.task, failed.exc.op) == ("gate#1", "gate")
+            assert "longer than the 0.05 s timeout of op 'gate'" in str(failed.exc)
+        quick = _Call(np.add, (1.0, 2.0), None, "add#2", "add", 2, None, False, None, None, 30.0)
+        assert run_op(quick, []) == 3.0
+        raising = _Call(_coded_kernel, (1.0,), None, "coded#3", "coded", 3, None, False, None,
+                        None, 30.0)  # fmt: skip
+        with pytest.raises(KernelFailed) as raised:
+            run_op(raising, [])
+        assert type(raised.value.exc) is Coded
+
     def test_declared_ops_travel_by_name(self) -> None:
         """A declared op's kernel is found on the worker by its registry name."""
         call = _Call(
@@ -564,6 +693,68 @@ class TestErrors:
         assert "Unpicklable: the original" in str(cause) and "could not be pickled" in str(cause)
         assert any("_unpicklable_kernel" in note for note in cause.__notes__)
         assert bad.exception() is err, "dependents fail with the failed task's own error"
+
+    def test_exceptions_with_their_own_constructor_arrive_as_themselves(self, address: str) -> None:
+        """A kernel's exception whose __init__ takes other arguments than its message (or
+        that holds an attribute that does not pickle) is chained as itself, as on the local
+        backend, with its attributes: it was a RuntimeError("... could not be pickled"), so
+        the TaskError's type, ``except Coded`` and ``err.__cause__.code`` all differed; one
+        whose constructor builds its message from one argument came back with its message
+        garbled ("no such thing: no such thing: x"), alone or inside an ExceptionGroup."""
+        errors: dict[str, list[TaskError]] = {"local": [], "dask": []}
+
+        async def main(backend: str, options: dict[str, Any]) -> None:
+            async with dataflow.Runtime(backend=backend, **options):
+                for op in (coded, locked, named, grouped):
+                    with pytest.raises(TaskError) as info:
+                        await ops.add(op(np.ones(2)), 1.0)
+                    errors[backend].append(info.value)
+
+        dataflow.run(main, "local", {})
+        dataflow.run(main, "dask", {"address": address, "local_threshold": 0.0})
+        for here, there in zip(errors["local"], errors["dask"], strict=True):
+            assert type(there) is type(here), (here, there)
+            assert type(there.__cause__) is type(here.__cause__), repr(there.__cause__)
+            assert repr(there.__cause__) == repr(here.__cause__)
+            assert "dask worker" in str(there) and "could not be pickled" not in str(there)
+        assert repr(errors["dask"][2].__cause__) == "Named('no such thing: x')"
+        cause_coded, cause_locked = (e.__cause__ for e in errors["dask"][:2])
+        assert isinstance(cause_coded, Coded)
+        assert (cause_coded.code, cause_coded.detail) == (7, "bad thing")
+        assert isinstance(cause_locked, Locked) and cause_locked.code == 5
+        assert not hasattr(cause_locked, "lock")
+        assert any("could not be pickled: lock" in n for n in cause_locked.__notes__)
+        assert any("_locked_kernel" in n for n in cause_locked.__notes__)
+
+    @pytest.mark.asyncio
+    async def test_an_exception_class_sent_by_value_arrives_as_itself(self, address: str) -> None:
+        """An exception whose class only cloudpickle can send (one of the client's __main__,
+        which reached the workers by value) arrives as itself: the worker checked it with the
+        standard pickle, and sent a RuntimeError("... could not be pickled") instead."""
+        async with dask(address):
+            with pytest.raises(ByValue) as info:
+                await by_value(np.ones(2))
+        assert type(info.value.__cause__) is ByValue, repr(info.value.__cause__)
+        assert info.value.__cause__.args == ("defined by value",)
+
+    @pytest.mark.asyncio
+    async def test_an_argument_that_does_not_pickle_is_named(
+        self, address: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """An op whose argument does not pickle fails alone, with an error that says what
+        does not pickle: it said "Could not serialize object of type _MapExpr", Dask's graph
+        expression, with the cause two exceptions down."""
+        caplog.set_level(logging.CRITICAL, logger="distributed.protocol.pickle")
+        async with dask(address):
+            bad = locked_arg(np.ones(2), threading.Lock())
+            good = ops.add(np.ones(2), 1.0)
+            np.testing.assert_array_equal(await good, [2.0, 2.0])
+            with pytest.raises(TaskError) as info:
+                await ops.add(bad, 1.0)
+        message = str(info.value)
+        assert message.startswith(f"{bad.task.name} could not be sent to the Dask cluster: ")
+        assert "cannot pickle '_thread.lock' object" in message, message
+        assert "an op's arguments must pickle" in message and "_MapExpr" not in message
 
     def test_dependents_share_a_failure_that_is_not_the_kernels(self, address: str) -> None:
         """A task that could not run at all (here: its batch, which Dask's scheduler cannot
@@ -668,6 +859,77 @@ class TestNewCore:
         np.testing.assert_allclose(y2, y)
         np.testing.assert_allclose(z, np.tanh((x + 1.0) * 2.0 + 1.0))
         assert compiled.launches >= 2
+
+
+class TestTimeouts:
+    def test_op_timeout_applies_on_the_cluster(self, address: str, tmp_path: Path) -> None:
+        """A kernel on the cluster that outlives the runtime's op_timeout fails its task, and
+        its dependents, with OpTimeoutError, as on the local backend: it ran to its end, and
+        the run with it, with no error at all."""
+        errors: list[BaseException] = []
+
+        async def main() -> None:
+            async with dask(address, op_timeout=0.3) as rt:
+                stuck = gate(np.ones(2), str(tmp_path))
+                after = ops.add(stuck, 1.0)
+                try:
+                    with pytest.raises(OpTimeoutError) as info:
+                        await after
+                finally:
+                    (tmp_path / "go").touch()  # let the kernel's thread end
+                errors.append(info.value)
+                with pytest.raises(OpTimeoutError) as again:
+                    await stuck
+                assert again.value is info.value, "dependents share the timed-out task's error"
+                assert counters(rt).sent == 2
+                np.testing.assert_array_equal(await ops.add(np.ones(2), 1.0), [2.0, 2.0])
+
+        dataflow.run(main)
+        err = errors[0]
+        assert isinstance(err, TimeoutError) and isinstance(err, TaskError)
+        assert err.op == "gate" and "dask worker" in str(err), str(err)
+        assert "longer than the 0.3 s timeout of op 'gate'" in str(err), str(err)
+
+
+class TestClientClosed:
+    @pytest.mark.asyncio
+    async def test_a_client_closed_mid_run_says_so(self, address: str, tmp_path: Path) -> None:
+        """A client given with client= and closed while the runtime's ops run fails them with
+        a CancelledTaskError that says so (it said "it was cancelled on Dask"), and the
+        runtime still closes."""
+        client = distributed.Client(address, asynchronous=True, set_as_default=False)
+        async with client as c, dask(client=c, address=None) as rt:
+            held = ops.add(gate(np.ones(2), str(tmp_path)), 1.0)
+            try:
+                while counters(rt).sent < 2:
+                    await asyncio.sleep(0.01)
+                await c.close()
+            finally:
+                (tmp_path / "go").touch()
+            with pytest.raises(CancelledTaskError, match="its Dask client was closed"):
+                await held
+
+
+class TestAfterTheRuntime:
+    def test_a_value_left_on_the_cluster_says_so(self, address: str) -> None:
+        """A pending tensor awaited after its Dask runtime closed (the block returned it) says
+        that its value was left on the cluster and what to do; it said "was not run: it was
+        cancelled on Dask". A value awaited inside the block stays valid after it."""
+
+        async def main() -> tuple[Any, Any]:
+            async with dask(address):
+                fetched = ops.tanh(np.zeros(3)) * 2.0
+                await fetched
+                left = ops.tanh(np.ones(3)) * 2.0
+            return fetched, left
+
+        fetched, left = asyncio.run(main())
+        np.testing.assert_array_equal(fetched.result(), np.zeros(3))
+        with pytest.raises(CancelledTaskError) as info:
+            left.result()
+        message = str(info.value)
+        assert message.startswith(f"{left.task.name}: its value was left on the Dask cluster")
+        assert "inside the `async with dataflow.Runtime(...)` block" in message
 
 
 class TestCancellation:

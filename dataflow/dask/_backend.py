@@ -161,10 +161,17 @@ class DaskBackend(Revival):
                     "address=c.scheduler.address and the runtime connects its own"
                 )
             return
+        # A cluster object (a LocalCluster, say) is connected to by its scheduler's address:
+        # given the object, distributed's Client joins the cluster's own event loop (a thread
+        # of its own for a cluster started synchronously), and so is not asynchronous on
+        # this one: every fetch failed (a TypeError), or a run hung.
+        address = self.address
+        if not isinstance(address, str):
+            address = getattr(address, "scheduler_address", address)
         client = None
         try:
             client = distributed.Client(
-                self.address,
+                address,
                 asynchronous=True,
                 set_as_default=False,
                 timeout=self.connect_timeout,
@@ -206,6 +213,7 @@ class DaskBackend(Revival):
                 self._timed.clear()
             self._timed_drained = None
         self._relay.close()
+        self._release_unfetched()
         self._scattered.clear()
         self._errors.clear()
         client, self.client = self.client, (None if self._own_client else self.client)
@@ -214,6 +222,12 @@ class DaskBackend(Revival):
         try:
             if self._subscribed:
                 client.unsubscribe_topic(self._topic)
+                # Dask's unsubscribe_topic tells the scheduler but keeps the handler, this
+                # backend's bound method: a client given with client= (left open) held every
+                # runtime that reported kernel spans through it until the client closed.
+                handlers = getattr(client, "_event_handlers", None)
+                if isinstance(handlers, dict):
+                    handlers.pop(self._topic, None)
             if self._own_client:
                 async with HangUpQuietly(client):
                     await client.close()
@@ -237,8 +251,9 @@ class DaskBackend(Revival):
     ) -> Any:
         """Place the task (see :func:`place`): on the client, or queue it for Dask.
 
-        ``priority`` and ``timeout`` apply when the task stays on the client: Dask orders the
-        tasks it runs itself, and a kernel running on a worker is not timed out.
+        ``priority`` applies when the task stays on the client: Dask orders the tasks it runs
+        itself. ``timeout`` applies on either side: a kernel on the cluster runs under it on
+        its worker (``_worker.run_op``).
         """
         sched = self._sched
         if sched.closed:
@@ -252,7 +267,7 @@ class DaskBackend(Revival):
             return sched.submit(
                 sig, fn, args, kwargs, inputs, ready, priority, timeout, values, light
             )
-        return self._submit_remote(sig, fn, args, kwargs, inputs)
+        return self._submit_remote(sig, fn, args, kwargs, inputs, timeout)
 
     # -- cancel, completion -------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,9 @@ class BackendBase:
         self._flush_scheduled = False
         # Sent and not settled: task id -> task (to cancel them all when the body fails).
         self._remote: dict[int, Task] = {}
+        # Every task sent, held weakly: those alive at close whose value is still on the
+        # cluster are failed with an error that says so (``_release_unfetched``).
+        self._sent_tasks: weakref.WeakSet[Task] = weakref.WeakSet()
         # Futures of sent tasks dropped with their cancelled request, to cancel on Dask.
         self._dropping: list[Any] = []
         self._scattered = Scattered()

@@ -200,6 +200,9 @@ class Outcomes(BackendBase):
         if err is None:
             if self._sched.cancelling:
                 why = "its runtime was closing"
+            elif getattr(self.client, "status", None) in ("closing", "closed"):
+                # (Dask cancels every future of a client that closes, and gives no reason.)
+                why = "its Dask client was closed while the runtime used it"
             else:
                 reason = cancel_reason(rem.future) if rem.future is not None else ""
                 why = "it was cancelled on Dask" + (f" ({reason})" if reason else "")
@@ -270,6 +273,31 @@ class Outcomes(BackendBase):
         with GRAPH_LOCK:
             futures, self._dropping = self._dropping, []
         self._spawn(self._cancel_futures(futures))
+
+    def _release_unfetched(self) -> None:
+        """Fail the tasks whose values are still on the cluster as the runtime closes.
+
+        Values come back only when awaited; the runtime's exit waits for the cluster to
+        compute them, but they go with its client. A handle awaited after the exit (a
+        pending tensor the ``async with`` block returned) said "was not run: it was
+        cancelled on Dask", from a fetch started after the runtime closed; it now says what
+        happened and what to do, and the futures are released before the client closes.
+        """
+        for task in list(self._sent_tasks):
+            rem = task.value
+            if type(rem) is not Remote or task.state >= DONE:
+                continue
+            err = CancelledTaskError(
+                f"{task.name}: its value was left on the Dask cluster when its runtime closed "
+                "(a value comes back to the client only when awaited): await it, or "
+                "`await dataflow.materialize(...)` what the block returns, inside the "
+                "`async with dataflow.Runtime(...)` block"
+            )
+            with GRAPH_LOCK:
+                if task.state < DONE:
+                    self._settle_locked(task, rem)
+                    self._end_locked(task, err, True, keep_inputs=False)
+        self._sent_tasks.clear()
 
     # -- values back to the client ------------------------------------------------------------
 

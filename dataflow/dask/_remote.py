@@ -22,11 +22,12 @@ __all__ = ["Remote", "failed_input", "task_inputs", "was_lost"]
 class Remote:
     """A cluster task's client-side state, kept in ``task.value`` until the value is fetched."""
 
-    __slots__ = ("fetching", "future", "key", "sends", "settled", "timed", "wanted")
+    __slots__ = ("fetching", "future", "key", "sends", "settled", "timed", "timeout", "wanted")
 
-    def __init__(self, key: str, timed: bool) -> None:
+    def __init__(self, key: str, timed: bool, timeout: float | None = None) -> None:
         self.key = key
         self.timed = timed  # sent while an instrument was attached: the worker reports its span
+        self.timeout = timeout  # the op's timeout: its kernel runs under it on the worker
         self.future: Any = None  # once sent
         self.settled = False  # it ended there (finished, failed or cancelled) and was counted
         self.wanted = False  # someone waits for its value on the client

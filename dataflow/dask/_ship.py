@@ -48,13 +48,14 @@ class Shipping(Outcomes):
         args: tuple[Any, ...],
         kwargs: dict[str, Any] | None,
         inputs: tuple[Task, ...],
+        timeout: float | None = None,
     ) -> Task:
         task = Task(sig, fn, args, kwargs, self.runtime, inputs)
         timed = bool(ACTIVE) or self._sched.watching
         if timed:
             self._sched.emit("task_created", task)
             self._timed[task.id] = task
-        task.value = Remote(f"{sig.name}-{self.token}-{task.id}", timed)
+        task.value = Remote(f"{sig.name}-{self.token}-{task.id}", timed, timeout)
         sched = self._sched
         # The request dispatching it (a coroutine on the loop): if it is cancelled, what it
         # sent that nobody else wants is cancelled on the cluster (``_drop_sent_locked``).
@@ -188,15 +189,17 @@ class Shipping(Outcomes):
                         run_op, [call], [slots], key=[task.value.key], pure=False
                     )
                 except Exception as exc:
-                    fail(task, self._unsendable(task, exc))
+                    hint = " (an op's arguments must pickle to travel to the workers)"
+                    fail(task, self._unsendable(task, _pickling_error(call, exc), hint))
                     continue
                 pairs.append((task, fut))
             return pairs
         return list(zip(sent, futures, strict=True))
 
-    def _unsendable(self, task: Task, exc: BaseException) -> TaskError:
+    def _unsendable(self, task: Task, exc: BaseException, hint: str = "") -> TaskError:
+        """The error of a task that could not be sent (``exc``: why)."""
         err = TaskError(
-            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}",
+            f"{task.name} could not be sent to the Dask cluster: {describe(exc)}{hint}",
             task=task.name,
             op=task.op,
         )
@@ -220,6 +223,7 @@ class Shipping(Outcomes):
                 if task.state == READY:
                     task.state = RUNNING
                     self._remote[task.id] = task
+                    self._sent_tasks.add(task)
                     watched.append((task, rem))
                 else:  # cancelled (and counted) from another thread while being sent
                     rem.settled = True
@@ -276,10 +280,12 @@ class Shipping(Outcomes):
         if op is not None and op.module != "__main__":
             fn = op.qualname
             check = None  # the worker's own op has it
-        topic = self._topic if task.value.timed else None
+        rem: Remote = task.value
+        topic = self._topic if rem.timed else None
         call = Call(
-            fn, args, kwargs, task.name, sig.name, task.id, topic, bool(slots), sig.spec, check
-        )
+            fn, args, kwargs, task.name, sig.name, task.id, topic, bool(slots), sig.spec, check,
+            rem.timeout,
+        )  # fmt: skip
         return call, slots
 
     def _fail_unsent(self, task: Task, exc: BaseException) -> None:
@@ -290,3 +296,17 @@ class Shipping(Outcomes):
         with GRAPH_LOCK:
             self._timed.pop(task.id, None)
             self._sched._fail_locked(task, err)
+
+
+def _pickling_error(call: Call, exc: BaseException) -> BaseException:
+    """Why ``call`` cannot be sent: the error pickling it alone raises (cloudpickle, Dask's
+    last resort), which names what does not pickle (``cannot pickle '_thread.lock'
+    object``); ``exc`` when it pickles. Dask's own error names its graph expression instead
+    (``Could not serialize object of type _MapExpr``), with the cause two exceptions down."""
+    try:
+        import cloudpickle
+
+        cloudpickle.dumps(call)
+    except Exception as own:
+        return own
+    return exc

@@ -11,6 +11,8 @@ naming the task and the worker, with the original exception (or a printable stan
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import pickle
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import OpNotFoundError, describe
+from .._errors import OpNotFoundError, OpTimeoutError, describe
 from .._registry import lookup_op
 from .._signature import Signature
 from .._walk import replace
@@ -52,7 +54,19 @@ class Call:
     a task or a key).
     """
 
-    __slots__ = ("args", "check", "fn", "kwargs", "name", "op", "refs", "spec", "task_id", "topic")
+    __slots__ = (
+        "args",
+        "check",
+        "fn",
+        "kwargs",
+        "name",
+        "op",
+        "refs",
+        "spec",
+        "task_id",
+        "timeout",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -66,7 +80,9 @@ class Call:
         refs: bool,
         spec: Any = None,
         check: Any = None,
+        timeout: float | None = None,
     ) -> None:
+        self.timeout = timeout  # the op's timeout (seconds), as on the local backend
         self.spec = spec
         self.check = check  # None when fn is a registry name (the worker's op has it)
         self.fn = fn
@@ -79,21 +95,20 @@ class Call:
         self.refs = refs
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            Call,
-            (
-                self.fn,
-                self.args,
-                self.kwargs,
-                self.name,
-                self.op,
-                self.task_id,
-                self.topic,
-                self.refs,
-                self.spec,
-                self.check,
-            ),
+        fields = (
+            self.fn,
+            self.args,
+            self.kwargs,
+            self.name,
+            self.op,
+            self.task_id,
+            self.topic,
+            self.refs,
+            self.spec,
+            self.check,
         )
+        # (The timeout only where there is one: a call without travels as before it existed.)
+        return (Call, fields if self.timeout is None else (*fields, self.timeout))
 
 
 class KernelFailed(Exception):
@@ -104,7 +119,13 @@ class KernelFailed(Exception):
     """
 
     def __init__(
-        self, task: str, op: str, worker: str, exc: BaseException, loading: bool = False
+        self,
+        task: str,
+        op: str,
+        worker: str,
+        exc: BaseException,
+        loading: bool = False,
+        shipped: Any = None,
     ) -> None:
         super().__init__(task, op, worker, exc)
         self.task = task
@@ -112,6 +133,11 @@ class KernelFailed(Exception):
         self.worker = worker
         self.exc = exc
         self.loading = loading  # the worker could not load the op (its module, say)
+        # What pickles as ``exc`` (``_portable``): ``exc`` itself, or a ``_Rebuild`` of it.
+        self._shipped = exc if shipped is None else shipped
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (KernelFailed, (self.task, self.op, self.worker, self._shipped, self.loading))
 
     def __str__(self) -> str:
         # describe(): the kernel's exception may have a __str__ that raises itself.
@@ -160,12 +186,118 @@ def fill(value: Any, deps: list[Any]) -> Any:
     return replace(value, leaf)
 
 
-def _picklable(exc: BaseException) -> BaseException:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return RuntimeError(f"{describe(exc)} (the original could not be pickled)")
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """An exception of ``cls`` with ``args`` and the attributes ``state``, made without
+    calling its ``__init__`` (unpickling a :class:`_Rebuild`)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    if state:
+        exc.__setstate__(state)
     return exc
+
+
+class _Rebuild:
+    """Pickles as an exception of ``cls`` rebuilt on the client from its ``args`` and the
+    attributes in ``state``, without calling its class.
+
+    Pickle rebuilds an exception by calling its class with its ``args``, which an exception
+    with a constructor of its own refuses (``def __init__(self, code, detail)`` passing a
+    message up: ``args`` is the message alone) or, worse, accepts and garbles (``def
+    __init__(self, name)`` passing up ``f"no such thing: {name}"`` came back as ``"no such
+    thing: no such thing: x"``).
+    """
+
+    __slots__ = ("args", "cls", "state")
+
+    def __init__(self, cls: type[BaseException], args: Any, state: dict[str, Any]) -> None:
+        self.cls = cls
+        self.args = args
+        self.state = state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.cls, self.args, self.state))
+
+
+def _round_trip(value: Any) -> Any:
+    """``value`` sent back as Dask sends a task's error: with Dask's pickle, which falls back
+    to cloudpickle (for what the client's ``__main__`` defined, which reached the worker by
+    value; the standard pickle cannot find it by name there). Raises when it cannot."""
+    codec: Any = pickle
+    with contextlib.suppress(ImportError):  # (else run outside Dask, as some tests do)
+        from distributed.protocol import pickle as codec
+    return codec.loads(codec.dumps(value))
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        _round_trip(value)
+    except Exception:
+        return False
+    return True
+
+
+def _same(exc: BaseException, back: Any) -> bool:
+    """Whether ``back`` (``exc`` sent back) is the same exception: its class and ``args``."""
+    if type(back).__qualname__ != type(exc).__qualname__:
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        return (
+            back.message == exc.message
+            and len(back.exceptions) == len(exc.exceptions)
+            and all(_same(e, b) for e, b in zip(exc.exceptions, back.exceptions, strict=True))
+        )
+    try:
+        return bool(back.args == exc.args)
+    except Exception:  # (arguments that do not compare, arrays say: their class is enough)
+        return True
+
+
+# The reductions of the built-in exceptions: "call the class with args, then set __dict__".
+_BUILTIN_REDUCE = (BaseException.__reduce__, OSError.__reduce__)
+
+
+def _shipped(exc: BaseException) -> Any:
+    """What pickles as ``exc`` and arrives as the same exception; None if nothing does."""
+    try:
+        if _same(exc, _round_trip(exc)):
+            return exc
+    except Exception:
+        pass
+    if type(exc).__reduce__ not in _BUILTIN_REDUCE:
+        return None  # its class pickles itself, and refuses
+    args = exc.args
+    if isinstance(exc, BaseExceptionGroup):  # its exceptions, each shipped
+        parts = [_shipped(e) for e in exc.exceptions]
+        if any(p is None for p in parts):
+            return None
+        args = (exc.message, parts)
+    attrs = vars(exc)
+    state = {k: v for k, v in attrs.items() if _pickles(v)}
+    left = sorted(k for k in attrs if k not in state)
+    if left:
+        state["__notes__"] = [
+            *state.get("__notes__", ()),
+            f"(attributes left on the worker, they could not be pickled: {', '.join(left)})",
+        ]
+    carrier = _Rebuild(type(exc), args, state)
+    return carrier if _pickles(carrier) else None
+
+
+def _portable(exc: BaseException) -> tuple[BaseException, Any]:
+    """(the exception the client gets, what pickles as it) for a kernel's exception.
+
+    The exception itself where it arrives as itself; else, for a class that leaves pickling
+    to the built-in exceptions (its constructor refuses or garbles its ``args``, as
+    ``dataflow.TaskError``'s keywords do, or an attribute does not pickle), the same
+    exception rebuilt without its constructor and without the attributes that do not
+    pickle (a note names them); else a ``RuntimeError`` describing it (a class whose own
+    ``__reduce__`` refuses).
+    """
+    shipped = _shipped(exc)
+    if shipped is not None:
+        return exc, shipped
+    stand_in = RuntimeError(f"{describe(exc)} (the original could not be pickled)")
+    return stand_in, stand_in
 
 
 @functools.lru_cache(maxsize=1024)
@@ -195,7 +327,10 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     else:
         fn, check = call.fn, call.check
     try:
-        value = fn(*args, **kwargs) if kwargs else fn(*args)
+        if call.timeout is not None:
+            value = _run_timed(call, fn, args, kwargs)
+        else:
+            value = fn(*args, **kwargs) if kwargs else fn(*args)
         if check is not None and call.spec is not None:  # what the meta rule declared
             sig = Signature(call.op, call.spec)
             sig.check = check
@@ -210,12 +345,54 @@ def run_op(call: Call, deps: list[Any]) -> Any:
     if failed is not None:
         # Raised here, outside the except block, so that it has no __context__: Dask pickles
         # an error with its context (tblib), and the kernel's own exception may not pickle
-        # (that is what _picklable replaced), which would lose the KernelFailed altogether.
+        # (that is what _portable replaced), which would lose the KernelFailed altogether.
         raise failed
     if call.topic is not None:
         worker = _this_worker()
         if worker is not None:
             _log_timing(worker, call, start, failed=False)
+    return value
+
+
+def _run_timed(call: Call, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """The kernel's value, run under the op's timeout as on the local backend.
+
+    A thread cannot be interrupted, so the kernel runs on a thread of its own that this one
+    waits for at most ``call.timeout`` seconds; past that, the task fails with
+    :class:`~dataflow.OpTimeoutError` and the worker's thread goes on to its next task, while
+    the kernel's thread finishes in the background and its outcome is dropped (the local
+    backend's pool starts a replacement thread instead). Only ops with a timeout pay for the
+    thread.
+    """
+    seconds = call.timeout
+    assert seconds is not None
+    outcome: list[Any] = []
+    done = threading.Event()
+    context = contextvars.copy_context()
+
+    def kernel() -> None:
+        try:
+            outcome.append((True, context.run(fn, *args, **(kwargs or {}))))
+        except BaseException as exc:  # the kernel's own, raised on the worker's thread below
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=kernel, name=f"dataflow-timed {call.name}", daemon=True)
+    thread.start()
+    if not done.wait(seconds):
+        raise OpTimeoutError(
+            f"{call.name} timed out: its kernel ran longer than the {seconds:g} s timeout of "
+            f"op {call.op!r}. A running kernel cannot be interrupted: it is left to finish "
+            "in the background on its Dask worker and its result will be discarded. Raise "
+            "the timeout (dataflow.op(..., timeout=) or Runtime(op_timeout=)) if the op is "
+            "just slow, or find out why it hangs.",
+            task=call.name,
+            op=call.op,
+        )
+    ok, value = outcome[0]
+    if not ok:
+        raise value
     return value
 
 
@@ -228,10 +405,10 @@ def _failure(call: Call, exc: BaseException, start: int, loading: bool = False) 
     tb = "".join(traceback.format_tb(exc.__traceback__))
     note = f"Traceback of {call.name} on the {where} (most recent call last):\n{tb}"
     exc.add_note(note)
-    shipped = _picklable(exc)
-    if shipped is not exc:
-        shipped.add_note(note)
-    return KernelFailed(call.name, call.op, where, shipped, loading)
+    given, shipped = _portable(exc)
+    if given is not exc:
+        given.add_note(note)
+    return KernelFailed(call.name, call.op, where, given, loading, shipped)
 
 
 def _this_worker() -> Any:
