@@ -254,6 +254,27 @@ def _getitem_cost(x: Any, key: Any, spec: Any = None, cost: Any = None) -> Cost:
 _getitem: Op[..., Tensor] = declare("getitem", _take, _getitem_spec, _getitem_cost)
 
 
+def _rows_meta(x: Any, idx: Any) -> TensorSpec:
+    # (only from getitem: x a Tensor of at least one axis, idx an integer ndarray in bounds)
+    return TensorSpec(tuple(idx.shape) + tuple(x.shape[1:]), x.dtype)
+
+
+def _rows_cost(x: Any, idx: Any) -> Cost:
+    return Cost(0.0, 2.0 * shape_nbytes(tuple(idx.shape) + tuple(x.shape[1:]), x.dtype))
+
+
+def _rows(x: Any, idx: Any) -> Any:
+    return x[idx]
+
+
+# ``t[idx]`` with one integer array (an embedding's lookup, rows picked by a permutation):
+# the index and the Tensor are the op's own arguments, so the signature cache keys them by
+# shape and dtype and the meta rule runs once per shape, where the general path parsed the
+# index at every call (20.7 against 1.0 us for numpy's own E[idx]). Its bounds are checked at
+# every call all the same (``getitem``).
+_getitem_rows: Op[..., Tensor] = declare("getitem_rows", _rows, _rows_meta, _rows_cost)
+
+
 def getitem(x: Any, key: Any) -> Tensor:
     """``x[key]`` with numpy's indexing rules; also what ``Tensor.__getitem__`` calls.
 
@@ -268,6 +289,13 @@ def getitem(x: Any, key: Any) -> Tensor:
     if tk is int or tk is slice or (tk is tuple and all(type(k) in _BASIC for k in key)):
         basic: Tensor = _getitem(x, key)
         return basic
+    if tk is np.ndarray and key.dtype.kind in "iu" and x.shape:
+        shape = tuple(key.shape) + tuple(x.shape[1:])
+        if size_of(shape):  # (numpy checks no index array's bounds for an empty result)
+            _check_bounds("getitem", (key, None), 0, x.shape)
+        check_output_size("getitem", shape, x.dtype)
+        rows: Tensor = _getitem_rows(x, key)
+        return rows
     shape, norm, view = index_spec(x.shape, key)
     spec = TensorSpec(shape, x.dtype)
     if view:
