@@ -289,6 +289,10 @@ def getitem(x: Any, key: Any) -> Tensor:
     if tk is int or tk is slice or (tk is tuple and all(type(k) in _BASIC for k in key)):
         basic: Tensor = _getitem(x, key)
         return basic
+    if tk is list and key and type(key[0]) is int:  # t[[0, 2]]: numpy reads it as an array
+        arr = np.asarray(key)
+        if arr.dtype.kind == "i":  # (ints all: not bools, slices or nested lists)
+            key, tk = arr, np.ndarray
     if tk is np.ndarray and key.dtype.kind in "iu" and x.shape:
         shape = tuple(key.shape) + tuple(x.shape[1:])
         if size_of(shape):  # (numpy checks no index array's bounds for an empty result)

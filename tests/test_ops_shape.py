@@ -535,6 +535,16 @@ class TestGetitem:
         check(lambda: ops.negative(e)[idx], (-e)[idx])
         assert ops.asarray(e)[idx].task.sig.name == "getitem_rows"
 
+    @pytest.mark.parametrize("key", [[0, 2], [-1, 1, 1], [3], [1, True]], ids=repr)
+    def test_a_list_of_ints_picks_rows_too(self, key: Any) -> None:
+        """``t[[0, 2]]``: numpy reads a flat list of ints as one index array; so does the
+        lean path (lists of bools, of lists or empty ones take the general one)."""
+        check(lambda: ops.asarray(X)[key], X[key])
+        assert ops.asarray(X)[key].task.sig.name == "getitem_rows"
+        for other in ([True, False, True, False], [[0, 1]], []):
+            check(lambda: ops.asarray(X)[other], X[other])  # noqa: B023
+            assert ops.asarray(X)[other].task.sig.name == "getitem"
+
     def test_one_integer_array_out_of_bounds_is_refused_at_the_call(self) -> None:
         """Its bounds are still checked at every call, with getitem's own message."""
         t = ops.asarray(X)
