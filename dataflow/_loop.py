@@ -208,6 +208,10 @@ class HostLoop:
     async def close(self) -> None:
         """Wait for the spawned tasks to end (after they were cancelled or finished)."""
 
+    def release(self) -> None:
+        """The runtime closed: let go of what tasks that outlive it hold of it (their end
+        callbacks, ``on_task_done``)."""
+
 
 class AsyncioLoop(HostLoop):
     """The bridge to an asyncio (or uvloop) event loop."""
@@ -219,6 +223,10 @@ class AsyncioLoop(HostLoop):
         self.loop = loop
         self.tasks: set[asyncio.Task[Any]] = set()
         self._discard = self.tasks.discard  # (bound once: a bound method a spawn is an object)
+        # The end callbacks given to tasks that outlive the runtime maybe (``on_task_done``):
+        # taken back at its close, or the task (the code that entered the runtime, a server's
+        # long-lived task) held the closed runtime through them, and its context, for good.
+        self._watched: dict[asyncio.Task[Any], Callable[[Any], None]] = {}
 
     def waiter(self) -> asyncio.Future[None]:
         return self.loop.create_future()
@@ -269,7 +277,14 @@ class AsyncioLoop(HostLoop):
         return functools.partial(current, self.loop)
 
     def on_task_done(self, task: Any, fn: Callable[[Any, bool], None]) -> None:
-        task.add_done_callback(lambda t: fn(t, t.cancelled()))
+        watched = self._watched
+
+        def ended(t: Any) -> None:
+            watched.pop(t, None)
+            fn(t, t.cancelled())
+
+        watched[task] = ended
+        task.add_done_callback(ended)
 
     def release_frames(self, task: Any) -> None:
         # result() of a cancelled task raises the CancelledError it stored (and forgets it);
@@ -299,6 +314,11 @@ class AsyncioLoop(HostLoop):
     async def close(self) -> None:
         while self.tasks:
             await asyncio.wait(set(self.tasks))
+
+    def release(self) -> None:
+        for task, ended in self._watched.items():
+            task.remove_done_callback(ended)
+        self._watched.clear()
 
 
 def current(what: str) -> HostLoop:

@@ -356,6 +356,7 @@ class Runtime:
         self._closed = True
         host = self.host
         if host is not None:
+            host.release()
             rts = _by_loop.get(host.key)
             if rts is not None and self in rts:
                 rts.remove(self)

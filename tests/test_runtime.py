@@ -763,6 +763,32 @@ class TestPools:
 
 
 class TestMemory:
+    def test_a_closed_runtime_is_not_held_by_the_task_that_entered_it(self) -> None:
+        """A long-lived task (a server's, or a script's main) that enters and leaves
+        runtimes does not keep them: each one's end callback on the task, with the context
+        that named the runtime, held it (and its pool, scheduler and caches) until the task
+        ended; five runtimes in a row were all alive."""
+        import gc
+        import weakref
+
+        import ops
+
+        refs: list[weakref.ref[dataflow.Runtime]] = []
+
+        async def main() -> int:
+            for _ in range(3):
+                async with dataflow.Runtime() as rt:
+                    y = ops.tanh(np.ones(300_000))  # deferred: the task is a request
+                    f = dataflow.fork(ops.exp, np.ones(3))
+                    await y
+                    await f
+                    refs.append(weakref.ref(rt))
+                del rt, y, f
+            gc.collect()
+            return sum(r() is not None for r in refs)
+
+        assert asyncio.run(main()) == 0
+
     def test_intermediate_released_after_last_consumer(self, loop: str) -> None:
         """An intermediate value is freed once its last consumer ran and no handle holds it."""
         import gc
