@@ -836,13 +836,7 @@ class TestRequests:
     def test_the_oldest_request_runs_first(self) -> None:
         """With one worker busy, queued work of an older request runs before a newer one's."""
         order: list[str] = []
-
-        def record(x: Any, name: str) -> Any:
-            order.append(name)
-            return x
-
-        mark = dataflow.op("mark", meta=lambda x, n: ops.spec_of(x), handle=ops.Tensor,
-                           inline=False)(record)  # fmt: skip
+        mark = _marker(order)
 
         async def main() -> None:
             gate = threading.Event()
@@ -875,13 +869,7 @@ class TestRequests:
 
         monkeypatch.setattr(_dispatch, "AGING_TASKS", 50)
         order: list[str] = []
-
-        def record(x: Any, name: str) -> Any:
-            order.append(name)
-            return x
-
-        mark = dataflow.op("mark", meta=lambda x, n: ops.spec_of(x), handle=ops.Tensor,
-                           inline=False)(record)  # fmt: skip
+        mark = _marker(order)
 
         async def main() -> None:
             gate = threading.Event()
@@ -913,6 +901,18 @@ class TestRequests:
         # The old request's first 100 and about 50 more go first; then the newer one's op.
         assert order[:100] == [f"old{k}" for k in range(100)]
         assert 100 <= at < 200, at
+
+
+def _marker(order: list[str]) -> Any:
+    """A pool op (never inline) that returns its input and appends its name to ``order``
+    when it runs: the order the scheduler ran queued work in."""
+
+    def record(x: Any, name: str) -> Any:
+        order.append(name)
+        return x
+
+    return dataflow.op("mark", meta=lambda x, n: ops.spec_of(x), handle=ops.Tensor,
+                       inline=False)(record)  # fmt: skip
 
 
 class Gated(ops.nn.Module):
