@@ -293,9 +293,11 @@ def getitem(x: Any, key: Any) -> Tensor:
         arr = np.asarray(key)
         if arr.dtype.kind == "i":  # (ints all: not bools, slices or nested lists)
             key, tk = arr, np.ndarray
-    if tk is np.ndarray and key.dtype.kind in "iu" and x.shape:
+    if (tk is np.ndarray or isinstance(key, Tensor)) and key.dtype.kind in "iu" and x.shape:
         shape = tuple(key.shape) + tuple(x.shape[1:])
-        if size_of(shape):  # (numpy checks no index array's bounds for an empty result)
+        # (numpy checks no index array's bounds for an empty result; an index Tensor's values
+        # are not known yet: numpy checks them in the kernel, as on the general path)
+        if tk is np.ndarray and size_of(shape):
             _check_bounds("getitem", (key, None), 0, x.shape)
         check_output_size("getitem", shape, x.dtype)
         rows: Tensor = _getitem_rows(x, key)

@@ -358,9 +358,11 @@ class TestGetitem:
         check(lambda: ops.getitem(np.array(2.5), np.array(True)), np.array(2.5)[np.array(True)])
 
     def test_index_tensor(self) -> None:
-        """An integer Tensor (pending in a runtime) is an index array."""
+        """An integer Tensor (pending in a runtime) is an index array; alone, it takes
+        getitem_rows (its values checked by numpy in the kernel: not known at the call)."""
         idx = np.array([2, 0, 3])
         check(lambda: ops.asarray(X)[ops.add(idx, 0)], X[idx])
+        assert ops.asarray(X)[ops.asarray(idx)].task.sig.name == "getitem_rows"
         check(lambda: ops.asarray(X)[1, :, ops.asarray(idx)], X[1, :, idx])
 
     def test_index_of_pending_tensor(self) -> None:
@@ -454,7 +456,7 @@ class TestGetitem:
     def test_index_tensor_out_of_range_fails_eagerly(self) -> None:
         """An index Tensor's bounds are checked by numpy in the kernel: a TaskError."""
         idx = ops.asarray(np.array([0, 9]))
-        with pytest.raises(dataflow.TaskError, match=r"getitem#\d+ failed: IndexError"):
+        with pytest.raises(dataflow.TaskError, match=r"getitem_rows#\d+ failed: IndexError"):
             ops.asarray(X)[idx]
 
     def test_index_tensor_out_of_range_fails_in_a_runtime(self) -> None:
@@ -463,7 +465,7 @@ class TestGetitem:
         async def main() -> str:
             idx = ops.add(np.array([0, 9]), 0)
             y = ops.asarray(X)[idx]
-            with pytest.raises(dataflow.TaskError, match=r"getitem#\d+ failed: IndexError"):
+            with pytest.raises(dataflow.TaskError, match=r"getitem_rows#\d+ failed: IndexError"):
                 await y
             return "ok"
 
