@@ -65,6 +65,7 @@ __all__ = [
     "crowd",
     "governed",
     "release",
+    "resume",
     "stop",
 ]
 
@@ -260,6 +261,31 @@ def acquire(interop_threads: int) -> bool:
             GOVERNOR = gov
         _users += 1
     return True
+
+
+def resume() -> None:
+    """The last runtime that chose the intra-op count closed (``_intraop.unhold``), having
+    stopped the governor, while governed runtimes are still open: govern again, as
+    :func:`acquire` would (they ran ungoverned to their end: two kernels side by side on
+    BLAS's own count each). Not where BLAS's count is then 1, or the program chose one."""
+    global GOVERNOR, _aside
+    from . import _threads
+
+    if _users <= 0 or GOVERNOR is not None or _threads.intraop_chosen():
+        return
+    fns = _openblas()
+    if fns is None:
+        return
+    with _lock:
+        if _users <= 0 or GOVERNOR is not None:
+            return
+        own = int(fns[1]())
+        if own < 2:
+            return
+        gov = BlasGovernor(fns[0], own, fns[1])
+        gov.paired = _paired
+        _aside = None  # (its own count is the count now)
+        GOVERNOR = gov
 
 
 def _step_aside(gov: BlasGovernor) -> None:

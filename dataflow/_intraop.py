@@ -84,7 +84,8 @@ def hold(owner: object, n: int) -> None:
     leaves the latest open one's count. While any is open no runtime adapts BLAS's count
     (``_blas.acquire``): a governor running stops, putting BLAS's own count back first (the
     count the last one restores: it restored the governor's 1, once the governor had
-    stepped aside from the chosen count).
+    stepped aside from the chosen count); once the last closes, governed runtimes still
+    open adapt it again (``_blas.resume``).
     """
     global _before, _chosen_since
     with _lock:
@@ -121,6 +122,7 @@ def unhold(owner: object) -> None:
             limit_every(chosen)
         elif before is not None:
             restore_every(before)
+            _blas.resume()  # governed runtimes still open are governed again
 
 
 def held() -> bool:

@@ -439,6 +439,23 @@ class TestChosenCounts:
         assert dataflow.run(main, interop_threads=2) == (1, False, 2)
         assert _blas_now() == 2
 
+    def test_a_governed_runtime_is_governed_again_after_one_that_chose_closes(
+        self, own_two: None
+    ) -> None:
+        """A runtime that chose its count, opened and closed inside a governed one, stops
+        the governor while it is open; at its close the governed runtime still open is
+        governed again (it ran ungoverned to its end: its kernels side by side on BLAS's own
+        count each, more threads than cores)."""
+
+        async def main() -> tuple[bool, bool, bool]:
+            before = _blas.GOVERNOR is not None
+            async with dataflow.Runtime(intraop_threads=1, interop_threads=1, private_pool=True):
+                during = _blas.GOVERNOR is not None
+            return before, during, _blas.GOVERNOR is not None
+
+        assert dataflow.run(main, interop_threads=2) == (True, False, True)
+        assert _blas.GOVERNOR is None and _blas_now() == 2
+
 
 class _Kernels:
     """Long kernels starting and ending under a governor, as the scheduler reports them."""
