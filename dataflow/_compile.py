@@ -228,6 +228,17 @@ class Compiled(Batching, Generic[R]):
             prog = await self._program(k, arrays, statics)
         return await self._launch(prog, arrays)  # type: ignore[no-any-return]
 
+    async def _warm(self, key: Hashable, arrays: list[Any], statics: list[Any]) -> None:
+        """``warm_up``'s one signature: traced if new, and then run once, so that its
+        kernels' first-call costs are paid before traffic too (a recurrent kernel measures
+        its forms for a new batch size: 0.2-0.6 s on the first requests of a batch size
+        otherwise; numba loaded; first page faults). Not counted as a launch."""
+        if key in self.programs:
+            return
+        prog = await self._program(key, arrays, statics)
+        await self._launch(prog, arrays)
+        self.launches -= 1
+
     async def _traced(self, args: tuple[Any, ...]) -> Any:
         """A call inside a program being traced (``dataflow.trace``, or another compiled
         forward's first call), its inputs the trace's pending values: the function's own ops
@@ -274,7 +285,8 @@ class Compiled(Batching, Generic[R]):
         return Pending(gather).result()
 
     async def warm_up(self, *args: Any) -> int:
-        """Compile, before traffic, every signature that calls like ``args`` will use.
+        """Compile, before traffic, every signature that calls like ``args`` will use, and
+        run each one it compiles once (its kernels' first-call costs: ``_warm``).
 
         Without batching that is the signature of ``args``. With ``batch_axis``, a batch of
         n such calls runs at a padded size (a power of two times their rows), and each new
@@ -295,12 +307,12 @@ class Compiled(Batching, Generic[R]):
             arrays = [(await a) if isinstance(a, Pending) else a for a in arrays]
         before = len(self.programs)
         if self.batch_axis is None or not arrays:
-            await self._program(tuple(key), arrays, statics)
+            await self._warm(tuple(key), arrays, statics)
             return len(self.programs) - before
         axis = self.batch_axis
         one = self._rows(arrays)
         if not one:  # calls without rows batch at none (or at the rows of others)
-            await self._program(tuple(key), arrays, statics)
+            await self._warm(tuple(key), arrays, statics)
             return len(self.programs) - before
         size = 1
         while True:
@@ -310,7 +322,7 @@ class Compiled(Batching, Generic[R]):
                 inputs = [np.concatenate([x, np.take(x, [0] * (total % one), axis=axis)],
                                          axis=axis) for x in inputs]  # fmt: skip
             _, _, k = self._split(tuple(with_arrays(statics, inputs)))
-            await self._program(tuple(k), inputs, statics)
+            await self._warm(tuple(k), inputs, statics)
             if size >= self.max_batch:
                 break
             size = min(self.max_batch, 2 * size)
