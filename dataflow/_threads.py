@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from typing import Any
 
@@ -139,7 +140,19 @@ def set_num_threads(n: int) -> None:
 def intraop_chosen() -> bool:
     """Whether the program chose the intra-op count: :func:`set_num_threads` was called, or
     an environment variable sets BLAS's threads."""
-    return _intraop_chosen or any(var in os.environ for var in _ENV_INTRAOP)
+    return _intraop_chosen or any(_env_sets_count(var) for var in _ENV_INTRAOP)
+
+
+def _env_sets_count(var: str) -> bool:
+    """Whether ``$var`` sets a thread count: one that starts with a positive int. BLAS
+    libraries read an empty value, 0 or no number as unset (OpenBLAS's ``readenv_atoi``): a
+    count left to them, which the runtime may adapt (``OMP_NUM_THREADS=`` in a shell made
+    the count chosen, and BLAS ungoverned)."""
+    digits = _LEADING_INT.match(os.environ.get(var, ""))  # (atoi's rule: "4,2" is 4)
+    return digits is not None and int(digits.group(1)) > 0
+
+
+_LEADING_INT = re.compile(r"\s*\+?(\d+)")
 
 
 def get_num_threads() -> int:

@@ -265,6 +265,22 @@ class TestParallelInfo:
             assert f"\n{var}=2\n" in dataflow.parallel_info()
             monkeypatch.delenv(var)
 
+    @pytest.mark.parametrize(
+        ("value", "chosen"),
+        [("", False), (" ", False), ("0", False), ("abc", False), ("2", True), ("4,2", True)],
+    )
+    def test_an_empty_or_zero_variable_chooses_nothing(
+        self, monkeypatch: pytest.MonkeyPatch, value: str, chosen: bool
+    ) -> None:
+        """BLAS reads an empty $OMP_NUM_THREADS, 0 or no number as unset (OpenBLAS's atoi):
+        so does the runtime, which then adapts the count (`OMP_NUM_THREADS=` in a shell made
+        it chosen, and BLAS ungoverned); "4,2" (nested levels) is 4, a choice."""
+        for var in _threads._ENV_INTRAOP:
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setattr(_threads, "_intraop_chosen", False)
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert _threads.intraop_chosen() is chosen
+
     def test_env_choice_warns(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """$OMP_NUM_THREADS is a choice: 2 x 2 on 2 cores is then warned about."""
         monkeypatch.setattr(_threads, "_cores", lambda: 2)
