@@ -234,7 +234,7 @@ def acquire(interop_threads: int) -> bool:
     """A runtime with the default intra-op setting opens on ``interop_threads`` threads:
     govern BLAS's count while it runs, where that helps. True: call :func:`release` at its
     close."""
-    global GOVERNOR, _aside, _users
+    global _users
     if interop_threads < 2:
         return False
     from . import _threads
@@ -249,17 +249,25 @@ def acquire(interop_threads: int) -> bool:
     with _lock:
         if _intraop.held():  # an open runtime chose the count
             return False
-        if GOVERNOR is None:
-            own = int(fns[1]())
-            if own < 2:
-                return False
-            gov = BlasGovernor(fns[0], own, fns[1])
-            _aside = None  # (its own count is the count now)
-            gov.paired = _paired
-            if time.perf_counter() - _paired <= HOLD_SECONDS:
-                gov.change(1)
-            GOVERNOR = gov
+        if GOVERNOR is None and not _govern_locked(fns):
+            return False
         _users += 1
+    return True
+
+
+def _govern_locked(fns: tuple[Callable[[int], Any], Callable[[], int]]) -> bool:
+    """Start a governor of BLAS's count now (``acquire``, ``resume``); False where that count
+    is 1 (nothing to adapt). Holds ``_lock``."""
+    global GOVERNOR, _aside
+    own = int(fns[1]())
+    if own < 2:
+        return False
+    gov = BlasGovernor(fns[0], own, fns[1])
+    _aside = None  # (its own count is the count now)
+    gov.paired = _paired
+    if time.perf_counter() - _paired <= HOLD_SECONDS:
+        gov.change(1)
+    GOVERNOR = gov
     return True
 
 
@@ -268,7 +276,6 @@ def resume() -> None:
     stopped the governor, while governed runtimes are still open: govern again, as
     :func:`acquire` would (they ran ungoverned to their end: two kernels side by side on
     BLAS's own count each). Not where BLAS's count is then 1, or the program chose one."""
-    global GOVERNOR, _aside
     from . import _threads
 
     if _users <= 0 or GOVERNOR is not None or _threads.intraop_chosen():
@@ -277,15 +284,8 @@ def resume() -> None:
     if fns is None:
         return
     with _lock:
-        if _users <= 0 or GOVERNOR is not None:
-            return
-        own = int(fns[1]())
-        if own < 2:
-            return
-        gov = BlasGovernor(fns[0], own, fns[1])
-        gov.paired = _paired
-        _aside = None  # (its own count is the count now)
-        GOVERNOR = gov
+        if _users > 0 and GOVERNOR is None:
+            _govern_locked(fns)
 
 
 def _step_aside(gov: BlasGovernor) -> None:
