@@ -254,13 +254,18 @@ def _getitem_cost(x: Any, key: Any, spec: Any = None, cost: Any = None) -> Cost:
 _getitem: Op[..., Tensor] = declare("getitem", _take, _getitem_spec, _getitem_cost)
 
 
+def _rows_shape(x: Any, idx: Any) -> Shape:
+    """``x[idx]``'s shape for one integer index array (or Tensor) ``idx``."""
+    return tuple(idx.shape) + tuple(x.shape[1:])
+
+
 def _rows_meta(x: Any, idx: Any) -> TensorSpec:
-    # (only from getitem: x a Tensor of at least one axis, idx an integer ndarray in bounds)
-    return TensorSpec(tuple(idx.shape) + tuple(x.shape[1:]), x.dtype)
+    # (only from getitem: x a Tensor of at least one axis, idx an integer array in bounds)
+    return TensorSpec(_rows_shape(x, idx), x.dtype)
 
 
 def _rows_cost(x: Any, idx: Any) -> Cost:
-    return Cost(0.0, 2.0 * shape_nbytes(tuple(idx.shape) + tuple(x.shape[1:]), x.dtype))
+    return Cost(0.0, 2.0 * shape_nbytes(_rows_shape(x, idx), x.dtype))
 
 
 def _rows(x: Any, idx: Any) -> Any:
@@ -294,7 +299,7 @@ def getitem(x: Any, key: Any) -> Tensor:
         if arr.dtype.kind == "i":  # (ints all: not bools, slices or nested lists)
             key, tk = arr, np.ndarray
     if (tk is np.ndarray or isinstance(key, Tensor)) and key.dtype.kind in "iu" and x.shape:
-        shape = tuple(key.shape) + tuple(x.shape[1:])
+        shape = _rows_shape(x, key)
         # (numpy checks no index array's bounds for an empty result; an index Tensor's values
         # are not known yet: numpy checks them in the kernel, as on the general path)
         if tk is np.ndarray and size_of(shape):
